@@ -1,0 +1,25 @@
+"""Building blocks to import into your own vision models."""
+
+from .attention import KVCache, MultiHeadSelfAttention
+from .attention_kernels import choose_attn_impl
+from .attention_masks import build_allowed_mask, causal_mask
+from .block import EncoderBlock, LayerScale
+from .drop_path import DropPath
+from .mlp import Mlp
+from .patch_embed import PatchEmbed
+from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
+
+__all__ = [
+    "DropPath",
+    "EncoderBlock",
+    "KVCache",
+    "LayerScale",
+    "Mlp",
+    "MultiHeadSelfAttention",
+    "PatchEmbed",
+    "build_allowed_mask",
+    "causal_mask",
+    "choose_attn_impl",
+    "resample_pos_embed",
+    "sincos_2d_pos_embed",
+]

@@ -1,0 +1,247 @@
+"""Multi-head self-attention (Vaswani et al. 2017, https://arxiv.org/abs/1706.03762).
+
+``MultiHeadSelfAttention`` computes ``softmax(Q K^T / sqrt(d_k)) V`` per head from one fused qkv
+projection, merges the heads and applies the output projection ``W_o``. Beyond timm's
+``Attention`` it returns the attention weights on request, takes padding / causal / arbitrary
+boolean masks (a query with no allowed key gives zeros, never NaN), attends to a ``context``
+(cross-attention), gates heads (ablations, head importance), prunes heads physically and
+decodes incrementally with a :class:`KVCache`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from .attention_kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, sdpa_attention
+from .attention_masks import build_allowed_mask, split_empty_rows
+
+#: The seed articles' scale for W_o's Xavier init when the depth is unknown (see ``out_init_scale``).
+DEFAULT_OUT_INIT_SCALE = 0.5
+
+
+@dataclass
+class KVCache:
+    """Keys and values of the positions decoded so far, each ``[B, H, T, d]``.
+
+    Pass the same cache to successive calls of a causal ``MultiHeadSelfAttention``; each call
+    appends its own keys and values and attends to everything cached.
+    """
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k, v`` ``[B, H, n, d]`` and return all keys and values ``[B, H, T + n, d]``."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head (self- or cross-) attention over token sequences.
+
+    Args:
+        dim: token width ``D`` of the input (and of the output).
+        num_heads: number of heads ``H``; ``dim`` must be divisible by it unless ``head_dim`` is
+            given (pruned modules keep their head width while losing heads).
+        head_dim: width ``d`` of each head; default ``dim // num_heads``.
+        qkv_bias: bias in the fused qkv projection.
+        attn_drop: dropout on the post-softmax attention weights (training only).
+        proj_drop: dropout on the output.
+        qk_norm: LayerNorm on each head's queries and keys (stabilises small head widths).
+        attn_impl: ``"auto"`` (fastest exact kernel, see :mod:`.attention_kernels`), ``"sdpa"``
+            or ``"explicit"``.
+        out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
+            residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
+            the seed articles' 0.5.
+        norm_eps: epsilon of the q/k LayerNorms.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        qk_norm: bool = False,
+        attn_impl: AttnImpl = "auto",
+        out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if head_dim is None:
+            if num_heads <= 0 or dim % num_heads != 0:
+                raise ValueError(
+                    f"dim ({dim}) must be divisible by num_heads ({num_heads}): each head gets "
+                    f"dim / num_heads channels. Choose num_heads among the divisors of {dim}, "
+                    "or pass head_dim explicitly."
+                )
+            head_dim = dim // num_heads
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}.")
+        if not 0.0 <= attn_drop < 1.0 or not 0.0 <= proj_drop < 1.0:
+            raise ValueError(f"dropout rates must lie in [0, 1), got attn_drop={attn_drop}, proj_drop={proj_drop}.")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.attn_impl = attn_impl
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * num_heads * head_dim, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.proj = nn.Linear(num_heads * head_dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
+        self.reset_parameters(out_init_scale)
+
+    def reset_parameters(self, out_init_scale: float = DEFAULT_OUT_INIT_SCALE) -> None:
+        """Xavier-uniform ``W_q, W_k, W_v`` (each ``[H*d, D]`` on its own), zero biases, and
+        Xavier-uniform ``W_o`` multiplied by ``out_init_scale``."""
+        inner = self.num_heads * self.head_dim
+        if inner > 0:
+            bound = math.sqrt(6.0 / (inner + self.dim))
+            nn.init.uniform_(self.qkv.weight, -bound, bound)
+            nn.init.xavier_uniform_(self.proj.weight)
+            with torch.no_grad():
+                self.proj.weight.mul_(out_init_scale)
+        if self.qkv.bias is not None:
+            nn.init.zeros_(self.qkv.bias)
+        nn.init.zeros_(self.proj.bias)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}"
+
+    def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """Queries from ``x``, keys and values from ``context`` (or ``x``); each ``[B, H, n, d]``."""
+        if context is None:
+            qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+            return tuple(qkv.unbind(0))
+        inner = self.num_heads * self.head_dim
+        bias = self.qkv.bias
+        q = F.linear(x, self.qkv.weight[:inner], None if bias is None else bias[:inner])
+        kv = F.linear(context, self.qkv.weight[inner:], None if bias is None else bias[inner:])
+        q = rearrange(q, "b n (h d) -> b h n d", h=self.num_heads)
+        k, v = rearrange(kv, "b m (two h d) -> two b h m d", two=2, h=self.num_heads).unbind(0)
+        return q, k, v
+
+    def _check_input(self, x: torch.Tensor, name: str) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"{name} must have shape [B, N, D] with D = {self.dim}, got {tuple(x.shape)}; "
+                "flatten images to token sequences first (e.g. with PatchEmbed)."
+            )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        head_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``x`` to ``context`` (default: to ``x`` itself).
+
+        Args:
+            x: queries' tokens ``[B, N, D]``.
+            context: keys' and values' tokens ``[B, M, D]`` (cross-attention); default ``x``.
+            attn_mask: boolean, broadcastable to ``[B, H, N, M]``; True = may attend.
+            key_padding_mask: boolean ``[B, M]``; True = padding.
+            is_causal: query ``i`` attends to keys up to its own position.
+            head_mask: gates ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
+            kv_cache: self-attention only; this call's keys and values are appended to it and
+                the queries attend to all cached positions.
+            return_attention: also return the post-softmax weights ``[B, H, N, M]`` (before
+                attention dropout, part of the autograd graph).
+
+        Returns:
+            ``[B, N, D]``, or ``([B, N, D], [B, H, N, M])`` with ``return_attention``. A query
+            with no allowed key gets zero output and zero weights.
+        """
+        self._check_input(x, "x")
+        if context is not None:
+            self._check_input(context, "context")
+            if kv_cache is not None:
+                raise ValueError("kv_cache is for self-attention decoding; it cannot be combined with context.")
+        batch, num_queries = x.shape[:2]
+        if self.num_heads == 0:  # every head pruned: the branch contributes nothing
+            num_keys = (x if context is None else context).shape[1] + (len(kv_cache) if kv_cache else 0)
+            out = x.new_zeros(batch, num_queries, self.dim)
+            return (out, x.new_zeros(batch, 0, num_queries, num_keys)) if return_attention else out
+
+        q, k, v = self._project(x, context)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if kv_cache is not None:
+            k, v = kv_cache.extend(k, v)
+        shape = (batch, self.num_heads, num_queries, k.shape[-2])
+        allowed, row_has_key = split_empty_rows(
+            build_allowed_mask(shape, x.device, attn_mask, key_padding_mask, is_causal)
+        )
+        dropout_p = self.attn_drop if self.training else 0.0
+        impl = choose_attn_impl(self.attn_impl, q, k.shape[-2], return_attention)
+        weights = None
+        if impl == "sdpa":
+            out = sdpa_attention(q, k, v, allowed, dropout_p, self.scale)
+        else:
+            out, weights = explicit_attention(q, k, v, allowed, dropout_p, self.scale)
+        if row_has_key is not None:
+            out = out * row_has_key
+            weights = None if weights is None else weights * row_has_key
+        if head_mask is not None:
+            out = out * self._gates(head_mask, batch).to(out.dtype)
+        out = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+        return (out, weights) if return_attention else out
+
+    def _gates(self, head_mask: torch.Tensor, batch: int) -> torch.Tensor:
+        """``head_mask`` ``[H]`` or ``[B, H]`` as ``[1 or B, H, 1, 1]``."""
+        if head_mask.dim() not in (1, 2) or head_mask.shape[-1] != self.num_heads or (
+            head_mask.dim() == 2 and head_mask.shape[0] not in (1, batch)
+        ):
+            raise ValueError(
+                f"head_mask must have shape [H] or [B, H] with H = {self.num_heads}, B = {batch}; "
+                f"got {tuple(head_mask.shape)}."
+            )
+        return head_mask.reshape(-1, self.num_heads, 1, 1)
+
+    @torch.no_grad()
+    def prune_heads(self, heads: Iterable[int]) -> None:
+        """Remove ``heads`` (indices into the current heads) for good.
+
+        The qkv rows and ``W_o`` columns of those heads are sliced away, so parameters and FLOPs
+        shrink; the output equals that of the unpruned module with those heads gated to 0. Removing
+        every head leaves a module whose output is zero.
+        """
+        drop = sorted(set(int(h) for h in heads))
+        if any(h < 0 or h >= self.num_heads for h in drop):
+            raise ValueError(f"head indices must lie in [0, {self.num_heads}), got {drop}.")
+        keep = [h for h in range(self.num_heads) if h not in drop]
+        device = self.qkv.weight.device
+        index = torch.tensor(keep, dtype=torch.long, device=device)
+        d, width = self.head_dim, self.dim
+
+        qkv_w = self.qkv.weight.view(3, self.num_heads, d, width).index_select(1, index)
+        new_qkv = nn.Linear(width, 3 * len(keep) * d, bias=self.qkv.bias is not None).to(self.qkv.weight)
+        new_qkv.weight.copy_(qkv_w.reshape(-1, width))
+        if self.qkv.bias is not None:
+            new_qkv.bias.copy_(self.qkv.bias.view(3, self.num_heads, d).index_select(1, index).reshape(-1))
+        proj_w = self.proj.weight.view(width, self.num_heads, d).index_select(1, index)
+        new_proj = nn.Linear(len(keep) * d, width).to(self.proj.weight)
+        new_proj.weight.copy_(proj_w.reshape(width, -1))
+        new_proj.bias.copy_(self.proj.bias)
+        self.qkv, self.proj, self.num_heads = new_qkv, new_proj, len(keep)

@@ -1,0 +1,31 @@
+"""The transformer's position-wise feed-forward network."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Mlp(nn.Module):
+    """``Linear(D, hidden) -> GELU (exact) -> Dropout -> Linear(hidden, D) -> Dropout``.
+
+    Args:
+        dim: token width ``D``.
+        hidden_dim: inner width (``mlp_ratio * D`` in the blocks).
+        drop: dropout after the activation and after the second projection.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop) if drop > 0 else nn.Identity()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop) if drop > 0 else nn.Identity()
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., D] -> [..., D]``."""
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))

@@ -1,0 +1,19 @@
+"""Vision Transformer models, variants registry and timm interop."""
+
+from .config import ViTConfig
+from .registry import MODEL_CONFIGS, create_model, list_models, model_config
+from .timm_interop import from_timm, to_timm_state_dict
+from .vision_transformer import VisionTransformer, count_parameters, vit_flops
+
+__all__ = [
+    "MODEL_CONFIGS",
+    "ViTConfig",
+    "VisionTransformer",
+    "count_parameters",
+    "create_model",
+    "from_timm",
+    "list_models",
+    "model_config",
+    "to_timm_state_dict",
+    "vit_flops",
+]

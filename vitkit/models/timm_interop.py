@@ -1,0 +1,124 @@
+"""Load timm ``VisionTransformer`` weights into vitkit and back.
+
+The only layout difference is the patch projection: timm's ``Conv2d`` weight ``[D, C, p1, p2]``
+is vitkit's ``Linear`` weight ``[D, p1*p2*C]`` over ``(p1 p2 c)``-ordered patches, i.e. the conv
+weight permuted to ``[D, p1, p2, C]`` and flattened. Every other key is shared, the class token's
+position embedding included (timm's ``no_embed_class=False`` layout).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import ViTConfig
+from .registry import MODEL_CONFIGS
+from .vision_transformer import VisionTransformer
+
+PATCH_WEIGHT = "patch_embed.proj.weight"
+
+
+def _config_from_timm_model(model: nn.Module) -> dict[str, Any]:
+    """Hyper-parameters of a timm ``VisionTransformer`` instance; unsupported features raise."""
+    unsupported = {
+        "register tokens": getattr(model, "num_reg_tokens", 0) > 0,
+        "no_embed_class": getattr(model, "no_embed_class", False),
+        "global_pool other than 'token'/'avg'": model.global_pool not in ("token", "avg"),
+        "pre-norm before the blocks": not isinstance(getattr(model, "norm_pre", nn.Identity()), nn.Identity),
+    }
+    found = [name for name, present in unsupported.items() if present]
+    if found:
+        raise ValueError(f"this timm model uses {', '.join(found)}, which vitkit's VisionTransformer does not support.")
+    block = model.blocks[0]
+    return dict(
+        img_size=tuple(model.patch_embed.img_size),
+        patch_size=tuple(model.patch_embed.patch_size),
+        in_chans=model.patch_embed.proj.in_channels,
+        num_classes=model.num_classes,
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        num_heads=block.attn.num_heads,
+        mlp_ratio=block.mlp.fc1.out_features / model.embed_dim,
+        qkv_bias=block.attn.qkv.bias is not None,
+        qk_norm=not isinstance(block.attn.q_norm, nn.Identity),
+        class_token=model.has_class_token,
+        global_pool=model.global_pool,
+        dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
+        init_values=1.0 if hasattr(block.ls1, "gamma") else None,
+        norm_eps=block.norm1.eps,
+    )
+
+
+def _config_from_state_dict(state: dict[str, torch.Tensor], name: str | None) -> dict[str, Any]:
+    """Hyper-parameters readable off a timm ViT state dict; the head count is not among them, so
+    it comes from ``name`` (a vitkit/timm variant name) or the caller's ``num_heads`` override."""
+    weight = state[PATCH_WEIGHT]
+    dim, in_chans, p1, p2 = weight.shape
+    depth = 1 + max(int(key.split(".")[1]) for key in state if key.startswith("blocks."))
+    class_token = "cls_token" in state
+    grid_tokens = state["pos_embed"].shape[1] - (1 if class_token else 0)
+    side = math.isqrt(grid_tokens)
+    if side * side != grid_tokens:
+        raise ValueError(f"pos_embed holds {grid_tokens} patch positions, not a square grid; pass img_size=(H, W).")
+    values: dict[str, Any] = dict(MODEL_CONFIGS.get(name, {})) if name else {}
+    values.update(
+        img_size=(side * p1, side * p2),
+        patch_size=(p1, p2),
+        in_chans=in_chans,
+        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
+        embed_dim=dim,
+        depth=depth,
+        mlp_ratio=state["blocks.0.mlp.fc1.weight"].shape[0] / dim,
+        qkv_bias="blocks.0.attn.qkv.bias" in state,
+        qk_norm="blocks.0.attn.q_norm.weight" in state,
+        class_token=class_token,
+        global_pool="avg" if "fc_norm.weight" in state else "token",
+        init_values=1.0 if "blocks.0.ls1.gamma" in state else None,
+    )
+    return values
+
+
+def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = None, **overrides: Any) -> VisionTransformer:
+    """A vitkit model with the weights of a timm ``VisionTransformer`` (instance or state dict).
+
+    Args:
+        source: a timm model, or its ``state_dict()`` (e.g. loaded with
+            ``safetensors.torch.load_file`` from a checkpoint on disk).
+        name: variant name, needed with a state dict unless ``num_heads`` is in ``overrides``.
+        overrides: :class:`ViTConfig` fields; ``img_size`` resamples the position embedding
+            (bicubic) to the new grid.
+    """
+    if isinstance(source, nn.Module):
+        values, state = _config_from_timm_model(source), source.state_dict()
+    else:
+        state = dict(source)
+        values = _config_from_state_dict(state, name)
+        if "num_heads" not in values and "num_heads" not in overrides:
+            raise ValueError(
+                "a state dict does not record the head count: pass name='vit_small_patch16_224' (or another "
+                f"variant from vitkit.list_models()) or num_heads=... to from_timm."
+            )
+    source_config = ViTConfig(**{**values, **{k: v for k, v in overrides.items() if k == "num_heads"}})
+    model = VisionTransformer(source_config.replace(**overrides))
+    weight = state[PATCH_WEIGHT]
+    state[PATCH_WEIGHT] = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+    model.load_weights(state, source_grid=source_config.grid_size)
+    return model
+
+
+def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
+    """The state dict of the equivalent timm model (``timm.create_model(name).load_state_dict``).
+    Models with pruned (unequal) head counts have no timm equivalent and raise ``ValueError``."""
+    heads = model.heads_per_layer()
+    if len(set(heads)) != 1 or heads[0] * model.config.resolved_head_dim() != model.embed_dim:
+        raise ValueError(f"timm's ViT needs the same full head count in every layer; this model has {heads}.")
+    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    p1, p2 = model.config.patch_size
+    weight = state[PATCH_WEIGHT]
+    state[PATCH_WEIGHT] = weight.reshape(weight.shape[0], p1, p2, model.config.in_chans).permute(0, 3, 1, 2).contiguous()
+    if "pos_embed" not in state:  # fixed sin-cos table: timm stores it as a (frozen) parameter
+        state["pos_embed"] = model.pos_embed.detach().clone()
+    return state

@@ -1,0 +1,234 @@
+"""Vision Transformer (Dosovitskiy et al. 2021, https://arxiv.org/abs/2010.11929).
+
+Composes the blocks of :mod:`vitkit.layers`: patch embedding, class token, position embedding,
+a stack of pre-norm encoder blocks with a linear stochastic-depth ramp, final norm, pooling and a
+linear head. State-dict keys follow timm's ``VisionTransformer`` except the patch projection,
+which is a ``Linear`` over ``(p1 p2 c)``-ordered patches (see :mod:`.timm_interop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import EncoderBlock, PatchEmbed, resample_pos_embed, sincos_2d_pos_embed
+from .config import ViTConfig
+
+HeadMask = torch.Tensor | Sequence[torch.Tensor | None] | None
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier built from a :class:`ViTConfig` (or its fields as keyword arguments).
+
+    Contract (as timm's): ``forward_features(x) -> [B, N, D]`` tokens, ``forward_head(feats)``
+    ``-> [B, num_classes]``, ``forward(x)`` = both, ``set_grad_checkpointing``,
+    ``reset_classifier``, ``no_weight_decay``. ``forward(x, return_attention=True)`` also
+    returns one ``[B, H, N, N]`` post-softmax weight tensor per block, part of the autograd graph.
+    """
+
+    def __init__(self, config: ViTConfig | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        config = ViTConfig(**kwargs) if config is None else config.replace(**kwargs)
+        self.config = config
+        dim, depth = config.embed_dim, config.depth
+        self.num_classes = config.num_classes
+        self.embed_dim = dim
+        self.num_prefix_tokens = 1 if config.class_token else 0
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        num_positions = config.grid_size[0] * config.grid_size[1] + self.num_prefix_tokens
+        if config.pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim))
+        else:
+            self.register_buffer("pos_embed", self._sincos(config.grid_size), persistent=False)
+        self.pos_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
+
+        rates = torch.linspace(0, config.drop_path_rate, depth).tolist()
+        out_init_scale = config.out_init_scale if config.out_init_scale is not None else (2 * depth) ** -0.5
+        self.blocks = nn.ModuleList(
+            EncoderBlock(
+                dim,
+                heads,
+                head_dim=config.resolved_head_dim(),
+                mlp_ratio=config.mlp_ratio,
+                qkv_bias=config.qkv_bias,
+                qk_norm=config.qk_norm,
+                attn_drop=config.attn_drop_rate,
+                proj_drop=config.proj_drop_rate,
+                drop_path=rate,
+                init_values=config.init_values,
+                attn_impl=config.attn_impl,
+                out_init_scale=out_init_scale,
+                norm_eps=config.norm_eps,
+            )
+            for heads, rate in zip(config.heads_per_layer(), rates)
+        )
+        use_fc_norm = config.global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(dim, eps=config.norm_eps)
+        self.fc_norm = nn.LayerNorm(dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
+        self.head = nn.Linear(dim, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Blocks initialise themselves (Xavier, scaled ``W_o``); here the embeddings and head:
+        patch projection Xavier-uniform like a Linear (MAE), position embedding N(0, 0.02)
+        truncated, class token N(0, 1e-6) (timm), head N(0, 0.02) truncated with zero bias."""
+        nn.init.xavier_uniform_(self.patch_embed.proj.weight)
+        nn.init.zeros_(self.patch_embed.proj.bias)
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
+        table = sincos_2d_pos_embed(self.embed_dim, grid)
+        prefix = torch.zeros(self.num_prefix_tokens, self.embed_dim)
+        return torch.cat([prefix, table], dim=0).unsqueeze(0)
+
+    # ----------------------------------------------------------------------------------- API
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass (non-reentrant checkpointing):
+        same outputs and gradients, far less activation memory."""
+        self.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head with a fresh ``num_classes``-way one (0 = features only)."""
+        self.num_classes = num_classes
+        self.config = self.config.replace(
+            num_classes=num_classes, global_pool=global_pool or self.config.global_pool
+        )
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not be weight-decayed (besides norms and biases)."""
+        return {"pos_embed", "cls_token"}
+
+    def heads_per_layer(self) -> list[int]:
+        """Current head count of each block."""
+        return [block.attn.num_heads for block in self.blocks]
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], source_grid: tuple[int, int]) -> None:
+        """Load ``state_dict`` (strict), bicubically resampling a learned ``pos_embed`` trained on
+        a ``source_grid`` patch grid to this model's grid."""
+        state = dict(state_dict)
+        if isinstance(self.pos_embed, nn.Parameter) and "pos_embed" in state:
+            state["pos_embed"] = resample_pos_embed(
+                state["pos_embed"], self.config.grid_size, tuple(source_grid), self.num_prefix_tokens
+            )
+        elif not isinstance(self.pos_embed, nn.Parameter):
+            state.pop("pos_embed", None)
+        self.load_state_dict(state)
+
+    # ------------------------------------------------------------------------------- forward
+    def _position_embedding(self, grid: tuple[int, int]) -> torch.Tensor:
+        if tuple(grid) == self.config.grid_size:
+            return self.pos_embed
+        if not self.config.dynamic_img_size:
+            height, width = (g * p for g, p in zip(grid, self.config.patch_size))
+            expected = self.config.img_size
+            raise ValueError(
+                f"input image size {height}x{width} differs from the model's img_size "
+                f"{expected[0]}x{expected[1]}; resize the input, build the model with that img_size "
+                "(weights are resampled on load), or set dynamic_img_size=True."
+            )
+        if self.config.pos_embed == "sincos":
+            return self._sincos(grid).to(self.pos_embed)
+        return resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.num_prefix_tokens)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` images to ``[B, prefix + gh*gw, D]`` tokens with positions added."""
+        tokens = self.patch_embed(images)
+        grid = self.patch_embed.grid_size(images.shape[2], images.shape[3])
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+        return self.pos_drop(tokens + self._position_embedding(grid))
+
+    def _layer_head_masks(self, head_mask: HeadMask) -> list[torch.Tensor | None]:
+        if head_mask is None:
+            return [None] * len(self.blocks)
+        if len(head_mask) != len(self.blocks):
+            raise ValueError(f"head_mask needs one entry per block ({len(self.blocks)}), got {len(head_mask)}.")
+        return list(head_mask)
+
+    def forward_features(
+        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Tokens after the last block and the final norm, ``[B, N, D]``.
+
+        Args:
+            images: ``[B, C, H, W]``.
+            head_mask: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
+                tensor works when all layers have ``H`` heads).
+            return_attention: also return the list of ``[B, H_l, N, N]`` attention weights.
+        """
+        if images.dim() != 4:
+            raise ValueError(f"expected images [B, C, H, W], got shape {tuple(images.shape)}.")
+        x = self.embed(images)
+        attentions: list[torch.Tensor] = []
+        use_checkpoint = self.grad_checkpointing and torch.is_grad_enabled()
+        for block, gates in zip(self.blocks, self._layer_head_masks(head_mask)):
+            kwargs = {"head_mask": gates, "return_attention": return_attention}
+            out = checkpoint(block, x, use_reentrant=False, **kwargs) if use_checkpoint else block(x, **kwargs)
+            if return_attention:
+                out, weights = out
+                attentions.append(weights)
+            x = out
+        x = self.norm(x)
+        return (x, attentions) if return_attention else x
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool ``[B, N, D]`` tokens (class token or mean of patch tokens) and classify."""
+        if self.config.global_pool == "avg":
+            pooled = features[:, self.num_prefix_tokens :].mean(dim=1)
+        else:
+            pooled = features[:, 0]
+        pooled = self.head_drop(self.fc_norm(pooled))
+        return pooled if pre_logits else self.head(pooled)
+
+    def forward(
+        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """``[B, C, H, W]`` images to ``[B, num_classes]`` logits (and, with ``return_attention``,
+        the per-block ``[B, H, N, N]`` weights). The fused kernel is used unless weights are asked for."""
+        if return_attention:
+            features, attentions = self.forward_features(images, head_mask=head_mask, return_attention=True)
+            return self.forward_head(features), attentions
+        return self.forward_head(self.forward_features(images, head_mask=head_mask))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters (trainable or not)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -> int:
+    """Multiply-accumulate-based FLOPs (2 per MAC) of one forward pass on one ``img_size`` image.
+
+    Counts the patch projection, qkv, ``QK^T``, ``AV``, ``W_o``, the MLP and the head, the terms
+    that scale with width and sequence; norms, softmax and GELU are ignored.
+    """
+    heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
+    d, dim = config.resolved_head_dim(), config.embed_dim
+    n = config.grid_size[0] * config.grid_size[1] + (1 if config.class_token else 0)
+    patch_in = config.patch_size[0] * config.patch_size[1] * config.in_chans
+    hidden = int(dim * config.mlp_ratio)
+    macs = (n - (1 if config.class_token else 0)) * patch_in * dim
+    for h in heads:
+        inner = h * d
+        macs += n * dim * 3 * inner + 2 * n * n * inner + n * inner * dim + 2 * n * dim * hidden
+    macs += dim * config.num_classes
+    return 2 * macs
+
