@@ -122,3 +122,33 @@ def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
     if "pos_embed" not in state:  # fixed sin-cos table: timm stores it as a (frozen) parameter
         state["pos_embed"] = model.pos_embed.detach().clone()
     return state
+
+
+def to_timm(model: VisionTransformer) -> nn.Module:
+    """A timm ``VisionTransformer`` with the same hyper-parameters and weights as ``model``
+    (for side-by-side comparisons and for handing a trained model to timm-based code)."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    config = model.config
+    twin = TimmViT(
+        img_size=config.img_size,
+        patch_size=config.patch_size,
+        in_chans=config.in_chans,
+        num_classes=config.num_classes,
+        global_pool=config.global_pool,
+        embed_dim=config.embed_dim,
+        depth=config.depth,
+        num_heads=model.heads_per_layer()[0],
+        mlp_ratio=config.mlp_ratio,
+        qkv_bias=config.qkv_bias,
+        qk_norm=config.qk_norm,
+        init_values=config.init_values,
+        class_token=config.class_token,
+        dynamic_img_size=config.dynamic_img_size,
+        drop_rate=config.drop_rate,
+        proj_drop_rate=config.proj_drop_rate,
+        attn_drop_rate=config.attn_drop_rate,
+        drop_path_rate=config.drop_path_rate,
+    )
+    twin.load_state_dict(to_timm_state_dict(model))
+    return twin

@@ -1,0 +1,207 @@
+"""vitkit vs timm, side by side on this machine: throughput, attention kernels, training memory.
+
+    python tools/benchmark.py                      # everything, Markdown tables on stdout
+    python tools/benchmark.py --sections models --models vit_cifar_small:128 --repeats 3
+
+Both libraries run the same architecture with the same weights (``vitkit.models.to_timm``). Times
+are medians over interleaved vitkit/timm pairs (``vitkit.bench``); a ratio > 1 means vitkit is
+faster. Training memory is measured in fresh processes as the peak resident size during one
+training step minus the resident size just before it (after a warm-up step, with glibc's mmap
+threshold fixed so freed activations go back to the OS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import vitkit
+from vitkit.bench import interleaved_times, median_ratio
+from vitkit.layers.attention_kernels import explicit_attention, sdpa_attention
+from vitkit.models import to_timm
+
+DEFAULT_MODELS = ("vit_small_patch16_224:32", "vit_cifar_small:128")
+PRECISIONS = ("fp32", "bf16")
+
+
+def autocast(precision: str) -> torch.autocast:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def make_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode: str, precision: str) -> Callable[[], None]:
+    """A closure running one inference forward or one AdamW training step."""
+    if mode == "forward":
+        model.eval()
+
+        def forward() -> None:
+            with torch.inference_mode(), autocast(precision):
+                model(images)
+
+        return forward
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(precision):
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+
+    return train_step
+
+
+def twins(name: str) -> tuple[nn.Module, nn.Module]:
+    """A vitkit model and the timm model with the same weights."""
+    torch.manual_seed(0)
+    model = vitkit.create_model(name)
+    return model, to_timm(model)
+
+
+def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    config = model.config
+    images = torch.randn(batch_size, config.in_chans, *config.img_size)
+    return images, torch.randint(0, config.num_classes, (batch_size,))
+
+
+def bench_models(specs: list[str], repeats: int) -> list[str]:
+    rows = ["| model | batch | mode | precision | vitkit img/s | timm img/s | vitkit/timm |", "|---|---|---|---|---|---|---|"]
+    for spec in specs:
+        name, batch_size = spec.split(":")
+        batch_size = int(batch_size)
+        ours, theirs = twins(name)
+        images, labels = batch_for(ours, batch_size)
+        for mode in ("forward", "train"):
+            for precision in PRECISIONS:
+                times = interleaved_times(
+                    {
+                        "vitkit": make_step(ours, images, labels, mode, precision),
+                        "timm": make_step(theirs, images, labels, mode, precision),
+                    },
+                    repeats=repeats,
+                )
+                ratio = median_ratio(times, "timm", "vitkit")
+                ours_ips = batch_size / statistics.median(times["vitkit"])
+                theirs_ips = batch_size / statistics.median(times["timm"])
+                rows.append(
+                    f"| {name} | {batch_size} | {mode} | {precision} | {ours_ips:.1f} | {theirs_ips:.1f} | {ratio:.2f} |"
+                )
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def bench_kernels(repeats: int) -> list[str]:
+    """SDPA vs the explicit kernel at ViT shapes: the measurements behind ``attn_impl="auto"``."""
+    rows = ["| B x H x N x d | precision | mode | sdpa ms | explicit ms | sdpa/explicit |", "|---|---|---|---|---|---|"]
+    for batch, heads, tokens, dim in ((64, 4, 17, 64), (128, 4, 65, 64), (32, 6, 197, 64)):
+        for precision in PRECISIONS:
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            for mode in ("forward", "train"):
+                q, k, v = (torch.randn(batch, heads, tokens, dim, dtype=dtype, requires_grad=mode == "train") for _ in range(3))
+
+                def run(kernel: Callable) -> Callable[[], None]:
+                    def call() -> None:
+                        with torch.set_grad_enabled(mode == "train"):
+                            out = kernel(q, k, v, None, 0.0, dim**-0.5)
+                            out = out[0] if isinstance(out, tuple) else out
+                        if mode == "train":
+                            out.float().sum().backward()
+
+                    return call
+
+                times = interleaved_times({"sdpa": run(sdpa_attention), "explicit": run(explicit_attention)}, repeats=repeats)
+                rows.append(
+                    f"| {batch}x{heads}x{tokens}x{dim} | {precision} | {mode} | {1e3 * statistics.median(times['sdpa']):.2f} "
+                    f"| {1e3 * statistics.median(times['explicit']):.2f} | {median_ratio(times, 'sdpa', 'explicit'):.2f} |"
+                )
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def memory_child(name: str, batch_size: int, library: str, checkpointing: bool) -> None:
+    """Fresh process: one warm-up step, then report the extra resident memory of one training step."""
+    ours, theirs = twins(name)
+    model = ours if library == "vitkit" else theirs
+    model.set_grad_checkpointing(checkpointing)
+    images, labels = batch_for(ours, batch_size)
+    step = make_step(model, images, labels, "train", "fp32")
+    step()  # warm-up: optimizer state, lazily imported modules, allocator pools
+    with open("/proc/self/clear_refs", "w") as handle:  # reset the peak resident size (VmHWM)
+        handle.write("5")
+    baseline = _status_kib("VmRSS")
+    step()
+    print(json.dumps({"step_mib": (_status_kib("VmHWM") - baseline) / 1024}))
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def bench_memory(spec: str, repeats: int) -> list[str]:
+    name, batch_size = spec.split(":")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    measured: dict[tuple[str, bool], float] = {}
+    for library in ("vitkit", "timm"):
+        for checkpointing in (False, True):
+            args = [sys.executable, __file__, "--memory-child", name, batch_size, library, str(int(checkpointing))]
+            out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
+            measured[library, checkpointing] = json.loads(out.strip().splitlines()[-1])["step_mib"]
+    ours, _ = twins(name)
+    images, labels = batch_for(ours, int(batch_size))
+    plain = make_step(ours, images, labels, "train", "fp32")
+    checkpointed_model = vitkit.create_model(name)
+    checkpointed_model.set_grad_checkpointing(True)
+    checkpointed = make_step(checkpointed_model, images, labels, "train", "fp32")
+    slowdown = median_ratio(interleaved_times({"plain": plain, "ckpt": checkpointed}, repeats=repeats), "ckpt", "plain")
+    rows = [
+        f"Training-step memory, {name}, batch {batch_size}, fp32 (MiB added by one step):",
+        "",
+        "| library | no checkpointing | checkpointing | saved |",
+        "|---|---|---|---|",
+    ]
+    for library in ("vitkit", "timm"):
+        off, on = measured[library, False], measured[library, True]
+        rows.append(f"| {library} | {off:.0f} | {on:.0f} | {100 * (1 - on / off):.0f}% |")
+    rows += ["", f"vitkit step time with / without checkpointing: {slowdown:.2f}x"]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", nargs="+", default=["kernels", "models", "memory"], choices=["kernels", "models", "memory"])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="NAME:BATCH pairs")
+    parser.add_argument("--memory-model", default="vit_small_patch16_224:32", help="NAME:BATCH for the memory section")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs per cell (medians are reported)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        name, batch_size, library, checkpointing = args.memory_child
+        memory_child(name, int(batch_size), library, checkpointing == "1")
+        return
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs\n")
+    if "kernels" in args.sections:
+        print("\n".join(["Attention kernels (medians):", ""] + bench_kernels(args.repeats)) + "\n")
+    if "models" in args.sections:
+        print("\n".join(["vitkit vs timm, same weights (images/s, medians of interleaved pairs):", ""] + bench_models(args.models, args.repeats)) + "\n")
+    if "memory" in args.sections:
+        print("\n".join(bench_memory(args.memory_model, args.repeats)))
+
+
+if __name__ == "__main__":
+    main()
