@@ -11,6 +11,7 @@ decodes incrementally with a :class:`KVCache`.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -194,7 +195,7 @@ class MultiHeadSelfAttention(nn.Module):
             build_allowed_mask(shape, x.device, attn_mask, key_padding_mask, is_causal)
         )
         dropout_p = self.attn_drop if self.training else 0.0
-        impl = choose_attn_impl(self.attn_impl, q, k.shape[-2], return_attention)
+        impl = choose_attn_impl(self.attn_impl, q, return_attention)
         weights = None
         if impl == "sdpa":
             out = sdpa_attention(q, k, v, allowed, dropout_p, self.scale)
@@ -224,8 +225,9 @@ class MultiHeadSelfAttention(nn.Module):
         """Remove ``heads`` (indices into the current heads) for good.
 
         The qkv rows and ``W_o`` columns of those heads are sliced away, so parameters and FLOPs
-        shrink; the output equals that of the unpruned module with those heads gated to 0. Removing
-        every head leaves a module whose output is zero.
+        shrink; the output equals that of the unpruned module with those heads gated to 0 as long
+        as one head remains. Removing every head removes the branch: the output is zero, whereas
+        gating every head still adds ``W_o``'s bias.
         """
         drop = sorted(set(int(h) for h in heads))
         if any(h < 0 or h >= self.num_heads for h in drop):
@@ -236,12 +238,14 @@ class MultiHeadSelfAttention(nn.Module):
         d, width = self.head_dim, self.dim
 
         qkv_w = self.qkv.weight.view(3, self.num_heads, d, width).index_select(1, index)
-        new_qkv = nn.Linear(width, 3 * len(keep) * d, bias=self.qkv.bias is not None).to(self.qkv.weight)
+        with warnings.catch_warnings():  # zero-sized Linears (every head pruned) warn on init
+            warnings.simplefilter("ignore", UserWarning)
+            new_qkv = nn.Linear(width, 3 * len(keep) * d, bias=self.qkv.bias is not None).to(self.qkv.weight)
+            new_proj = nn.Linear(len(keep) * d, width).to(self.proj.weight)
         new_qkv.weight.copy_(qkv_w.reshape(-1, width))
         if self.qkv.bias is not None:
             new_qkv.bias.copy_(self.qkv.bias.view(3, self.num_heads, d).index_select(1, index).reshape(-1))
         proj_w = self.proj.weight.view(width, self.num_heads, d).index_select(1, index)
-        new_proj = nn.Linear(len(keep) * d, width).to(self.proj.weight)
         new_proj.weight.copy_(proj_w.reshape(width, -1))
         new_proj.bias.copy_(self.proj.bias)
         self.qkv, self.proj, self.num_heads = new_qkv, new_proj, len(keep)

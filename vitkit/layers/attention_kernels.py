@@ -8,10 +8,10 @@ Two exact implementations of ``softmax(q k^T / sqrt(d)) v`` are available:
   it can return (attention maps, rollout) and to which attention dropout is applied.
 
 ``"auto"`` picks the faster one per call. Measured on a 2-core AMX CPU (torch 2.14, head_dim 64,
-``python tools/benchmark.py --kernels``), SDPA wins for float32 training and float32 inference on
-long sequences, while the explicit path wins whenever the activations are bfloat16/float16 (SDPA's
-reduced-precision CPU backward is 2.5-8x slower at N = 17-197) and for float32 inference on short
-sequences (N <= 128: 1.2-1.5x faster). On CUDA and every other device SDPA is used.
+``python tools/benchmark.py --sections kernels``; table in the README): in float32 SDPA wins
+(1.3-2.5x), while for bfloat16/float16 activations the explicit path wins, by 1.2-2.3x in
+inference and 2-5x in training, where SDPA's reduced-precision CPU backward is slow. On CUDA and
+every other device SDPA is used.
 """
 
 from __future__ import annotations
@@ -24,27 +24,18 @@ import torch.nn.functional as F
 AttnImpl = Literal["auto", "sdpa", "explicit"]
 ATTN_IMPLS: tuple[str, ...] = ("auto", "sdpa", "explicit")
 
-#: Longest key length for which the explicit kernel beats SDPA in float32 CPU inference.
-CPU_FP32_INFERENCE_EXPLICIT_MAX_KEYS = 128
 
-
-def choose_attn_impl(impl: AttnImpl, q: torch.Tensor, num_keys: int, need_weights: bool) -> str:
+def choose_attn_impl(impl: AttnImpl, q: torch.Tensor, need_weights: bool) -> str:
     """Resolve ``impl`` to ``"sdpa"`` or ``"explicit"`` for this call.
 
     Args:
         impl: the requested implementation; ``"auto"`` applies the measured policy above.
-        q: queries ``[B, H, N, d]`` (device, dtype and autograd state decide the policy).
-        num_keys: number of keys ``M``.
+        q: queries ``[B, H, N, d]`` (their device and dtype decide the policy).
         need_weights: the caller wants the post-softmax weights, which only "explicit" produces.
     """
     if need_weights or impl == "explicit":
         return "explicit"
-    if impl == "sdpa" or q.device.type != "cpu":
-        return "sdpa"
-    if q.dtype in (torch.bfloat16, torch.float16):
-        return "explicit"
-    training = torch.is_grad_enabled() and q.requires_grad
-    if not training and num_keys <= CPU_FP32_INFERENCE_EXPLICIT_MAX_KEYS:
+    if impl == "auto" and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         return "explicit"
     return "sdpa"
 

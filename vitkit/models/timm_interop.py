@@ -28,6 +28,7 @@ def _config_from_timm_model(model: nn.Module) -> dict[str, Any]:
         "no_embed_class": getattr(model, "no_embed_class", False),
         "global_pool other than 'token'/'avg'": model.global_pool not in ("token", "avg"),
         "pre-norm before the blocks": not isinstance(getattr(model, "norm_pre", nn.Identity()), nn.Identity),
+        "average pooling without fc_norm": model.global_pool == "avg" and isinstance(model.fc_norm, nn.Identity),
     }
     found = [name for name, present in unsupported.items() if present]
     if found:
@@ -52,20 +53,22 @@ def _config_from_timm_model(model: nn.Module) -> dict[str, Any]:
     )
 
 
-def _config_from_state_dict(state: dict[str, torch.Tensor], name: str | None) -> dict[str, Any]:
+def _config_from_state_dict(
+    state: dict[str, torch.Tensor], name: str | None, img_size: Any = None
+) -> dict[str, Any]:
     """Hyper-parameters readable off a timm ViT state dict; the head count is not among them, so
-    it comes from ``name`` (a vitkit/timm variant name) or the caller's ``num_heads`` override."""
+    it comes from ``name`` (a vitkit/timm variant name) or the caller's ``num_heads`` override.
+    A non-square patch grid cannot be read off ``pos_embed`` either: it comes from ``img_size``."""
     weight = state[PATCH_WEIGHT]
     dim, in_chans, p1, p2 = weight.shape
     depth = 1 + max(int(key.split(".")[1]) for key in state if key.startswith("blocks."))
     class_token = "cls_token" in state
     grid_tokens = state["pos_embed"].shape[1] - (1 if class_token else 0)
     side = math.isqrt(grid_tokens)
-    if side * side != grid_tokens:
-        raise ValueError(f"pos_embed holds {grid_tokens} patch positions, not a square grid; pass img_size=(H, W).")
+    grid = (side, side) if side * side == grid_tokens else _non_square_grid(grid_tokens, (p1, p2), img_size)
     values: dict[str, Any] = dict(MODEL_CONFIGS.get(name, {})) if name else {}
     values.update(
-        img_size=(side * p1, side * p2),
+        img_size=(grid[0] * p1, grid[1] * p2),
         patch_size=(p1, p2),
         in_chans=in_chans,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
@@ -81,6 +84,20 @@ def _config_from_state_dict(state: dict[str, torch.Tensor], name: str | None) ->
     return values
 
 
+def _non_square_grid(tokens: int, patch: tuple[int, int], img_size: Any) -> tuple[int, int]:
+    """The patch grid of a checkpoint whose ``pos_embed`` holds a non-square number of ``tokens``,
+    taken from the caller's ``img_size`` (an int or ``(H, W)``)."""
+    height, width = (img_size, img_size) if isinstance(img_size, int) else (img_size or (0, 0))
+    grid = (height // patch[0], width // patch[1])
+    if grid[0] * grid[1] != tokens:
+        got = f", got img_size={img_size!r}" if img_size is not None else ""
+        raise ValueError(
+            f"pos_embed holds {tokens} patch positions, not a square grid; pass the checkpoint's "
+            f"img_size=(H, W) with (H / {patch[0]}) * (W / {patch[1]}) = {tokens}{got}."
+        )
+    return grid
+
+
 def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = None, **overrides: Any) -> VisionTransformer:
     """A vitkit model with the weights of a timm ``VisionTransformer`` (instance or state dict).
 
@@ -89,13 +106,14 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
             ``safetensors.torch.load_file`` from a checkpoint on disk).
         name: variant name, needed with a state dict unless ``num_heads`` is in ``overrides``.
         overrides: :class:`ViTConfig` fields; ``img_size`` resamples the position embedding
-            (bicubic) to the new grid.
+            (bicubic) to the new grid, except for a state dict with a non-square grid, whose own
+            size it then gives.
     """
     if isinstance(source, nn.Module):
         values, state = _config_from_timm_model(source), source.state_dict()
     else:
         state = dict(source)
-        values = _config_from_state_dict(state, name)
+        values = _config_from_state_dict(state, name, overrides.get("img_size"))
         if "num_heads" not in values and "num_heads" not in overrides:
             raise ValueError(
                 "a state dict does not record the head count: pass name='vit_small_patch16_224' (or another "

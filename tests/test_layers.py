@@ -1,0 +1,187 @@
+"""Patch embedding, stochastic depth, encoder blocks, LayerScale and position embeddings."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from timm.layers import resample_abs_pos_embed
+from timm.models.vision_transformer import Block as TimmBlock
+from torch import nn
+
+from vitkit.layers import DropPath, EncoderBlock, LayerScale, PatchEmbed, resample_pos_embed, sincos_2d_pos_embed
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- PatchEmbed
+def test_patch_embed_handles_non_square_images() -> None:
+    embed = PatchEmbed(patch_size=16, in_chans=3, embed_dim=24)
+    tokens = embed(torch.randn(2, 3, 32, 48))
+    assert tokens.shape == (2, 6, 24)
+    assert embed.grid_size(32, 48) == (2, 3)
+
+
+def test_patch_tokens_are_row_major_projections_of_each_patch() -> None:
+    p1, p2, channels = 4, 2, 3
+    embed = PatchEmbed(patch_size=(p1, p2), in_chans=channels, embed_dim=8)
+    images = torch.randn(2, channels, 8, 6)  # grid 2 x 3
+    tokens = embed(images)
+    for row in range(2):
+        for col in range(3):
+            patch = images[:, :, row * p1 : (row + 1) * p1, col * p2 : (col + 1) * p2]
+            flat = patch.permute(0, 2, 3, 1).reshape(2, -1)  # (p1 p2 c) order
+            torch.testing.assert_close(tokens[:, row * 3 + col], embed.proj(flat), **TOL)
+
+
+def test_patch_embed_equals_strided_conv_with_permuted_weights() -> None:
+    p1, p2, channels, dim = 4, 2, 3, 8
+    embed = PatchEmbed(patch_size=(p1, p2), in_chans=channels, embed_dim=dim)
+    conv = nn.Conv2d(channels, dim, kernel_size=(p1, p2), stride=(p1, p2))
+    with torch.no_grad():
+        conv.weight.copy_(embed.proj.weight.reshape(dim, p1, p2, channels).permute(0, 3, 1, 2))
+        conv.bias.copy_(embed.proj.bias)
+    images = torch.randn(2, channels, 12, 10)
+    torch.testing.assert_close(embed(images), conv(images).flatten(2).transpose(1, 2), **TOL)
+
+
+def test_patch_embed_rejects_image_size_not_divisible_by_patch() -> None:
+    with pytest.raises(ValueError, match=r"30x48 is not divisible by the patch size 16x16.*e\.g\. 16x48"):
+        PatchEmbed(16, 3, 8)(torch.randn(1, 3, 30, 48))
+
+
+def test_patch_embed_rejects_wrong_channel_count_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"expected 3 image channels, got 1.*in_chans=1"):
+        PatchEmbed(16, 3, 8)(torch.randn(1, 1, 32, 32))
+
+
+def test_patch_embed_rejects_non_image_input() -> None:
+    with pytest.raises(ValueError, match=r"\[B, C, H, W\].*\(3, 32, 32\)"):
+        PatchEmbed(16, 3, 8)(torch.randn(3, 32, 32))
+
+
+# ------------------------------------------------------------------------------------ DropPath
+def test_drop_path_is_identity_in_eval_mode() -> None:
+    drop = DropPath(0.5).eval()
+    x = torch.randn(64, 5, 3)
+    assert torch.equal(drop(x), x)
+
+
+def test_drop_path_keeps_about_one_minus_p_of_samples_and_preserves_the_mean() -> None:
+    p, samples = 0.3, 20_000
+    drop = DropPath(p).train()
+    out = drop(torch.ones(samples, 4, 3))
+    per_sample = out.flatten(1)
+    kept = per_sample[:, 0] != 0
+    # one decision per sample: a sample is either wholly dropped or wholly scaled by 1 / (1 - p)
+    assert torch.equal(per_sample[kept], torch.full_like(per_sample[kept], 1 / (1 - p)))
+    assert torch.equal(per_sample[~kept], torch.zeros_like(per_sample[~kept]))
+    assert kept.float().mean().item() == pytest.approx(1 - p, abs=0.02)  # std ~ 0.003
+    assert out.mean().item() == pytest.approx(1.0, abs=0.03)  # std ~ 0.005
+
+
+def test_drop_path_rejects_rates_outside_zero_to_one() -> None:
+    with pytest.raises(ValueError, match="1.0"):
+        DropPath(1.0)
+    with pytest.raises(ValueError, match="-0.1"):
+        DropPath(-0.1)
+
+
+# ----------------------------------------------------------------------------- EncoderBlock
+def test_block_uses_identity_for_disabled_drop_path_and_layer_scale() -> None:
+    block = EncoderBlock(16, 2)
+    for name in ("drop_path1", "drop_path2", "ls1", "ls2"):
+        assert type(getattr(block, name)) is nn.Identity, name
+    enabled = EncoderBlock(16, 2, drop_path=0.1, init_values=1e-5)
+    assert isinstance(enabled.drop_path1, DropPath) and enabled.drop_path1.drop_prob == 0.1
+    assert isinstance(enabled.ls1, LayerScale)
+    torch.testing.assert_close(enabled.ls2.gamma.detach(), torch.full((16,), 1e-5))
+
+
+def test_layer_scale_multiplies_each_channel_by_gamma() -> None:
+    scale = LayerScale(4, 0.5)
+    with torch.no_grad():
+        scale.gamma.copy_(torch.tensor([1.0, 2.0, 0.0, -1.0]))
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(scale(x), x * torch.tensor([1.0, 2.0, 0.0, -1.0]))
+
+
+@pytest.mark.parametrize("init_values", [None, 0.1])
+def test_block_matches_timm_block_with_the_same_weights(init_values: float | None) -> None:
+    block = EncoderBlock(32, 4, mlp_ratio=2.0, init_values=init_values).eval()
+    with torch.no_grad():
+        for param in block.parameters():
+            param.add_(0.05 * torch.randn_like(param))  # make biases, norms and gammas non-trivial
+    timm_block = TimmBlock(
+        32, 4, mlp_ratio=2.0, qkv_bias=True, init_values=init_values, norm_layer=partial(nn.LayerNorm, eps=1e-6)
+    ).eval()
+    timm_block.load_state_dict(block.state_dict())  # strict: the same keys and shapes
+    x = torch.randn(2, 9, 32)
+    torch.testing.assert_close(block(x), timm_block(x), **TOL)
+
+
+def test_block_is_pre_norm_residual_attention_then_mlp() -> None:
+    block = EncoderBlock(16, 2, init_values=0.3).eval()
+    x = torch.randn(2, 5, 16)
+    after_attn = x + 0.3 * block.attn(block.norm1(x))
+    expected = after_attn + 0.3 * block.mlp(block.norm2(after_attn))
+    torch.testing.assert_close(block(x), expected, **TOL)
+    assert block.mlp.fc1.out_features == 64  # default mlp_ratio 4
+
+
+def test_block_returns_attention_weights_with_its_output() -> None:
+    block = EncoderBlock(16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    out, weights = block(x, return_attention=True)
+    torch.testing.assert_close(out, block(x), **TOL)
+    assert weights.shape == (2, 2, 5, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 5))
+
+
+def test_block_drop_path_drops_whole_residual_branches_per_sample() -> None:
+    block = EncoderBlock(16, 2, drop_path=0.5).train()
+    x = torch.randn(200, 3, 16)
+    out = block(x)
+    # a sample whose two branches were both dropped passes through unchanged
+    untouched = (out - x).flatten(1).abs().amax(dim=1) == 0
+    assert 20 < untouched.sum().item() < 80  # expected 200 * 0.25 = 50
+
+
+# ------------------------------------------------------------------------- position embeddings
+def test_sincos_embedding_follows_the_2d_sin_cos_formula() -> None:
+    dim, grid = 16, (3, 5)
+    table = sincos_2d_pos_embed(dim, grid)
+    assert table.shape == (15, dim)
+    omega = 1.0 / 10000 ** (torch.arange(4) / 4)
+    y, x = 2, 3  # row-major position 2 * 5 + 3
+    expected = torch.cat([(y * omega).sin(), (y * omega).cos(), (x * omega).sin(), (x * omega).cos()])
+    torch.testing.assert_close(table[13], expected)
+    assert torch.unique(table, dim=0).shape[0] == 15  # every position is distinct
+
+
+def test_sincos_embedding_needs_dim_divisible_by_four() -> None:
+    with pytest.raises(ValueError, match="divisible by 4, got 18"):
+        sincos_2d_pos_embed(18, (2, 2))
+
+
+@pytest.mark.parametrize(("old_grid", "new_grid"), [((4, 4), (6, 6)), ((4, 4), (3, 5)), ((2, 3), (4, 6))])
+def test_resample_pos_embed_matches_timm_and_keeps_the_class_token(
+    old_grid: tuple[int, int], new_grid: tuple[int, int]
+) -> None:
+    pos = torch.randn(1, 1 + old_grid[0] * old_grid[1], 8)
+    out = resample_pos_embed(pos, new_grid, old_grid, num_prefix_tokens=1)
+    expected = resample_abs_pos_embed(pos, list(new_grid), list(old_grid), num_prefix_tokens=1)
+    assert out.shape == (1, 1 + new_grid[0] * new_grid[1], 8)
+    torch.testing.assert_close(out, expected, **TOL)
+    torch.testing.assert_close(out[:, 0], pos[:, 0])
+
+
+def test_resample_pos_embed_to_the_same_grid_is_a_no_op() -> None:
+    pos = torch.randn(1, 17, 8)
+    assert resample_pos_embed(pos, (4, 4), (4, 4), num_prefix_tokens=1) is pos
+
+
+def test_resample_pos_embed_rejects_a_grid_that_does_not_match_the_table() -> None:
+    with pytest.raises(ValueError, match="16 patch positions.*3x3 needs 9"):
+        resample_pos_embed(torch.randn(1, 17, 8), (6, 6), (3, 3), num_prefix_tokens=1)

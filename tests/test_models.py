@@ -1,0 +1,347 @@
+"""VisionTransformer contract, registry, config validation, head gating / pruning and model files."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+from torch import nn
+
+import vitkit
+import vitkit.models.vision_transformer as vit_module
+from vitkit import ViTConfig, VisionTransformer, create_model, list_models, load_model, save_model
+from vitkit.io import read_model_file
+from vitkit.layers import DropPath, sincos_2d_pos_embed
+from vitkit.models import count_parameters, vit_flops
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+TINY: dict[str, Any] = dict(img_size=16, patch_size=4, num_classes=5, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0)
+BATCH = 2
+
+
+def tiny(**overrides: Any) -> VisionTransformer:
+    return VisionTransformer(ViTConfig(**{**TINY, **overrides}))
+
+
+def images(height: int = 16, width: int = 16) -> torch.Tensor:
+    return torch.randn(BATCH, 3, height, width)
+
+
+def perturb_(model: nn.Module, std: float = 0.05) -> nn.Module:
+    """Add noise to every parameter (zero biases, zero class token, unit norms are too special)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(std * torch.randn_like(param))
+    return model
+
+
+# ------------------------------------------------------------------------------------ contract
+def test_forward_shapes_and_forward_is_features_then_head() -> None:
+    model = tiny().eval()
+    x = images()
+    logits = model(x)
+    features = model.forward_features(x)
+    assert logits.shape == (BATCH, 5)
+    assert features.shape == (BATCH, 1 + 16, 32)
+    assert model.num_prefix_tokens == 1
+    assert model.forward_head(features, pre_logits=True).shape == (BATCH, 32)
+    torch.testing.assert_close(model.forward_head(features), logits, **TOL)
+
+
+def test_forward_rejects_non_image_input() -> None:
+    with pytest.raises(ValueError, match=r"\[B, C, H, W\]"):
+        tiny()(torch.randn(3, 16, 16))
+
+
+def test_return_attention_gives_one_weight_tensor_per_block_in_the_graph() -> None:
+    model = perturb_(tiny(depth=3)).eval()
+    x = images()
+    logits, attentions = model(x, return_attention=True)
+    assert len(attentions) == 3
+    for weights in attentions:
+        assert weights.shape == (BATCH, 4, 17, 17)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(BATCH, 4, 17))
+        weights.retain_grad()
+    torch.testing.assert_close(logits, model(x), **TOL)  # same logits as the fused path
+
+    logits[0, 1].backward()
+    for weights in attentions:
+        assert weights.grad is not None
+        assert weights.grad[0].abs().sum() > 0  # sample 0 depends on every block's weights
+        assert torch.equal(weights.grad[1], torch.zeros_like(weights.grad[1]))  # sample 1 does not
+
+
+def test_grad_checkpointing_gives_the_same_outputs_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = perturb_(tiny(depth=3, drop_path_rate=0.2, attn_drop_rate=0.1, proj_drop_rate=0.1)).train()
+    x = images()
+
+    def outputs_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(7)  # same dropout / drop-path draws in both runs
+        logits = model(x)
+        logits.square().sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    plain_logits, plain_grads = outputs_and_grads()
+    calls = []
+    checkpoint = vit_module.checkpoint
+    monkeypatch.setattr(vit_module, "checkpoint", lambda *a, **k: calls.append(1) or checkpoint(*a, **k))
+    model.set_grad_checkpointing(True)
+    ckpt_logits, ckpt_grads = outputs_and_grads()
+
+    assert len(calls) == 3  # every block was checkpointed
+    torch.testing.assert_close(ckpt_logits, plain_logits, **TOL)
+    for plain, ckpt in zip(plain_grads, ckpt_grads):
+        torch.testing.assert_close(ckpt, plain, **TOL)
+
+
+def test_grad_checkpointing_is_skipped_without_grad_and_works_with_attention_maps() -> None:
+    model = perturb_(tiny()).eval()
+    x = images()
+    expected_logits, expected_maps = model(x, return_attention=True)
+    model.set_grad_checkpointing(True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected_logits, **TOL)
+    logits, maps = model(x, return_attention=True)
+    torch.testing.assert_close(logits, expected_logits, **TOL)
+    for got, expected in zip(maps, expected_maps):
+        torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_global_average_pooling_uses_fc_norm_over_patch_tokens() -> None:
+    model = perturb_(tiny(global_pool="avg")).eval()
+    assert isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.LayerNorm)
+    x = images()
+    features = model.forward_features(x)
+    expected = model.head(model.fc_norm(features[:, 1:].mean(dim=1)))
+    torch.testing.assert_close(model(x), expected, **TOL)
+
+
+def test_model_without_class_token_has_only_patch_tokens() -> None:
+    model = tiny(class_token=False, global_pool="avg").eval()
+    assert model.num_prefix_tokens == 0 and model.cls_token is None
+    assert model.forward_features(images()).shape == (BATCH, 16, 32)
+    assert model.pos_embed.shape == (1, 16, 32)
+
+
+def test_sincos_position_embedding_is_a_fixed_non_persistent_table() -> None:
+    model = tiny(pos_embed="sincos")
+    assert not isinstance(model.pos_embed, nn.Parameter)
+    assert "pos_embed" not in model.state_dict()
+    expected = torch.cat([torch.zeros(1, 32), sincos_2d_pos_embed(32, (4, 4))])[None]
+    torch.testing.assert_close(model.pos_embed, expected)
+
+
+@pytest.mark.parametrize("pos_embed", ["learn", "sincos"])
+def test_dynamic_img_size_runs_other_resolutions_like_a_model_built_for_them(pos_embed: str) -> None:
+    model = perturb_(tiny(dynamic_img_size=True, pos_embed=pos_embed)).eval()
+    x = images(24, 12)
+    logits = model(x)
+    assert logits.shape == (BATCH, 5)
+    assert model.forward_features(x).shape == (BATCH, 1 + 6 * 3, 32)
+
+    resized = VisionTransformer(model.config.replace(img_size=(24, 12), dynamic_img_size=False)).eval()
+    resized.load_weights(model.state_dict(), source_grid=model.config.grid_size)
+    torch.testing.assert_close(logits, resized(x), **TOL)
+
+
+def test_other_resolution_without_dynamic_img_size_raises_with_a_hint() -> None:
+    with pytest.raises(ValueError, match=r"24x12 differs from the model's img_size 16x16.*dynamic_img_size=True"):
+        tiny()(images(24, 12))
+
+
+def test_no_weight_decay_names_real_parameters() -> None:
+    model = tiny()
+    names = dict(model.named_parameters())
+    assert model.no_weight_decay() == {"pos_embed", "cls_token"}
+    assert model.no_weight_decay() <= set(names)
+
+
+def test_reset_classifier_replaces_head_and_config() -> None:
+    model = tiny()
+    model.reset_classifier(7)
+    assert model(images()).shape == (BATCH, 7) and model.config.num_classes == 7
+    model.reset_classifier(0)
+    assert model(images()).shape == (BATCH, 32)
+
+
+def test_drop_path_rates_ramp_linearly_over_depth() -> None:
+    model = tiny(depth=4, drop_path_rate=0.3)
+    assert isinstance(model.blocks[0].drop_path1, nn.Identity)  # rate 0 at the first block
+    rates = [block.drop_path1.drop_prob for block in model.blocks[1:]]
+    assert rates == pytest.approx([0.1, 0.2, 0.3])
+    assert all(isinstance(block.drop_path2, DropPath) for block in model.blocks[1:])
+
+
+def test_output_projection_init_is_scaled_by_inverse_sqrt_twice_depth() -> None:
+    dim, depth = 512, 2
+    model = VisionTransformer(
+        ViTConfig(img_size=16, patch_size=16, embed_dim=dim, depth=depth, num_heads=8, num_classes=0, mlp_ratio=1.0)
+    )
+    xavier_std = math.sqrt(2 / (dim + dim))
+    for block in model.blocks:
+        assert block.attn.proj.weight.std().item() == pytest.approx(xavier_std / math.sqrt(2 * depth), rel=0.02)
+
+
+# ------------------------------------------------------------------------------- head masks
+def test_head_mask_of_ones_changes_nothing_and_accepts_depth_by_heads_tensor() -> None:
+    model = perturb_(tiny()).eval()
+    x = images()
+    torch.testing.assert_close(model(x, head_mask=torch.ones(2, 4)), model(x), **TOL)
+    torch.testing.assert_close(model(x, head_mask=[None, torch.ones(BATCH, 4)]), model(x), **TOL)
+
+
+def test_head_mask_needs_one_entry_per_block() -> None:
+    with pytest.raises(ValueError, match=r"one entry per block \(2\), got 3"):
+        tiny()(images(), head_mask=torch.ones(3, 4))
+
+
+def test_pruning_heads_in_a_model_equals_gating_them_and_shrinks_it() -> None:
+    model = perturb_(tiny(depth=3)).eval()
+    x = images()
+    gates = torch.ones(3, 4)
+    gates[0, [1, 3]] = 0
+    gates[2, 0] = 0
+    gated = model(x, head_mask=gates)
+    params, flops = count_parameters(model), vit_flops(model.config)
+
+    model.blocks[0].attn.prune_heads([1, 3])
+    model.blocks[2].attn.prune_heads([0])
+
+    assert model.heads_per_layer() == [2, 4, 3]
+    torch.testing.assert_close(model(x), gated, **TOL)
+    d = 32 // 4
+    assert count_parameters(model) == params - 3 * (4 * d * 32 + 3 * d)
+    assert vit_flops(model.config, model.heads_per_layer()) < flops
+    logits, attentions = model(x, return_attention=True)
+    assert [a.shape[1] for a in attentions] == [2, 4, 3]
+    torch.testing.assert_close(logits, gated, **TOL)
+
+
+def test_vit_flops_of_vit_base_match_the_published_17_6_gmacs() -> None:
+    assert vit_flops(vitkit.models.model_config("vit_base_patch16_224")) / 2 == pytest.approx(17.6e9, rel=0.02)
+
+
+# ---------------------------------------------------------------------------- model files
+def test_save_and_load_round_trip_keeps_outputs_config_and_extra(tmp_path: Path) -> None:
+    model = perturb_(tiny()).eval()
+    extra = {"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2], "class_names": list("abcde")}
+    path = save_model(model, tmp_path / "sub" / "model.safetensors", extra=extra)
+    assert path.is_file() and list(path.parent.iterdir()) == [path]  # no temporary file left
+
+    loaded = load_model(path).eval()
+    x = images()
+    torch.testing.assert_close(loaded(x), model(x), **TOL)
+    config, state, read_extra = read_model_file(path)
+    assert read_extra == extra
+    assert config.replace(num_heads=4, head_dim=None) == model.config
+    assert set(state) == set(model.state_dict())
+
+
+def test_pruned_model_with_per_layer_heads_round_trips(tmp_path: Path) -> None:
+    model = perturb_(tiny(depth=3)).eval()
+    model.blocks[0].attn.prune_heads([0])
+    model.blocks[1].attn.prune_heads([0, 1, 2, 3])  # a layer without any head
+    model.blocks[2].attn.prune_heads([1, 2])
+    save_model(model, tmp_path / "pruned.safetensors")
+
+    loaded = load_model(tmp_path / "pruned.safetensors").eval()
+    assert loaded.heads_per_layer() == [3, 0, 2]
+    x = images()
+    torch.testing.assert_close(loaded(x), model(x), **TOL)
+    assert count_parameters(loaded) == count_parameters(model)
+
+
+def test_load_model_with_new_img_size_resamples_pos_embed_like_timm(tmp_path: Path) -> None:
+    model = perturb_(tiny())
+    save_model(model, tmp_path / "m.safetensors")
+    loaded = load_model(tmp_path / "m.safetensors", img_size=(32, 24))
+    expected = resample_abs_pos_embed(model.pos_embed.detach(), [8, 6], [4, 4], num_prefix_tokens=1)
+    assert loaded.config.img_size == (32, 24)
+    torch.testing.assert_close(loaded.pos_embed.detach(), expected, **TOL)
+    assert loaded(images(32, 24)).shape == (BATCH, 5)
+
+
+def test_load_model_on_a_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nothing.safetensors"):
+        load_model(tmp_path / "nothing.safetensors")
+
+
+def test_load_model_on_a_garbage_file_raises_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.safetensors"
+    path.write_bytes(b"this is not a model" * 10)
+    with pytest.raises(ValueError, match="garbage.safetensors is not a readable safetensors file"):
+        load_model(path)
+
+
+def test_load_model_on_a_foreign_safetensors_file_asks_for_save_model(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.safetensors"
+    save_file({"weight": torch.zeros(2)}, str(path))
+    with pytest.raises(ValueError, match="no vitkit config.*vitkit.save_model"):
+        load_model(path)
+
+
+# ------------------------------------------------------------------------- registry, config
+def test_registry_lists_every_variant_and_applies_overrides() -> None:
+    assert set(list_models()) >= {
+        "vit_tiny_patch16_224",
+        "vit_small_patch16_224",
+        "vit_base_patch16_224",
+        "vit_large_patch16_224",
+        "vit_cifar_tiny",
+        "vit_cifar_small",
+    }
+    model = create_model("vit_cifar_tiny", depth=1, num_classes=3)
+    assert (model.config.depth, model.config.num_classes, model.config.embed_dim) == (1, 3, 192)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "variant"),
+    [
+        ("vit_cifar_tiny", dict(img_size=(32, 32), patch_size=(4, 4), embed_dim=192, depth=6, num_heads=3)),
+        ("vit_cifar_small", dict(img_size=(32, 32), patch_size=(4, 4), embed_dim=256, depth=7, num_heads=4)),
+    ],
+)
+def test_cifar_variants_have_the_documented_hyper_parameters(name: str, variant: dict[str, Any]) -> None:
+    config = vitkit.models.model_config(name)
+    assert {key: getattr(config, key) for key in variant} == variant
+
+
+def test_unknown_model_name_suggests_the_closest() -> None:
+    with pytest.raises(ValueError, match=r"unknown model 'vit_tiny_patch16'.*Did you mean 'vit_tiny_patch16_224'"):
+        create_model("vit_tiny_patch16")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(embed_dim=100, num_heads=8), r"embed_dim \(100\).*num_heads \(8\)"),
+        (dict(img_size=30), "height 30 is not divisible by patch_size 4"),
+        (dict(global_pool="max"), "global_pool must be 'token' or 'avg', got 'max'"),
+        (dict(class_token=False), "global_pool='token' needs class_token=True"),
+        (dict(pos_embed="rope"), "pos_embed must be 'learn' or 'sincos'"),
+        (dict(attn_impl="flash"), "attn_impl must be one of"),
+        (dict(drop_path_rate=1.0), r"drop_path_rate must lie in \[0, 1\), got 1.0"),
+        (dict(num_heads=[4, 4, 4]), "num_heads lists 3 layers but depth is 2"),
+        (dict(depth=0), "depth=0"),
+        (dict(img_size="big"), "img_size must be an int or a pair of ints, got 'big'"),
+    ],
+)
+def test_config_validation_names_the_bad_field(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ViTConfig(**{**TINY, **overrides})
+
+
+def test_config_from_dict_rejects_unknown_fields_and_round_trips() -> None:
+    config = ViTConfig(**TINY)
+    assert ViTConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match=r"unknown ViTConfig field\(s\) \['heads'\]"):
+        ViTConfig.from_dict({**config.to_dict(), "heads": 3})
+    with pytest.raises(ValueError, match="divisible"):
+        config.replace(num_heads=5)

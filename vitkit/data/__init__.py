@@ -1,0 +1,37 @@
+"""Datasets, splits and augmentation: CIFAR-10/100, ImageNet-style folders, and two offline
+datasets (scikit-learn's handwritten digits, generated shapes with bounding boxes)."""
+
+from .arrays import ArrayDataset, stratified_split
+from .build import build_datasets, data_info
+from .cifar import CifarFileError
+from .config import DATASET_NAMES, AugmentConfig, DataConfig
+from .imagefolder import ImageFolderDataset
+from .images import ImageReadError, load_image
+from .info import DataInfo, DatasetBundle
+from .shapes import SHAPE_CLASSES, ShapesDataset, generate_shapes, shapes_info
+from .subset import make_subset
+from .transforms import build_eval_transform, build_train_transform, denormalize
+
+__all__ = [
+    "DATASET_NAMES",
+    "SHAPE_CLASSES",
+    "ArrayDataset",
+    "AugmentConfig",
+    "CifarFileError",
+    "DataConfig",
+    "DataInfo",
+    "DatasetBundle",
+    "ImageFolderDataset",
+    "ImageReadError",
+    "ShapesDataset",
+    "build_datasets",
+    "build_eval_transform",
+    "build_train_transform",
+    "data_info",
+    "denormalize",
+    "generate_shapes",
+    "load_image",
+    "make_subset",
+    "shapes_info",
+    "stratified_split",
+]

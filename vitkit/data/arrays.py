@@ -1,0 +1,87 @@
+"""In-memory image datasets (CIFAR, digits, shapes) and their deterministic stratified split."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+#: One image (``uint8 [H, W, C]`` array or PIL image) -> float tensor ``[C, H, W]``.
+Transform = Callable[[np.ndarray | Image.Image], torch.Tensor]
+
+
+class ArrayDataset(Dataset):
+    """Images held as one ``uint8`` array, transformed on access.
+
+    Args:
+        images: ``[N, H, W, C]`` uint8.
+        labels: ``[N]`` integer labels.
+        transform: maps one ``[H, W, C]`` uint8 image to a float tensor ``[C, H', W']``.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Transform) -> None:
+        if images.ndim != 4 or images.dtype != np.uint8:
+            raise ValueError(f"images must be uint8 [N, H, W, C], got {images.dtype} {list(images.shape)}.")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels.")
+        self.images = images
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.images[index]), int(self.labels[index])
+
+
+def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
+    """Split indices ``0..N-1`` class by class, deterministically for a ``seed``.
+
+    Args:
+        labels: ``[N]`` integer labels.
+        fractions: share of each class in every split but the first, which takes the rest
+            (e.g. ``(0.1, 0.2)`` gives train/val/test of about 70/10/20 percent).
+        seed: seed of the shuffle.
+
+    Returns:
+        ``len(fractions) + 1`` sorted index arrays that partition ``0..N-1``.
+    """
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[] for _ in range(len(fractions) + 1)]
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        counts = [int(round(f * len(members))) for f in fractions]
+        bounds = np.cumsum([0, *counts])
+        for part, start, stop in zip(parts[1:], bounds[:-1], bounds[1:]):
+            part.append(members[start:stop])
+        parts[0].append(members[bounds[-1] :])
+    return [np.sort(np.concatenate(part)) for part in parts]
+
+
+#: ITU-R 601 luma weights, as PIL's ``convert('L')`` uses.
+LUMA_WEIGHTS: tuple[float, float, float] = (0.299, 0.587, 0.114)
+
+
+def convert_array_channels(images: np.ndarray, in_chans: int) -> np.ndarray:
+    """``[N, H, W, C]`` uint8 with ``C`` in (1, 3) -> ``[N, H, W, in_chans]``: RGB to luma, or
+    grayscale replicated to 3 channels."""
+    channels = images.shape[-1]
+    if channels == in_chans:
+        return images
+    if channels == 1:
+        return np.repeat(images, in_chans, axis=-1)
+    gray = images.astype(np.float32) @ np.asarray(LUMA_WEIGHTS, dtype=np.float32)
+    return np.clip(np.rint(gray), 0, 255).astype(np.uint8)[..., None]
+
+
+def convert_stats(values: Sequence[float], in_chans: int) -> tuple[float, ...]:
+    """Per-channel statistics adapted like :func:`convert_array_channels` adapts the images."""
+    if len(values) == in_chans:
+        return tuple(values)
+    if len(values) == 1:
+        return tuple(values) * in_chans
+    return (float(np.dot(values, LUMA_WEIGHTS)),)

@@ -1,0 +1,107 @@
+"""``build_datasets(cfg)``: the train/val/test splits and :class:`DataInfo` of any dataset.
+
+Splits: CIFAR holds ``val_fraction`` of its training set out for validation (stratified, by
+``seed``) and tests on its official test set; digits and shapes are split train/val/test by
+``val_fraction`` and ``test_fraction``; image folders use ``train/``, ``val/`` and ``test/``
+(``val/`` doubling as the test split when there is no ``test/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .arrays import ArrayDataset, convert_array_channels, convert_stats, stratified_split
+from .cifar import CIFAR_STATS, load_cifar
+from .config import DataConfig
+from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
+from .imagefolder import ImageFolderDataset, drop_unreadable, find_classes, scan_split
+from .info import IMAGENET_MEAN, IMAGENET_STD, DataInfo, DatasetBundle
+from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
+from .transforms import build_eval_transform, build_train_transform
+
+
+def build_datasets(cfg: DataConfig) -> DatasetBundle:
+    """Build the splits of ``cfg.name``; each yields ``(image [C, H, W] normalised, label)``,
+    ``train`` augmented by ``cfg.augment``, ``val``/``test`` through the eval transform."""
+    cfg = cfg.resolved()
+    return _BUILDERS[cfg.name](cfg)
+
+
+def data_info(cfg: DataConfig, class_names: Sequence[str], mean: Sequence[float], std: Sequence[float]) -> DataInfo:
+    """:class:`DataInfo` of resolved ``cfg``; ``cfg.mean``/``cfg.std`` override the dataset's
+    statistics, and both are adapted to ``cfg.in_chans``."""
+    return DataInfo(
+        num_classes=len(class_names),
+        class_names=tuple(class_names),
+        img_size=cfg.resolved_img_size(),
+        in_chans=cfg.resolved_in_chans(),
+        mean=convert_stats(cfg.mean or mean, cfg.resolved_in_chans()),
+        std=convert_stats(cfg.std or std, cfg.resolved_in_chans()),
+        name=cfg.name,
+        crop_pct=cfg.crop_pct,
+    )
+
+
+def _array_bundle(cfg: DataConfig, info: DataInfo, parts: list[tuple[np.ndarray, np.ndarray]]) -> DatasetBundle:
+    train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
+    train, val, test = (
+        ArrayDataset(convert_array_channels(images, info.in_chans), labels, tf)
+        for (images, labels), tf in zip(parts, (train_tf, eval_tf, eval_tf))
+    )
+    return DatasetBundle(train=train, val=val, test=test, info=info)
+
+
+def _build_cifar(cfg: DataConfig) -> DatasetBundle:
+    images, labels, test_images, test_labels, names = load_cifar(cfg.name, cfg.root, cfg.download)
+    train_idx, val_idx = stratified_split(labels, (cfg.val_fraction,), cfg.seed)
+    parts = [(images[train_idx], labels[train_idx]), (images[val_idx], labels[val_idx]), (test_images, test_labels)]
+    return _array_bundle(cfg, data_info(cfg, names, *CIFAR_STATS[cfg.name]), parts)
+
+
+def _build_digits(cfg: DataConfig) -> DatasetBundle:
+    images, labels = load_digits(cfg.resolved_img_size())
+    splits = stratified_split(labels, (cfg.val_fraction, cfg.test_fraction), cfg.seed)
+    parts = [(images[idx], labels[idx]) for idx in splits]
+    return _array_bundle(cfg, data_info(cfg, DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD), parts)
+
+
+def _build_shapes(cfg: DataConfig) -> DatasetBundle:
+    info = data_info(cfg, SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD)
+    total = cfg.shapes_num_samples
+    num_val, num_test = round(total * cfg.val_fraction), round(total * cfg.test_fraction)
+    sizes = (total - num_val - num_test, num_val, num_test)
+    transforms = (build_train_transform(cfg.augment, info), build_eval_transform(info), build_eval_transform(info))
+    train, val, test = (
+        ShapesDataset(size, info.img_size, (cfg.seed, split), cfg.shapes_noise_std, info.in_chans, transform)
+        for split, (size, transform) in enumerate(zip(sizes, transforms))
+    )
+    return DatasetBundle(train=train, val=val, test=test, info=info)
+
+
+def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
+    root = Path(cfg.root)
+    classes = find_classes(root / "train")
+    info = data_info(cfg, classes, IMAGENET_MEAN, IMAGENET_STD)
+    train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
+    splits: dict[str, ImageFolderDataset] = {}
+    for split, transform in (("train", train_tf), ("val", eval_tf), ("test", eval_tf)):
+        if split == "test" and not (root / split).is_dir():
+            continue
+        files, labels = scan_split(root / split, classes)
+        skipped: list[Path] = []
+        if cfg.verify_images:
+            files, labels, skipped = drop_unreadable(files, labels, cfg.skip_corrupt)
+        splits[split] = ImageFolderDataset(files, labels, transform, info.in_chans, skipped)
+    return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info)
+
+
+_BUILDERS: dict[str, Callable[[DataConfig], DatasetBundle]] = {
+    "cifar10": _build_cifar,
+    "cifar100": _build_cifar,
+    "imagefolder": _build_imagefolder,
+    "digits": _build_digits,
+    "shapes": _build_shapes,
+}

@@ -1,0 +1,117 @@
+"""ImageNet-style folders: ``root/train/<class>/*``, ``root/val/<class>/*`` and optionally
+``root/test/<class>/*`` (Imagenette and other ImageNet subsets).
+
+Unreadable files are found when the dataset is built (one fast decode pass, see
+:func:`~vitkit.data.images.check_image`) and raise :class:`ImageReadError` naming them, or
+with ``skip_corrupt`` are dropped, logged and counted (``dataset.skipped``). A file that breaks
+after that pass (or with verification off) raises :class:`ImageReadError` naming it when loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from .arrays import Transform
+from .images import ImageReadError, check_image, load_image
+
+log = logging.getLogger(__name__)
+
+LAYOUT = "root/train/<class>/<image>, root/val/<class>/<image> and optionally root/test/<class>/<image>"
+
+
+class ImageFolderDataset(Dataset):
+    """Image files with labels, decoded on access.
+
+    Args:
+        files: image paths.
+        labels: one label per path.
+        transform: PIL image -> float tensor ``[C, H, W]``.
+        in_chans: files are converted to 1 (grayscale) or 3 (RGB) channels.
+        skipped: unreadable files left out when building (for reporting).
+    """
+
+    def __init__(
+        self,
+        files: list[Path],
+        labels: list[int],
+        transform: Transform,
+        in_chans: int = 3,
+        skipped: list[Path] | None = None,
+    ) -> None:
+        self.files = files
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.transform = transform
+        self.in_chans = in_chans
+        self.skipped = skipped or []
+
+    @property
+    def num_skipped(self) -> int:
+        """How many unreadable files were skipped."""
+        return len(self.skipped)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = load_image(self.files[index], self.in_chans)
+        return self.transform(image), int(self.labels[index])
+
+
+def find_classes(split_dir: Path) -> list[str]:
+    """Sorted class folder names of ``split_dir``; ``FileNotFoundError`` explains the layout."""
+    if not split_dir.is_dir():
+        raise FileNotFoundError(f"{split_dir} does not exist; an image folder dataset is laid out as {LAYOUT}.")
+    classes = sorted(entry.name for entry in split_dir.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    if not classes:
+        raise FileNotFoundError(f"{split_dir} has no class folders; expected {LAYOUT}.")
+    return classes
+
+
+def image_files(folder: Path) -> list[Path]:
+    """Sorted files under ``folder`` (recursively; none if it is missing) with an image extension."""
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
+
+
+def scan_split(split_dir: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
+    """Image files of ``split_dir/<class>/`` (see :func:`image_files`) and their labels,
+    ``classes`` giving the label order; a class folder not in ``classes`` raises."""
+    unknown = sorted(set(find_classes(split_dir)) - set(classes))
+    if unknown:
+        raise ValueError(f"{split_dir} has class folders {unknown} that the training split lacks.")
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        found = image_files(split_dir / name)  # none when a class is absent from this split
+        files += found
+        labels += [label] * len(found)
+    if not files:
+        raise FileNotFoundError(f"{split_dir} holds no images with extensions {', '.join(IMG_EXTENSIONS)}.")
+    return files, labels
+
+
+def drop_unreadable(files: list[Path], labels: list[int], skip: bool) -> tuple[list[Path], list[int], list[Path]]:
+    """Decode every file once; unreadable ones raise :class:`ImageReadError` naming the first
+    (and counting the rest) unless ``skip``, which drops them with a logged warning.
+
+    Returns:
+        ``(kept files, their labels, skipped files)``.
+    """
+    problems = [(path, reason) for path in files if (reason := check_image(path)) is not None]
+    if not problems:
+        return files, labels, []
+    if not skip:
+        path, reason = problems[0]
+        others = f" ({len(problems) - 1} more unreadable file(s) found)" if len(problems) > 1 else ""
+        raise ImageReadError(path, f"{reason}{others}. Remove or replace it, or set data.skip_corrupt=true")
+    bad = {path for path, _ in problems}
+    log.warning(
+        "skipped %d unreadable image(s) of %d, e.g. %s (%s)", len(bad), len(files), problems[0][0], problems[0][1]
+    )
+    kept = [(path, label) for path, label in zip(files, labels) if path not in bad]
+    return [path for path, _ in kept], [label for _, label in kept], [path for path, _ in problems]

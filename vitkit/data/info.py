@@ -1,0 +1,90 @@
+"""What a model needs to know about its data (:class:`DataInfo`) and the built splits
+(:class:`DatasetBundle`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import Dataset
+
+#: ImageNet statistics, the default for image folders.
+IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """Classes, image geometry and normalisation of a dataset.
+
+    Attributes:
+        num_classes: number of classes.
+        class_names: one name per label index.
+        img_size: ``(H, W)`` of the images the datasets return.
+        in_chans: channels of those images (1 or 3).
+        mean: per-channel normalisation mean, ``in_chans`` values on the 0-1 scale.
+        std: per-channel normalisation std.
+        name: dataset name (``'cifar10'``, ``'digits'``, ...).
+        crop_pct: the eval transform resizes the shorter side to ``img_size / crop_pct``.
+    """
+
+    num_classes: int
+    class_names: tuple[str, ...]
+    img_size: tuple[int, int]
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    name: str
+    crop_pct: float = 1.0
+
+    def __post_init__(self) -> None:
+        if len(self.class_names) != self.num_classes:
+            raise ValueError(f"{len(self.class_names)} class names for {self.num_classes} classes.")
+        if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
+            raise ValueError(
+                f"mean ({len(self.mean)} values) and std ({len(self.std)}) must have one value per channel "
+                f"(in_chans={self.in_chans})."
+            )
+
+    def to_extra(self) -> dict[str, Any]:
+        """The ``extra`` metadata saved with an exported model (JSON types only)."""
+        return {
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "img_size": list(self.img_size),
+            "in_chans": self.in_chans,
+            "class_names": list(self.class_names),
+            "dataset": self.name,
+            "crop_pct": self.crop_pct,
+        }
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any]) -> DataInfo:
+        """Inverse of :meth:`to_extra`; ``KeyError`` names a missing key."""
+        missing = [key for key in ("mean", "std", "img_size", "in_chans", "class_names") if key not in extra]
+        if missing:
+            raise KeyError(f"model metadata lacks {missing}; it was not saved with DataInfo.to_extra().")
+        height, width = extra["img_size"]
+        return cls(
+            num_classes=len(extra["class_names"]),
+            class_names=tuple(extra["class_names"]),
+            img_size=(int(height), int(width)),
+            in_chans=int(extra["in_chans"]),
+            mean=tuple(float(m) for m in extra["mean"]),
+            std=tuple(float(s) for s in extra["std"]),
+            name=str(extra.get("dataset", "unknown")),
+            crop_pct=float(extra.get("crop_pct", 1.0)),
+        )
+
+
+@dataclass
+class DatasetBundle:
+    """The three splits, each yielding ``(image FloatTensor [C, H, W] normalised, label int)``.
+
+    ``train`` uses the training transform, ``val`` and ``test`` the eval transform.
+    """
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    info: DataInfo

@@ -1,0 +1,154 @@
+"""Procedurally generated shapes: one coloured circle, square, triangle, cross, star or ring per
+image, at a random position and scale on a noisy background. Each image knows its object's
+bounding box, so attention maps can be scored on how well they localise the object.
+
+Generation is vectorised numpy: 6,000 images of 32x32 take a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..layers.utils import Pair, to_pair
+from .arrays import ArrayDataset, Transform, convert_array_channels, convert_stats
+from .info import DataInfo
+
+#: Statistics of the generated images (default noise), per RGB channel.
+SHAPES_MEAN: tuple[float, ...] = (0.465, 0.465, 0.465)
+SHAPES_STD: tuple[float, ...] = (0.315, 0.315, 0.315)
+
+#: Each shape as a mask over coordinates ``(u, v)`` centred on the object, in units of its
+#: radius (``u`` right, ``v`` down); all fit in the unit square ``|u|, |v| <= 1``.
+_SHAPES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "circle": lambda u, v: u**2 + v**2 <= 1.0,
+    "square": lambda u, v: np.maximum(abs(u), abs(v)) <= 0.8,
+    "triangle": lambda u, v: (v <= 0.75) & (abs(u) <= (v + 0.9) * 0.6),
+    "cross": lambda u, v: ((abs(u) <= 0.3) & (abs(v) <= 0.95)) | ((abs(v) <= 0.3) & (abs(u) <= 0.95)),
+    "star": lambda u, v: np.hypot(u, v) <= _star_radius(np.arctan2(u, -v)),
+    "ring": lambda u, v: (np.hypot(u, v) <= 1.0) & (np.hypot(u, v) >= 0.55),
+}
+SHAPE_CLASSES: tuple[str, ...] = tuple(_SHAPES)
+
+_CHUNK = 512  # images rendered at once, bounding the memory of the coordinate grids
+
+
+def _star_radius(angle: np.ndarray) -> np.ndarray:
+    """Outline of a five-pointed star (one tip up): radius 1 at the tips, 0.45 between them."""
+    phase = (angle * 5 / (2 * np.pi)) % 1.0
+    return 0.45 + 0.55 * abs(2 * phase - 1)
+
+
+def generate_shapes(
+    num_samples: int,
+    img_size: Pair = 32,
+    seed: int | Sequence[int] = 0,
+    noise_std: float = 0.06,
+    scale: tuple[float, float] = (0.3, 0.9),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Render ``num_samples`` images, classes balanced and shuffled.
+
+    Args:
+        num_samples: number of images ``N``.
+        img_size: ``H`` or ``(H, W)``.
+        seed: the same seed (an int or a sequence of ints) gives the same images.
+        noise_std: std of the Gaussian background noise (0-1 scale).
+        scale: range of the object's diameter as a fraction of ``min(H, W)``.
+
+    Returns:
+        ``(images [N, H, W, 3] uint8, labels [N], boxes [N, 4])``; ``boxes[i] = (x0, y0, x1, y1)``
+        with ``images[i, y0:y1, x0:x1]`` the tightest window holding every object pixel.
+    """
+    height, width = to_pair(img_size)
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(num_samples) % len(SHAPE_CLASSES))
+    radius = rng.uniform(*scale, num_samples) * min(height, width) / 2
+    centre_x = rng.uniform(radius, width - radius)
+    centre_y = rng.uniform(radius, height - radius)
+    # Dark objects on light backgrounds or the reverse: every channel differs by at least 0.15.
+    dark = rng.uniform(0.0, 0.35, (num_samples, 3))
+    light = rng.uniform(0.5, 1.0, (num_samples, 3))
+    inverted = (rng.random(num_samples) < 0.5)[:, None]
+    background = np.where(inverted, light, dark).astype(np.float32) * 255
+    colour = _to_uint8(np.where(inverted, dark, light) * 255)
+    noise = rng.standard_normal((num_samples, height, width, 3), dtype=np.float32)
+    noise *= noise_std * 255
+    images = _to_uint8(noise + background[:, None, None, :])
+
+    boxes = np.empty((num_samples, 4), dtype=np.int64)
+    xs, ys = np.arange(width, dtype=np.float32) + 0.5, np.arange(height, dtype=np.float32) + 0.5
+    for label, draw in enumerate(_SHAPES.values()):
+        members = np.flatnonzero(labels == label)
+        for start in range(0, len(members), _CHUNK):
+            idx = members[start : start + _CHUNK]
+            r = radius[idx, None, None].astype(np.float32)
+            u = (xs[None, None, :] - centre_x[idx, None, None].astype(np.float32)) / r
+            v = (ys[None, :, None] - centre_y[idx, None, None].astype(np.float32)) / r
+            mask = draw(u, v)
+            images[idx] = np.where(mask[..., None], colour[idx, None, None], images[idx])
+            boxes[idx] = _mask_boxes(mask)
+    return images, labels.astype(np.int64), boxes
+
+
+def _to_uint8(values: np.ndarray) -> np.ndarray:
+    """0-255 floats rounded and clipped to uint8."""
+    return np.clip(np.rint(values), 0, 255).astype(np.uint8)
+
+
+def _mask_boxes(mask: np.ndarray) -> np.ndarray:
+    """``[n, H, W]`` non-empty masks -> ``[n, 4]`` boxes ``(x0, y0, x1, y1)``, end-exclusive."""
+    cols, rows = mask.any(axis=1), mask.any(axis=2)
+    if not rows.any(axis=1).all():
+        raise RuntimeError("a shape rendered no pixel; raise the minimum scale.")
+    x0, y0 = cols.argmax(axis=1), rows.argmax(axis=1)
+    x1 = mask.shape[2] - cols[:, ::-1].argmax(axis=1)
+    y1 = mask.shape[1] - rows[:, ::-1].argmax(axis=1)
+    return np.stack([x0, y0, x1, y1], axis=1)
+
+
+def shapes_info(img_size: Pair = 32, in_chans: int = 3, crop_pct: float = 1.0) -> DataInfo:
+    """:class:`DataInfo` of shapes images of ``img_size`` with ``in_chans`` channels."""
+    return DataInfo(
+        num_classes=len(SHAPE_CLASSES),
+        class_names=SHAPE_CLASSES,
+        img_size=to_pair(img_size),
+        in_chans=in_chans,
+        mean=convert_stats(SHAPES_MEAN, in_chans),
+        std=convert_stats(SHAPES_STD, in_chans),
+        name="shapes",
+        crop_pct=crop_pct,
+    )
+
+
+class ShapesDataset(ArrayDataset):
+    """Generated shapes as a dataset of ``(image [C, H, W] normalised, label)``.
+
+    ``boxes[i] = (x0, y0, x1, y1)`` bounds sample ``i``'s object in pixels of the returned
+    image as long as the transform keeps the geometry (the default eval transform does; training
+    augmentation does not). ``images`` holds the raw ``[N, H, W, C]`` uint8 pixels.
+
+    Args:
+        num_samples: number of images.
+        img_size: ``H`` or ``(H, W)``.
+        seed: the same seed (an int or a sequence of ints) gives the same images.
+        noise_std: std of the background noise (0-1 scale).
+        in_chans: 3 (RGB) or 1 (grayscale).
+        transform: image transform; ``None``: the eval transform of :func:`shapes_info`
+            (the statistics to normalise with when it is passed in).
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 1000,
+        img_size: Pair = 32,
+        seed: int | Sequence[int] = 0,
+        noise_std: float = 0.06,
+        in_chans: int = 3,
+        transform: Transform | None = None,
+    ) -> None:
+        from .transforms import build_eval_transform  # transforms imports albumentations: load lazily
+
+        images, labels, self.boxes = generate_shapes(num_samples, img_size, seed, noise_std)
+        transform = transform or build_eval_transform(shapes_info(img_size, in_chans))
+        super().__init__(convert_array_channels(images, in_chans), labels, transform)

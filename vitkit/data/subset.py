@@ -1,0 +1,91 @@
+"""Carve a smaller ImageNet-style folder (N classes x M training images per class) out of a
+large one, by symlinks or copies; what ``tools/make_subset.py`` runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .imagefolder import LAYOUT, find_classes, image_files
+
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class SubsetSummary:
+    """What :func:`make_subset` wrote: the chosen classes and the image count of each split."""
+
+    classes: tuple[str, ...]
+    counts: dict[str, int]
+
+
+def make_subset(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    num_classes: int,
+    images_per_class: int,
+    seed: int = 0,
+    copy: bool = False,
+    eval_images_per_class: int | None = None,
+) -> SubsetSummary:
+    """Write ``dst/{train,val,test}/<class>/*`` for ``num_classes`` classes of ``src``.
+
+    Classes and images are drawn at random, the same for the same ``seed``. ``train`` gets
+    ``images_per_class`` images per class; ``val`` and ``test`` (where ``src`` has them)
+    ``eval_images_per_class`` (``None``: all of the class's images).
+
+    Args:
+        src: ImageNet-style folder (``src/train/<class>/*``, ``src/val/<class>/*``).
+        dst: new or empty folder.
+        num_classes: classes to keep.
+        images_per_class: training images per class.
+        seed: seed of the draw.
+        copy: copy the files instead of symlinking them (absolute links to ``src``).
+        eval_images_per_class: cap on val/test images per class.
+
+    Raises:
+        FileNotFoundError: ``src`` or ``src/train`` is missing.
+        ValueError: too few classes or images, or ``dst`` is not empty.
+    """
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        raise FileNotFoundError(f"source folder {src} does not exist; expected {LAYOUT.replace('root', str(src))}.")
+    if num_classes < 1 or images_per_class < 1:
+        raise ValueError(f"--classes and --images must be >= 1, got {num_classes} and {images_per_class}.")
+    if dst.exists() and any(dst.iterdir()):
+        raise ValueError(f"destination {dst} is not empty; choose a new or empty folder.")
+    classes = find_classes(src / "train")
+    if num_classes > len(classes):
+        raise ValueError(f"asked for {num_classes} classes but {src / 'train'} has only {len(classes)}.")
+    rng = np.random.default_rng(seed)
+    chosen = sorted(classes[i] for i in rng.choice(len(classes), num_classes, replace=False))
+    plan: dict[str, list[Path]] = {}
+    for split in SPLITS:
+        if (src / split).is_dir():
+            limit = images_per_class if split == "train" else eval_images_per_class
+            plan[split] = [f for name in chosen for f in _draw(src / split / name, limit, rng, split == "train")]
+    place = shutil.copy2 if copy else _symlink
+    for files in plan.values():
+        for file in files:
+            target = dst / file.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            place(file, target)
+    return SubsetSummary(classes=tuple(chosen), counts={split: len(files) for split, files in plan.items()})
+
+
+def _draw(folder: Path, limit: int | None, rng: np.random.Generator, strict: bool) -> list[Path]:
+    """``limit`` random images of ``folder`` (all when ``None`` or, unless ``strict``, too few)."""
+    files = image_files(folder)
+    if limit is None or (len(files) <= limit and not strict):
+        return files
+    if len(files) < limit:
+        raise ValueError(f"{folder} has only {len(files)} images, fewer than the {limit} asked for; lower --images.")
+    return sorted(files[i] for i in rng.choice(len(files), limit, replace=False))
+
+
+def _symlink(source: Path, target: Path) -> None:
+    target.symlink_to(source.resolve())
