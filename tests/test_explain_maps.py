@@ -1,0 +1,130 @@
+"""Model-level maps: capture, gradients, image-resolution output, timm parity, precision."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vitkit
+from vitkit.explain import (
+    attention_rollout,
+    capture_attention,
+    explain,
+    grad_rollout,
+    maps_from_capture,
+    to_image_grid,
+)
+
+
+@pytest.fixture
+def tiny_model(seed: int) -> vitkit.VisionTransformer:
+    """A 3-block model on non-square 32x48 images (an 8x12 patch grid)."""
+    return vitkit.create_model("vit_cifar_tiny", img_size=(32, 48), depth=3).eval()
+
+
+@pytest.fixture
+def images(seed: int) -> torch.Tensor:
+    return torch.randn(3, 3, 32, 48)
+
+
+def test_maps_have_image_resolution_on_non_square_grids(tiny_model, images) -> None:
+    assert explain(tiny_model, images, "rollout").shape == (3, 32, 48)
+    assert explain(tiny_model, images, "grad_rollout").shape == (3, 32, 48)
+    assert explain(tiny_model, images, "heads", layer=1).shape == (3, 3, 32, 48)
+
+
+def test_patch_maps_are_laid_out_row_major_on_the_grid() -> None:
+    maps = torch.zeros(1, 6)
+    maps[0, 4] = 1.0  # row 1, column 1 of a 2x3 grid
+    image = to_image_grid(maps, (2, 3), (4, 6))
+    assert image[0, 2:, 2:4].min() > 0.5 and image[0, :2].max() < 0.5
+
+
+def test_captured_gradients_equal_retained_attention_grads(tiny_model, images) -> None:
+    capture = capture_attention(tiny_model, images, target=4, with_gradients=True)
+    logits, attentions = tiny_model(images, return_attention=True)
+    for attention in attentions:
+        attention.retain_grad()
+    logits[:, 4].sum().backward()
+    for captured, attention in zip(capture.gradients, attentions):
+        torch.testing.assert_close(captured, attention.grad)
+
+
+def test_capture_leaves_parameter_gradients_untouched(tiny_model, images) -> None:
+    explain(tiny_model, images, "grad_rollout")
+    assert all(p.grad is None for p in tiny_model.parameters())
+
+
+def test_default_target_is_the_predicted_class(tiny_model, images) -> None:
+    capture = capture_attention(tiny_model, images, with_gradients=True)
+    predicted = capture.logits.argmax(dim=-1)
+    torch.testing.assert_close(capture.targets, predicted)
+    given = explain(tiny_model, images, "grad_rollout", target=predicted)
+    torch.testing.assert_close(maps_from_capture(capture, "grad_rollout"), given)
+    other = explain(tiny_model, images, "grad_rollout", target=(predicted + 1) % 10)
+    assert not torch.allclose(given, other)
+
+
+def test_target_out_of_range_raises(tiny_model, images) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        explain(tiny_model, images, "grad_rollout", target=10)
+
+
+def test_unknown_method_raises(tiny_model, images) -> None:
+    with pytest.raises(ValueError, match="method must be one of"):
+        explain(tiny_model, images, "saliency")
+
+
+def test_model_batch_equals_per_image(tiny_model, images) -> None:
+    for method in ("rollout", "grad_rollout"):
+        batched = explain(tiny_model, images, method, discard_ratio=0.5)
+        singles = torch.cat([explain(tiny_model, images[i : i + 1], method, discard_ratio=0.5) for i in range(3)])
+        torch.testing.assert_close(batched, singles, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["bf16_weights", "bf16_autocast"])
+def test_bfloat16_models_give_float32_maps_close_to_float32(tiny_model, images, precision: str) -> None:
+    reference = explain(tiny_model, images, "rollout")
+    if precision == "bf16_weights":
+        maps = explain(tiny_model.to(torch.bfloat16), images, "rollout")
+        grads = explain(tiny_model, images, "grad_rollout")
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            maps = explain(tiny_model, images, "rollout")
+            grads = explain(tiny_model, images, "grad_rollout")
+    assert maps.dtype == grads.dtype == torch.float32
+    assert not grads.isnan().any()
+    torch.testing.assert_close(maps, reference, atol=0.05, rtol=0)
+
+
+def timm_attention_and_grads(model: torch.nn.Module, images: torch.Tensor, target: int):
+    """timm's own attention weights (unfused path, captured at ``attn_drop``) and their grads."""
+    captured: list[torch.Tensor] = []
+    hooks = []
+    for block in model.blocks:
+        block.attn.fused_attn = False
+        hooks.append(block.attn.attn_drop.register_forward_hook(lambda mod, inp, out: captured.append(out)))
+    logits = model(images)
+    for weights in captured:
+        weights.retain_grad()
+    logits[:, target].sum().backward()
+    for hook in hooks:
+        hook.remove()
+    return [w.detach() for w in captured], [w.grad for w in captured]
+
+
+def test_maps_from_timm_converted_model_equal_maps_from_timm_attention(seed: int) -> None:
+    reference = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10).eval()
+    model = vitkit.from_timm(reference).eval()
+    images = torch.randn(2, 3, 224, 224)
+    attentions, gradients = timm_attention_and_grads(reference, images, target=3)
+    capture = capture_attention(model, images, target=3, with_gradients=True)
+    for ours, theirs in zip(capture.attentions, attentions):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+    grid = (14, 14)
+    expected_rollout = to_image_grid(attention_rollout(attentions, discard_ratio=0.9), grid, (224, 224))
+    expected_grad = to_image_grid(grad_rollout(attentions, gradients), grid, (224, 224))
+    ours = maps_from_capture(capture, "rollout", discard_ratio=0.9)
+    torch.testing.assert_close(ours, expected_rollout, atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(maps_from_capture(capture, "grad_rollout"), expected_grad, atol=1e-4, rtol=1e-3)

@@ -1,0 +1,137 @@
+"""tools/attention_maps.py, tools/attention_report.py and tools/localization.py on tiny models."""
+
+from __future__ import annotations
+
+import csv
+import runpy
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.data import shapes_info
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+TINY_SHAPES = {"name": "shapes", "img_size": 32, "num_workers": 0, "shapes_num_samples": 60, "test_fraction": 0.2}
+
+
+def tool_main(name: str) -> Callable[[list[str]], int]:
+    """The ``main(argv)`` of ``tools/<name>.py``."""
+    return runpy.run_path(str(TOOLS / f"{name}.py"))["main"]
+
+
+def tiny_shapes_model() -> vitkit.VisionTransformer:
+    return vitkit.create_model("vit_cifar_tiny", patch_size=8, embed_dim=24, depth=2, num_heads=3, num_classes=6).eval()
+
+
+def save_tiny(model: vitkit.VisionTransformer, path: Path) -> Path:
+    extra = {**shapes_info(32).to_extra(), "data_config": TINY_SHAPES}
+    return vitkit.save_model(model, path, extra=extra)
+
+
+@pytest.fixture
+def checkpoint(seed: int, tmp_path: Path) -> Path:
+    return save_tiny(tiny_shapes_model(), tmp_path / "model.safetensors")
+
+
+@pytest.fixture
+def mixed_folder(tmp_path: Path) -> Path:
+    """RGB png, RGBA png, grayscale jpg and a broken png."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(folder / "rgb.png")
+    Image.fromarray(rng.integers(0, 255, (36, 36, 4), dtype=np.uint8), "RGBA").save(folder / "rgba.png")
+    Image.fromarray(rng.integers(0, 255, (64, 48), dtype=np.uint8), "L").save(folder / "gray.jpg")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    return folder
+
+
+def test_attention_maps_on_mixed_folder_writes_figures_and_names_the_broken_file(
+    checkpoint: Path, mixed_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "maps"
+    code = tool_main("attention_maps")(["--checkpoint", str(checkpoint), str(mixed_folder), "--out", str(out)])
+    assert code == 1
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["gray_jpg.png", "rgb_png.png", "rgba_png.png"]
+    # image + rollout + grad rollout in the first row, 3 heads in the second: 32 px images shown 4x
+    with Image.open(out / "rgb_png.png") as figure:
+        assert figure.mode == "RGB" and figure.width == 3 * (128 + 6) + 6 and figure.height > 2 * 128
+    err = capsys.readouterr().err
+    assert "broken.png" in err and "1 file(s) could not be read" in err
+
+
+def test_attention_maps_single_method_and_bad_target_or_layer(
+    checkpoint: Path, mixed_folder: Path, tmp_path: Path
+) -> None:
+    main = tool_main("attention_maps")
+    out = tmp_path / "maps"
+    image = str(mixed_folder / "rgb.png")
+    assert main(["--checkpoint", str(checkpoint), image, "--out", str(out), "--method", "rollout"]) == 0
+    with Image.open(out / "rgb_png.png") as figure:
+        assert figure.width == 2 * (128 + 6) + 6  # image and rollout only
+    bf16 = ["--precision", "bf16", "--target", "5"]
+    assert main(["--checkpoint", str(checkpoint), image, "--out", str(out), *bf16]) == 0
+    assert main(["--checkpoint", str(checkpoint), image, "--out", str(out), "--target", "6"]) == 2
+    assert main(["--checkpoint", str(checkpoint), image, "--out", str(out), "--layer", "2"]) == 2
+
+
+def test_attention_maps_loads_timm_weights(seed: int, mixed_folder: Path, tmp_path: Path) -> None:
+    weights = tmp_path / "timm.pth"
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, num_classes=4)
+    torch.save(vitkit.to_timm_state_dict(model), weights)
+    out = tmp_path / "maps"
+    image = str(mixed_folder / "gray.jpg")
+    argv = ["--model", "vit_tiny_patch16_224", "--timm-weights", str(weights), image, "--out", str(out)]
+    assert tool_main("attention_maps")(argv) == 0
+    assert (out / "gray_jpg.png").is_file()
+
+
+def collapse_heads(model: vitkit.VisionTransformer, layer: int, heads: tuple[int, int], sharpen: float) -> None:
+    """Give two heads of ``layer`` the same, sharpened query and key projections."""
+    attn = model.blocks[layer].attn
+    d, inner = attn.head_dim, attn.num_heads * attn.head_dim
+    source, copy = heads
+    with torch.no_grad():
+        for offset, scale in ((0, sharpen), (inner, 1.0)):  # q rows, then k rows
+            rows = slice(offset + source * d, offset + (source + 1) * d)
+            attn.qkv.weight[rows] *= scale
+            attn.qkv.weight[offset + copy * d : offset + (copy + 1) * d] = attn.qkv.weight[rows]
+            attn.qkv.bias[offset + copy * d : offset + (copy + 1) * d] = attn.qkv.bias[rows]
+
+
+@pytest.mark.slow
+def test_attention_report_writes_csv_and_heatmaps_and_warns_of_collapse(
+    seed: int, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    model = tiny_shapes_model()
+    collapse_heads(model, layer=1, heads=(0, 2), sharpen=30.0)
+    checkpoint = save_tiny(model, tmp_path / "model.safetensors")
+    out = tmp_path / "report"
+    code = tool_main("attention_report")(["--checkpoint", str(checkpoint), "--out", str(out), "--num-images", "8"])
+    assert code == 0
+    with open(out / "head_stats.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 * 3
+    assert set(rows[0]) >= {"layer", "head", "entropy", "diagonal", "cls_share", "max_similarity"}
+    assert {p.name for p in out.glob("*.png")} == {"entropy.png", "diagonal.png", "cls_share.png", "similarity.png"}
+    printed = capsys.readouterr().out
+    assert "warning: layer 1, heads [0, 2]: these heads attend alike" in printed
+    assert (out / "warnings.txt").read_text().count("attend alike") == 1
+
+
+@pytest.mark.slow
+def test_localization_tool_prints_trained_and_random_rows(checkpoint: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "loc"
+    assert tool_main("localization")(["--checkpoint", str(checkpoint), "--num-images", "8", "--out", str(out)]) == 0
+    table = (out / "localization.md").read_text()
+    assert table in capsys.readouterr().out
+    for row in ("| trained | rollout |", "| trained | grad_rollout |", "| random weights | rollout |"):
+        assert row in table
+    with open(out / "localization.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 4

@@ -1,0 +1,164 @@
+"""Recipe validation, optimiser groups, schedule, metrics and checkpoint safety (no training)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import vitkit
+from vitkit.train import RecipeError, UnsafeCheckpointError, load_checkpoint, load_recipe
+from vitkit.train.config import OptimConfig, TrainerConfig, save_recipe
+from vitkit.train.module import topk_accuracy
+from vitkit.train.optim import param_groups, warmup_cosine
+from vitkit.train.run import check_precision
+
+RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+
+
+def write_recipe(tmp_path: Path, values: dict) -> Path:
+    path = tmp_path / "my_recipe.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_shipped_recipes_validate_and_switch_amp_and_checkpointing(recipe: Path) -> None:
+    config = load_recipe(recipe, ["trainer.precision=32-true", "model.grad_checkpointing=true"])
+    assert config.name == recipe.stem
+    assert config.trainer.precision == "32-true" and config.model.grad_checkpointing is True
+
+
+def test_unknown_key_names_key_file_and_closest_valid_key(tmp_path: Path) -> None:
+    path = write_recipe(tmp_path, {"optim": {"weight_decy": 0.1}})
+    with pytest.raises(RecipeError) as error:
+        load_recipe(path)
+    message = str(error.value)
+    assert "'optim.weight_decy'" in message and str(path) in message and "'optim.weight_decay'" in message
+
+
+def test_unknown_override_key_suggests_across_sections() -> None:
+    with pytest.raises(RecipeError, match=r"'trainer.lr' in a command-line override.*'optim.lr'"):
+        load_recipe({}, ["trainer.lr=0.1"])
+
+
+def test_unknown_nested_data_key_is_caught() -> None:
+    with pytest.raises(RecipeError, match=r"data.augment.paddin.*'data.augment.padding'"):
+        load_recipe({"data": {"augment": {"paddin": 2}}})
+
+
+def test_wrong_type_gives_one_clear_message(tmp_path: Path) -> None:
+    path = write_recipe(tmp_path, {"trainer": {"max_epochs": "many"}})
+    with pytest.raises(RecipeError, match=r"trainer.max_epochs in .*my_recipe.yaml must be an integer, got 'many'"):
+        load_recipe(path)
+
+
+def test_out_of_range_value_states_the_bound() -> None:
+    with pytest.raises(RecipeError, match=r"optim.lr .* out of range: got -1, must be > 0"):
+        load_recipe({}, ["optim.lr=-1"])
+
+
+def test_literal_choice_lists_the_options() -> None:
+    with pytest.raises(RecipeError, match=r"trainer.precision .* one of '32-true', 'bf16-mixed', '16-mixed'"):
+        load_recipe({}, ["trainer.precision=fp8"])
+
+
+def test_missing_recipe_file_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_inconsistent_model_is_rejected_before_training() -> None:
+    with pytest.raises(RecipeError, match="invalid model section.*divisible"):
+        load_recipe({}, ["model.embed_dim=100", "model.num_heads=3"])
+
+
+def test_odd_batch_with_mixup_is_rejected() -> None:
+    with pytest.raises(RecipeError, match="batch_size must be even"):
+        load_recipe({}, ["optim.mixup=0.8", "trainer.batch_size=33"])
+
+
+def test_overrides_are_coerced_from_strings() -> None:
+    config = load_recipe({}, ["optim.lr=5e-4", "trainer.devices=2", "model.patch_size=2", "data.img_size=[16, 24]",
+                              "optim.clip_grad=null", "trainer.limit_train_batches=0.5"])
+    assert config.optim.lr == 5e-4 and config.trainer.devices == 2 and config.model.patch_size == (2, 2)
+    assert config.data.img_size == (16, 24) and config.optim.clip_grad is None
+    assert config.trainer.limit_train_batches == 0.5
+
+
+def test_malformed_override_is_rejected() -> None:
+    with pytest.raises(RecipeError, match="section.key=value"):
+        load_recipe({}, ["trainer.max_epochs"])
+
+
+def test_resolved_recipe_round_trips_through_yaml(tmp_path: Path) -> None:
+    config = load_recipe(RECIPES[0], ["model.depth=3", "optim.betas=[0.8, 0.95]"])
+    save_recipe(config, tmp_path / "config.yaml")
+    assert load_recipe(tmp_path / "config.yaml").to_dict() == config.to_dict()
+
+
+def test_half_precision_on_cpu_is_refused_with_advice() -> None:
+    with pytest.raises(RecipeError, match="16-mixed.*needs a GPU.*bf16-mixed"):
+        check_precision(TrainerConfig(precision="16-mixed", accelerator="cpu"))
+
+
+def test_no_weight_decay_on_norms_biases_pos_embed_and_cls_token() -> None:
+    model = vitkit.create_model("vit_cifar_tiny", depth=1, embed_dim=16, num_heads=2)
+    decay, no_decay = param_groups(model, weight_decay=0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    assert {"pos_embed", "cls_token", "norm.weight", "head.bias", "blocks.0.norm1.weight"} <= no_decay_names
+    assert all(names[id(p)].endswith("weight") and p.ndim == 2 for p in decay["params"])
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+
+
+def test_schedule_warms_up_linearly_then_decays_to_min_lr() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = warmup_cosine(optimizer, warmup_steps=4, total_steps=20, lr=1.0, min_lr=0.01)
+    lrs = []
+    for _ in range(20):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_optim_rejects_min_lr_above_lr() -> None:
+    with pytest.raises(ValueError, match="min_lr"):
+        OptimConfig(lr=1e-4, min_lr=1e-3)
+
+
+def test_topk_accuracy_counts_hits_in_percent() -> None:
+    logits = torch.tensor([[0.9, 0.1, 0.0], [0.1, 0.2, 0.7], [0.5, 0.4, 0.1]])
+    top1, top2 = topk_accuracy(logits, torch.tensor([0, 1, 1]), (1, 2))
+    assert top1.item() == pytest.approx(100 / 3) and top2.item() == pytest.approx(100.0)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (Path.touch, (Path("/tmp/vitkit_pwned_marker"),))
+
+
+def test_tampered_checkpoint_is_refused_without_running_its_code(tmp_path: Path) -> None:
+    marker = Path("/tmp/vitkit_pwned_marker")
+    marker.unlink(missing_ok=True)
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "payload": _RunsCode()}, path)
+    with pytest.raises(UnsafeCheckpointError, match="refusing to load .*last.ckpt.*could run arbitrary code"):
+        load_checkpoint(path)
+    assert not marker.exists()
+    assert isinstance(UnsafeCheckpointError("x"), pickle.UnpicklingError)
+
+
+def test_plain_checkpoint_loads(tmp_path: Path) -> None:
+    state = {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"a": [1, 2.0, "x", None, (3, 4)]}}
+    path = tmp_path / "ok.ckpt"
+    torch.save(state, path)
+    loaded = load_checkpoint(path)
+    assert loaded["hyper_parameters"] == state["hyper_parameters"]
+    assert torch.equal(loaded["state_dict"]["w"], torch.ones(2))

@@ -1,0 +1,210 @@
+"""End-to-end training runs on the bundled digits (tiny ViTs, a few steps each)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from vitkit.io import read_model_file
+from vitkit.train import (
+    NonFiniteLossError,
+    RunResult,
+    UnsafeCheckpointError,
+    load_checkpoint,
+    load_for_inference,
+    train,
+)
+from vitkit.train import module as module_lib
+
+ROOT = Path(__file__).parent.parent
+pytestmark = pytest.mark.slow
+
+
+def tiny_recipe(out_dir: Path, **trainer: object) -> dict:
+    """A 2-block, 32-wide ViT on 8x8 digits (16 patches of 2x2)."""
+    return {
+        "name": "tiny",
+        "model": {"name": "vit_cifar_tiny", "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2,
+                  "mlp_ratio": 2.0},
+        "data": {"name": "digits", "img_size": 8, "num_workers": 0, "augment": {"enabled": False}},
+        "optim": {"lr": 5e-3, "warmup_epochs": 0.3, "label_smoothing": 0.0},
+        "trainer": {"max_epochs": 1, "batch_size": 32, "accelerator": "cpu", "enable_progress_bar": False,
+                    "num_sanity_val_steps": 0, "log_every": 2, "num_threads": 1, **trainer},
+        "output": {"dir": str(out_dir)},
+    }
+
+
+SHORT = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2}
+
+
+def run_tool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    out = tmp_path_factory.mktemp("runs")
+    return train(tiny_recipe(out, max_epochs=3, checkpoint_every_n_steps=50))
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_fit_lowers_the_loss_and_beats_chance(fitted: RunResult) -> None:
+    losses = [float(r["train/loss"]) for r in read_rows(fitted.run_dir / "metrics.csv") if r.get("train/loss")]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3
+    assert fitted.summary["test_acc"] > 40.0 and fitted.summary["val_acc"] > 40.0  # chance: 10%
+
+
+def test_run_directory_holds_every_artefact(fitted: RunResult) -> None:
+    run = fitted.run_dir
+    assert run.parent.name == "tiny"
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == 3 and config["model"]["embed_dim"] == 32
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary == fitted.summary
+    assert summary["epochs"] == 3 and summary["wall_time_s"] > 0 and summary["train_images_per_s"] > 0
+    assert {"val/acc1", "val/loss", "train/loss", "lr"} <= set(read_rows(run / "metrics.csv")[0])
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("best.ckpt", "last.ckpt"):
+        checkpoint = load_checkpoint(run / "checkpoints" / name)  # weights_only=True
+        assert "optimizer_states" in checkpoint and checkpoint["hyper_parameters"]["extra"]["dataset"] == "digits"
+    assert not list((run / "checkpoints").glob("*.tmp"))
+
+
+def test_exported_model_carries_metadata_and_matches_the_returned_model(fitted: RunResult) -> None:
+    config, _, extra = read_model_file(fitted.run_dir / "model.safetensors")
+    assert config.img_size == (8, 8) and config.in_chans == 1 and config.num_classes == 10
+    assert extra["class_names"] == [str(d) for d in range(10)] and extra["recipe"] == "tiny"
+    assert {"mean", "std", "img_size", "in_chans", "dataset"} <= set(extra)
+    images = torch.randn(4, 1, 8, 8)
+    for path in (fitted.run_dir / "model.safetensors", fitted.run_dir / "checkpoints" / "best.ckpt"):
+        model, loaded_extra = load_for_inference(path)
+        assert not model.training and loaded_extra["dataset"] == "digits"
+        torch.testing.assert_close(model(images), fitted.model(images))
+
+
+def test_evaluate_tool_reports_accuracy_and_confusion_matrix(fitted: RunResult, tmp_path: Path) -> None:
+    done = run_tool("tools/evaluate.py", str(fitted.run_dir / "model.safetensors"), "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["top1"] == pytest.approx(fitted.summary["test_acc"], abs=0.01)
+    assert report["top5"] >= report["top1"] and set(report["per_class"]) == {str(d) for d in range(10)}
+    assert sum(map(sum, report["confusion_matrix"])) == report["num_images"]
+    assert (tmp_path / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
+    assert "top-1" in done.stdout
+
+
+def test_bf16_mixed_run_trains(tmp_path: Path) -> None:
+    result = train(tiny_recipe(tmp_path, precision="bf16-mixed", **SHORT))
+    assert result.summary["precision"] == "bf16-mixed" and result.summary["global_steps"] == 4
+    assert all(torch.isfinite(p).all() and p.dtype == torch.float32 for p in result.model.parameters())
+
+
+def test_grad_checkpointing_run_trains_with_ema_and_mixup(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["model"]["grad_checkpointing"] = True
+    recipe["optim"].update(mixup=0.8, cutmix=1.0, label_smoothing=0.1, ema=True, ema_decay=0.5)
+    result = train(recipe)
+    assert result.summary["global_steps"] == 4 and result.summary["test_acc"] is not None
+    weights = load_checkpoint(result.run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    assert any(key.startswith("ema.module.") for key in weights)
+    assert not torch.equal(weights["ema.module.head.weight"], weights["model.head.weight"])
+
+
+def test_non_finite_loss_stops_cleanly_and_keeps_last_good_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    real_build = module_lib.build_criterion
+
+    def poisoned(config, num_classes):
+        mixup, loss_fn = real_build(config, num_classes)
+        calls = iter(range(10**6))
+        return mixup, lambda logits, targets: loss_fn(logits, targets) * (float("nan") if next(calls) == 5 else 1.0)
+
+    monkeypatch.setattr(module_lib, "build_criterion", poisoned)
+    with pytest.raises(NonFiniteLossError, match=r"loss became nan at step 5 .*last 6 losses: \[.*, nan\].*last.ckpt"):
+        train(tiny_recipe(tmp_path, checkpoint_every_n_steps=2, limit_train_batches=20))
+    last = next(tmp_path.glob("tiny/*/checkpoints/last.ckpt"))
+    checkpoint = load_checkpoint(last)
+    assert checkpoint["global_step"] == 4
+    assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())
+
+
+def test_tampered_checkpoint_is_refused_on_resume(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"vit_config": {}}, "payload": Payload()}, path)
+    for attempt in (lambda: train(tiny_recipe(tmp_path, **SHORT), resume=path), lambda: load_for_inference(path)):
+        with pytest.raises(UnsafeCheckpointError, match="refusing to load"):
+            attempt()
+    assert not marker.exists()
+
+
+def test_train_tool_reports_a_bad_recipe_without_a_traceback(tmp_path: Path) -> None:
+    done = run_tool("tools/train.py", "recipes/quickstart.yaml", "optim.weight_decy=0.1")
+    assert done.returncode == 2
+    assert "'optim.weight_decy'" in done.stderr and "'optim.weight_decay'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def write_tiny_recipe(tmp_path: Path, **trainer: object) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe(tmp_path / "runs", **trainer)))
+    return path
+
+
+def test_sigkilled_run_resumes_from_its_step_checkpoint(tmp_path: Path) -> None:
+    recipe = write_tiny_recipe(tmp_path, max_epochs=50, checkpoint_every_n_steps=3, limit_train_batches=10,
+                               limit_val_batches=2, limit_test_batches=2, log_every=1)
+    env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "tools/train.py", str(recipe)], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    last = None
+    while time.monotonic() < deadline and process.poll() is None:
+        found = list((tmp_path / "runs").glob("tiny/*/checkpoints/last.ckpt"))
+        if found and load_checkpoint(found[0])["global_step"] >= 6:
+            last = found[0]
+            break
+        time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert last is not None, "no step checkpoint appeared before the deadline"
+    saved = load_checkpoint(last)
+    assert saved["global_step"] < 50 * 10  # killed mid-training
+    resumed_epochs = saved["epoch"] + 2
+    done = run_tool("tools/train.py", str(recipe), f"trainer.max_epochs={resumed_epochs}", "--resume", str(last))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = last.parent.parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == resumed_epochs and summary["resumed_from"] == str(last)
+    assert summary["global_steps"] == resumed_epochs * 10  # a partial epoch resumes where it stopped
+    resumed_steps = [int(r["step"]) for r in read_rows(run_dir / "logs" / "version_1" / "metrics.csv")]
+    assert min(resumed_steps) >= saved["global_step"] - 1  # continued, not restarted
+    assert (run_dir / "model.safetensors").is_file()
+
+
+def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
+    recipe = write_tiny_recipe(tmp_path, strategy="ddp", devices=2, **SHORT)
+    done = run_tool("tools/train.py", str(recipe))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(next((tmp_path / "runs").glob("tiny/*/summary.json")).read_text())
+    assert summary["world_size"] == 2 and summary["global_steps"] == 4
+    assert len(list((tmp_path / "runs" / "tiny").iterdir())) == 1  # both ranks shared one run directory

@@ -1,0 +1,93 @@
+"""Head-count ablation at fixed width: train the same recipe with 1, 2, 4, ... heads.
+
+    python tools/ablate_heads.py recipes/quickstart.yaml
+    python tools/ablate_heads.py recipes/quickstart.yaml --heads 2 4 8 --seeds 2 trainer.max_epochs=10
+
+Every (head count, seed) pair trains the recipe with ``model.embed_dim=<--embed-dim>``,
+``model.num_heads=h`` and ``trainer.seed=s`` on top of the given overrides, so the head width is
+``embed_dim / h``. Each run is then put through the quick redundancy test: the least important
+half of every layer's heads (Michel et al. 2019 importance, on the validation split) is pruned
+and the test accuracy compared with the full model's.
+
+Writes to --out: runs.csv (one row per run), summary.csv and summary.md (mean ± std over seeds per
+head count: test accuracy, training-loss oscillation, wall time, redundancy-test accuracy change),
+head_sweep.png and the run directories under runs/. The oscillation is the std of the per-step
+training loss over the last --last-epochs epochs after removing a fitted line (so the loss's
+downward trend does not count); every step is logged (trainer.log_every=1) unless overridden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
+from tqdm import tqdm  # noqa: E402
+
+from vitkit.prune import redundancy_test  # noqa: E402
+from vitkit.prune.evaluate import eval_loaders  # noqa: E402
+from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise  # noqa: E402
+from vitkit.prune.report import markdown_table, plot_sweep, write_csv  # noqa: E402
+from vitkit.train import NonFiniteLossError, RecipeError, load_recipe, train  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", help="recipe YAML file")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for every run")
+    parser.add_argument("--heads", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="head counts to train")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per head count (0, 1, ...)")
+    parser.add_argument("--embed-dim", type=int, default=128, help="fixed model width d_model")
+    parser.add_argument("--last-epochs", type=int, default=3, help="epochs whose steps the oscillation covers")
+    parser.add_argument("--out", default="runs/ablate_heads", help="output folder")
+    return parser.parse_intermixed_args(argv)
+
+
+def run(args: argparse.Namespace) -> list[SweepRun]:
+    out = Path(args.out)
+    base = [f"model.embed_dim={args.embed_dim}", "trainer.log_every=1", "trainer.enable_progress_bar=false",
+            f"output.dir={out / 'runs'}", *args.overrides]
+    # Fail on a bad recipe or head count before the first run trains.
+    configs = [load_recipe(args.recipe, [*base, f"model.num_heads={heads}"]) for heads in args.heads]
+    val, test, _ = eval_loaders(configs[0].data)
+    runs = []
+    jobs = [(heads, seed) for heads in args.heads for seed in range(args.seeds)]
+    for heads, seed in tqdm(jobs, desc="head sweep"):
+        result = train(args.recipe, [*base, f"model.num_heads={heads}", f"trainer.seed={seed}"])
+        redundancy = redundancy_test(result.model, val, eval_loader=test)
+        runs.append(SweepRun(
+            heads=heads,
+            head_dim=result.model.config.resolved_head_dim(),
+            seed=seed,
+            accuracy=result.summary["test_acc"],
+            oscillation=loss_oscillation(result.run_dir / "metrics.csv", args.last_epochs),
+            wall_time_s=result.summary["wall_time_s"],
+            redundancy_change=redundancy.change,
+            run_dir=str(result.run_dir),
+        ))
+        write_csv(out / "runs.csv", [dataclasses.asdict(r) for r in runs])  # partial results survive a crash
+    rows = summarise(runs)
+    write_csv(out / "summary.csv", rows)
+    (out / "summary.md").write_text(markdown_table(rows))
+    plot_sweep(runs, out / "head_sweep.png", title=f"{Path(args.recipe).stem}, d_model={args.embed_dim}")
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        runs = run(args)
+    except (RecipeError, NonFiniteLossError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(markdown_table(summarise(runs)), end="")
+    print(f"wrote {Path(args.out) / 'summary.md'}, summary.csv, runs.csv and head_sweep.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

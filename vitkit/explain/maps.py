@@ -1,0 +1,157 @@
+"""Model-level attention maps: run a ViT, capture its attention (and gradients), build image maps.
+
+``capture_attention`` runs ``model(images, return_attention=True)`` once and, when asked, one
+backward pass from the target logits to the attention tensors; ``maps_from_capture`` turns the
+capture into rollout, gradient-rollout or per-head maps on the image's pixel grid, so the three
+kinds can share one forward pass. ``explain`` does both in one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from ..models import VisionTransformer
+from .rollout import HeadFusion, attention_rollout, grad_rollout, per_head_maps
+
+Method = Literal["rollout", "grad_rollout", "heads"]
+METHODS: tuple[str, ...] = ("rollout", "grad_rollout", "heads")
+Target = int | torch.Tensor | None
+
+
+@dataclass
+class AttentionCapture:
+    """What one forward (and backward) pass of a ViT yields for explanation.
+
+    Attributes:
+        logits: ``[B, num_classes]`` float32.
+        targets: ``[B]`` class explained per image (given, or the predicted one).
+        attentions: one ``[B, H_l, N, N]`` detached tensor per block, in forward order.
+        gradients: ∂(target logit)/∂attention per block, same shapes, or ``None``.
+        grid: patch grid ``(gh, gw)`` with ``gh * gw = N - num_prefix_tokens``.
+        image_size: ``(H, W)`` of the input images.
+        num_prefix_tokens: tokens before the patches.
+    """
+
+    logits: torch.Tensor
+    targets: torch.Tensor
+    attentions: list[torch.Tensor]
+    gradients: list[torch.Tensor] | None
+    grid: tuple[int, int]
+    image_size: tuple[int, int]
+    num_prefix_tokens: int
+
+    @property
+    def probabilities(self) -> torch.Tensor:
+        """``[B]`` softmax probability of each image's target class."""
+        return self.logits.softmax(dim=-1).gather(1, self.targets[:, None]).squeeze(1)
+
+
+def _resolve_targets(target: Target, logits: torch.Tensor) -> torch.Tensor:
+    """``[B]`` class indices: the argmax when ``target`` is None, else ``target`` broadcast."""
+    batch, num_classes = logits.shape
+    if target is None:
+        return logits.argmax(dim=-1)
+    targets = torch.as_tensor(target, dtype=torch.long, device=logits.device).reshape(-1).expand(batch)
+    if targets.min() < 0 or targets.max() >= num_classes:
+        raise ValueError(f"target class {target} is out of range for a model with {num_classes} classes.")
+    return targets.clone()
+
+
+def capture_attention(
+    model: VisionTransformer, images: torch.Tensor, target: Target = None, with_gradients: bool = False
+) -> AttentionCapture:
+    """Run ``model`` on ``images`` and keep its attention weights (and their gradients).
+
+    The model is used as it is: call ``model.eval()`` first so dropout does not perturb the maps.
+    Works for float32 and bfloat16 models and under ``torch.autocast``; images are cast to the
+    model's parameter dtype and device. Parameter gradients are neither computed nor touched.
+
+    Args:
+        model: a vitkit ``VisionTransformer``.
+        images: ``[B, C, H, W]`` normalised as for training.
+        target: class to explain: ``None`` (each image's prediction), an int, or ``[B]`` indices.
+        with_gradients: also compute ∂(target logit)/∂(attention of each block).
+    """
+    parameter = next(model.parameters())
+    images = images.to(device=parameter.device, dtype=parameter.dtype)
+    grid = model.patch_embed.grid_size(images.shape[2], images.shape[3])
+    with torch.set_grad_enabled(with_gradients):
+        if with_gradients:  # a leaf that requires grad keeps the graph without weight gradients
+            images = images.detach().requires_grad_(True)
+        logits, attentions = model(images, return_attention=True)
+        targets = _resolve_targets(target, logits.detach())
+        gradients = None
+        if with_gradients:
+            selected = logits.gather(1, targets[:, None]).sum()
+            gradients = [g.detach() for g in torch.autograd.grad(selected, attentions)]
+    return AttentionCapture(
+        logits=logits.detach().float(),
+        targets=targets,
+        attentions=[a.detach() for a in attentions],
+        gradients=gradients,
+        grid=grid,
+        image_size=(images.shape[2], images.shape[3]),
+        num_prefix_tokens=model.num_prefix_tokens,
+    )
+
+
+def to_image_grid(maps: torch.Tensor, grid: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
+    """Patch-token maps ``[..., gh*gw]`` (row-major) to ``[..., H, W]`` by bilinear upsampling."""
+    lead = maps.shape[:-1]
+    patches = maps.reshape(-1, 1, *grid)
+    upsampled = F.interpolate(patches, size=image_size, mode="bilinear", align_corners=False)
+    return upsampled.reshape(*lead, *image_size)
+
+
+def maps_from_capture(
+    capture: AttentionCapture,
+    method: Method = "rollout",
+    *,
+    layer: int = -1,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+) -> torch.Tensor:
+    """Maps at image resolution: ``[B, H, W]`` for ``rollout`` / ``grad_rollout`` (each in
+    ``[0, 1]``), ``[B, heads, H, W]`` raw class-token attention of block ``layer`` for ``heads``."""
+    prefix = capture.num_prefix_tokens
+    if method == "rollout":
+        maps = attention_rollout(capture.attentions, head_fusion, discard_ratio, prefix)
+    elif method == "grad_rollout":
+        if capture.gradients is None:
+            raise ValueError("grad_rollout needs gradients: capture with capture_attention(..., with_gradients=True).")
+        maps = grad_rollout(capture.attentions, capture.gradients, discard_ratio, prefix)
+    elif method == "heads":
+        maps = per_head_maps(capture.attentions, layer, prefix)
+    else:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+    return to_image_grid(maps, capture.grid, capture.image_size)
+
+
+def explain(
+    model: VisionTransformer,
+    images: torch.Tensor,
+    method: Method = "rollout",
+    target: Target = None,
+    *,
+    layer: int = -1,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+) -> torch.Tensor:
+    """Attention maps of ``images`` at image resolution (see :func:`maps_from_capture`).
+
+    Args:
+        model: a vitkit ``VisionTransformer`` in eval mode.
+        images: ``[B, C, H, W]``, any size the model accepts (non-square grids included).
+        method: ``"rollout"``, ``"grad_rollout"`` (for class ``target``) or ``"heads"``.
+        target: ``grad_rollout``'s class: ``None`` = predicted, an int, or ``[B]`` indices.
+        layer: block shown by ``heads``.
+        head_fusion, discard_ratio: rollout options (see :func:`attention_rollout`).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+    capture = capture_attention(model, images, target, with_gradients=method == "grad_rollout")
+    return maps_from_capture(capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio)

@@ -1,0 +1,44 @@
+"""Attention-head importance, gating and physical pruning (Michel et al. 2019,
+https://arxiv.org/abs/1905.10650).
+
+``head_importance`` scores heads, ``prune_heads`` removes them for good (saved and reloaded by
+``vitkit.save_model`` / ``load_model``), ``iterative_pruning`` traces accuracy, parameters,
+FLOPs and speed as heads go, and ``redundancy_test`` is the quick "halve the heads" check.
+"""
+
+from .evaluate import evaluate_accuracy, time_forward
+from .importance import attention_entropy, head_importance
+from .iterative import (
+    PruningStep,
+    Scorer,
+    entropy_scorer,
+    importance_scorer,
+    iterative_pruning,
+    least_scored,
+    random_scorer,
+    within_budget,
+)
+from .pruning import Gates, full_gates, gated_off, prune_heads, pruned_copy
+from .redundancy import RedundancyResult, redundancy_test
+
+__all__ = [
+    "Gates",
+    "PruningStep",
+    "RedundancyResult",
+    "Scorer",
+    "attention_entropy",
+    "entropy_scorer",
+    "evaluate_accuracy",
+    "full_gates",
+    "gated_off",
+    "head_importance",
+    "importance_scorer",
+    "iterative_pruning",
+    "least_scored",
+    "prune_heads",
+    "pruned_copy",
+    "random_scorer",
+    "redundancy_test",
+    "time_forward",
+    "within_budget",
+]

@@ -1,0 +1,112 @@
+"""Artefacts of the pruning tools: CSV rows, Markdown tables and the accuracy-vs-pruning plot."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ..io import atomic_write  # noqa: E402
+from .head_sweep import SweepRun, mean_std  # noqa: E402
+from .iterative import PruningStep  # noqa: E402
+
+#: PruningStep fields written to the curves CSV (the per-layer details go to JSON instead).
+CURVE_FIELDS = ("step", "heads_left", "fraction_pruned", "accuracy", "parameters", "flops", "images_per_s")
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``rows`` (dicts sharing the first row's keys) as CSV, atomically."""
+    if not rows:
+        raise ValueError(f"no rows to write to {path}.")
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    return atomic_write(path, write)
+
+
+def curve_rows(order: str, seed: int | None, records: Sequence[PruningStep]) -> list[dict[str, Any]]:
+    """CSV rows of one pruning curve: ``order``, ``seed`` and the :data:`CURVE_FIELDS`."""
+    return [{"order": order, "seed": seed, **{k: dataclasses.asdict(r)[k] for k in CURVE_FIELDS}} for r in records]
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A GitHub Markdown table of ``rows`` (the first row's keys are the columns)."""
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot_pruning_curves(
+    curves: Mapping[str, Sequence[Sequence[PruningStep]]],
+    path: str | os.PathLike,
+    *,
+    max_drop: float | None = None,
+    title: str = "",
+) -> Path:
+    """Accuracy vs fraction of heads pruned, one line per order (mean, with a ±1 std band when
+    an order has several runs, e.g. random seeds). Runs of one order must have the same steps.
+
+    Args:
+        curves: ``{order label: [records of each run]}``.
+        path: PNG to write.
+        max_drop: draw the accuracy budget ``baseline - max_drop`` as a dashed line.
+        title: figure title.
+    """
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    baseline = None
+    for label, runs in curves.items():
+        accuracy = np.array([[r.accuracy for r in run] for run in runs])
+        fraction = np.array([r.fraction_pruned for r in runs[0]])
+        mean = accuracy.mean(0)
+        (line,) = ax.plot(fraction, mean, marker=".", label=label if len(runs) == 1 else f"{label} (n={len(runs)})")
+        if len(runs) > 1:
+            std = accuracy.std(0)
+            ax.fill_between(fraction, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        baseline = runs[0][0].accuracy
+    if max_drop is not None and baseline is not None:
+        ax.axhline(baseline - max_drop, color="grey", linestyle="--", linewidth=1, label=f"-{max_drop:g} pt budget")
+    ax.set_xlabel("fraction of heads pruned")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)
+    return out
+
+
+def plot_sweep(runs: Sequence[SweepRun], path: str | os.PathLike, title: str = "") -> Path:
+    """Test accuracy and training-loss oscillation against the head count (mean ± std over seeds)."""
+    heads = sorted({run.heads for run in runs})
+    dims = {run.heads: run.head_dim for run in runs}
+    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.4), dpi=100)
+    panels = (("accuracy", "test accuracy (%)"), ("oscillation", "training-loss oscillation"))
+    for ax, (attribute, label) in zip(axes, panels):
+        stats = [mean_std([getattr(r, attribute) for r in runs if r.heads == h]) for h in heads]
+        ax.errorbar(heads, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(heads, [f"{h}\n(d={dims[h]})" for h in heads])
+        ax.minorticks_off()
+        ax.set_xlabel("heads (head width)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)
+    return out

@@ -1,0 +1,34 @@
+"""Training: recipes (validated YAML), a Lightning module and data module, atomic ``weights_only``
+checkpoints, run directories with metrics, curves and an exported model, and evaluation.
+
+``train(recipe, overrides, resume)`` runs a recipe; ``load_for_inference(path)`` rebuilds a trained
+model from ``model.safetensors`` or a ``.ckpt``; ``evaluate(path)`` measures its accuracy.
+"""
+
+from .checkpoint import AtomicCheckpointIO, UnsafeCheckpointError, load_checkpoint, load_for_inference
+from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
+from .datamodule import ViTDataModule
+from .evaluate import evaluate
+from .module import NonFiniteLossError, ViTClassifier
+from .run import RunResult, train
+from .schema import RecipeError
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "ModelConfig",
+    "NonFiniteLossError",
+    "OptimConfig",
+    "OutputConfig",
+    "RecipeConfig",
+    "RecipeError",
+    "RunResult",
+    "TrainerConfig",
+    "UnsafeCheckpointError",
+    "ViTClassifier",
+    "ViTDataModule",
+    "evaluate",
+    "load_checkpoint",
+    "load_for_inference",
+    "load_recipe",
+    "train",
+]

@@ -1,0 +1,62 @@
+"""Callbacks: ``last.ckpt`` every N steps and at every epoch end, and training throughput."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+
+class LastCheckpoint(Callback):
+    """Keep ``path`` (``last.ckpt``) current: rewritten every ``every_n_steps`` optimiser steps
+    (0: never mid-epoch) and after every epoch (after validation), so a killed run resumes losing
+    at most the steps since the last save. Writes go through the trainer's (atomic) checkpoint IO."""
+
+    def __init__(self, path: str | Path, every_n_steps: int) -> None:
+        self.path = str(path)
+        self.every_n_steps = every_n_steps
+        self._last_saved_step = -1
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer)
+
+    def _save(self, trainer: L.Trainer) -> None:
+        if trainer.sanity_checking or trainer.global_step == self._last_saved_step:
+            return
+        trainer.save_checkpoint(self.path, weights_only=False)
+        self._last_saved_step = trainer.global_step
+
+
+class Throughput(Callback):
+    """Training images per second over all devices, timing only the training batches (data
+    loading included, validation excluded)."""
+
+    def __init__(self) -> None:
+        self.images = 0
+        self.seconds = 0.0
+        self._tick: float | None = None
+
+    @property
+    def images_per_second(self) -> float:
+        """Measured throughput (0 before any batch)."""
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._tick = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        if self._tick is not None:
+            self.seconds += now - self._tick
+            self.images += len(batch[1]) * trainer.world_size
+        self._tick = now

@@ -1,0 +1,148 @@
+"""The LightningModule: a :class:`~vitkit.models.VisionTransformer` classifier with AdamW, a
+warmup-cosine schedule, Mixup/CutMix and label smoothing (timm), an optional weight EMA, top-1/top-5
+metrics and a stop on a non-finite loss."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import lightning as L
+import torch
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.utils import ModelEmaV3
+from torch import nn
+
+from ..models import ViTConfig, VisionTransformer
+from .config import OptimConfig
+from .optim import build_optimizer, warmup_cosine
+from .schema import build
+
+#: State-dict prefixes of the trained weights and of their EMA inside a checkpoint.
+MODEL_PREFIX = "model."
+EMA_PREFIX = "ema.module."
+#: How many recent losses a non-finite-loss error reports.
+LOSS_HISTORY = 8
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the run stops, its last good checkpoint stays."""
+
+
+class ViTClassifier(L.LightningModule):
+    """Image classification with a ViT.
+
+    Args:
+        recipe: the resolved recipe as a plain dict (``RecipeConfig.to_dict()``); its ``optim``
+            section and ``model.grad_checkpointing`` are used here.
+        vit_config: ``ViTConfig.to_dict()`` of the model to build.
+        extra: metadata exported with the model (mean, std, img_size, class_names, ...).
+
+    All three are plain dicts, saved as hyper-parameters, so checkpoints load with
+    ``torch.load(weights_only=True)`` and rebuild the model without the recipe file.
+    """
+
+    def __init__(self, recipe: dict[str, Any], vit_config: dict[str, Any], extra: dict[str, Any]) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.optim_config: OptimConfig = build(OptimConfig, recipe.get("optim", {}), source="the checkpoint's recipe")
+        self.model = VisionTransformer(ViTConfig.from_dict(vit_config))
+        self.model.set_grad_checkpointing(bool(recipe.get("model", {}).get("grad_checkpointing", False)))
+        self.mixup, self.train_criterion = build_criterion(self.optim_config, self.model.num_classes)
+        self.eval_criterion = nn.CrossEntropyLoss()
+        self.ema = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
+        if self.ema is not None:
+            # timm leaves the copy in eval mode; Lightning switches every module to eval for
+            # validation anyway, and warns at fit start about modules left in eval mode.
+            self.ema.train()
+        self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
+
+    @property
+    def inference_model(self) -> VisionTransformer:
+        """The weights to evaluate and export: the EMA when enabled, else the trained ones."""
+        return self.ema.module if self.ema is not None else self.model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` to ``[B, num_classes]`` logits of :attr:`inference_model`."""
+        return self.inference_model(images)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, targets = batch
+        soft_targets = targets
+        if self.mixup is not None:
+            images, soft_targets = self.mixup(images, targets)
+        logits = self.model(images)
+        loss = self.train_criterion(logits, soft_targets)
+        self._check_finite(loss)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(targets))
+        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=len(targets))
+        if self.mixup is None:
+            self.log("train/acc1", topk_accuracy(logits.detach(), targets, (1,))[0], batch_size=len(targets))
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.model, self.optim_config)
+        total_steps = int(self.trainer.estimated_stepping_batches)
+        warmup_steps = round(self.optim_config.warmup_epochs * total_steps / max(1, self.trainer.max_epochs))
+        scheduler = warmup_cosine(
+            optimizer,
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            lr=self.optim_config.lr,
+            min_lr=self.optim_config.min_lr,
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
+        images, targets = batch
+        logits = self.inference_model(images)
+        acc1, acc5 = topk_accuracy(logits, targets, (1, 5))
+        loss = self.eval_criterion(logits, targets)
+        self.log_dict({f"{stage}/loss": loss, f"{stage}/acc5": acc5}, sync_dist=True, batch_size=len(targets))
+        self.log(f"{stage}/acc1", acc1, sync_dist=True, batch_size=len(targets), prog_bar=True)
+
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        self._recent_losses.append(loss.detach())
+        if not torch.isfinite(loss):
+            history = ", ".join(f"{value:.4g}" for value in torch.stack(list(self._recent_losses)).float().tolist())
+            raise NonFiniteLossError(
+                f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
+                f"last {len(self._recent_losses)} losses: [{history}]. Lower optim.lr, lengthen "
+                "optim.warmup_epochs, set optim.clip_grad, or train with trainer.precision=32-true."
+            )
+
+
+def build_criterion(config: OptimConfig, num_classes: int) -> tuple[Mixup | None, nn.Module]:
+    """The batch mixer (``None`` without Mixup/CutMix) and the training loss: soft-target
+    cross-entropy after mixing (targets already smoothed), label-smoothing or plain cross-entropy."""
+    if config.mixes:
+        mixup = Mixup(
+            mixup_alpha=config.mixup,
+            cutmix_alpha=config.cutmix,
+            prob=config.mixup_prob,
+            switch_prob=config.mixup_switch_prob,
+            label_smoothing=config.label_smoothing,
+            num_classes=num_classes,
+        )
+        return mixup, SoftTargetCrossEntropy()
+    if config.label_smoothing > 0:
+        return None, LabelSmoothingCrossEntropy(smoothing=config.label_smoothing)
+    return None, nn.CrossEntropyLoss()
+
+
+def topk_accuracy(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...]) -> list[torch.Tensor]:
+    """Top-k accuracies in percent of ``[B, K]`` logits against ``[B]`` labels (``k`` capped at ``K``)."""
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    hits = top == targets[:, None]
+    return [hits[:, : min(k, logits.shape[1])].any(dim=1).float().mean() * 100.0 for k in ks]

@@ -1,0 +1,49 @@
+"""AdamW without weight decay on norms, biases, position embeddings and the class token, and a
+linear-warmup + cosine learning-rate schedule stepped every iteration."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import OptimConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: decayed weight matrices, and undecayed 1-d parameters (norm scales,
+    biases) plus the names in ``model.no_weight_decay()`` (``pos_embed``, ``cls_token``)."""
+    skip = set(getattr(model, "no_weight_decay", set)())
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`."""
+    return torch.optim.AdamW(
+        param_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas), eps=config.eps
+    )
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, lr: float, min_lr: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup from ~0 to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at
+    ``total_steps``; call ``step()`` after every optimiser step."""
+    floor = min_lr / lr
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

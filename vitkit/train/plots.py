@@ -1,0 +1,58 @@
+"""Figures of a run: loss/accuracy curves from ``metrics.csv`` and a confusion matrix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_curves(rows: Sequence[dict[str, str]], path: str | Path) -> Path:
+    """Loss (train per logged step, val per epoch) and accuracy (val top-1/top-5, train top-1
+    when logged) against the optimiser step, from ``metrics.csv`` rows."""
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, keys, title in (
+        (loss_ax, ("train/loss", "val/loss"), "loss"),
+        (acc_ax, ("train/acc1", "val/acc1", "val/acc5"), "accuracy (%)"),
+    ):
+        for key in keys:
+            points = [(float(row["step"]), float(row[key])) for row in rows if row.get(key) not in (None, "")]
+            if points:
+                steps, values = zip(*points)
+                axis.plot(steps, values, marker="o" if key.startswith("val") else None, markersize=3, label=key)
+        axis.set_xlabel("step")
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+        if axis.lines:
+            axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: str | Path) -> Path:
+    """``[K, K]`` counts (rows: true class, columns: predicted) as a labelled heat map."""
+    size = max(4.0, 0.45 * len(class_names) + 2)
+    fig, axis = plt.subplots(figsize=(size, size))
+    image = axis.imshow(matrix, cmap="Blues")
+    fig.colorbar(image, ax=axis, fraction=0.046)
+    ticks = np.arange(len(class_names))
+    axis.set_xticks(ticks, class_names, rotation=90 if len(class_names) > 10 else 0)
+    axis.set_yticks(ticks, class_names)
+    axis.set_xlabel("predicted")
+    axis.set_ylabel("true")
+    if len(class_names) <= 20:
+        threshold = matrix.max() / 2 if matrix.size else 0
+        for (row, col), count in np.ndenumerate(matrix):
+            axis.text(col, row, int(count), ha="center", va="center", fontsize=7,
+                      color="white" if count > threshold else "black")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

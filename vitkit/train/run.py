@@ -1,0 +1,201 @@
+"""``train(recipe, overrides, resume)``: a whole run, from recipe to exported model.
+
+Validates the recipe, builds data, model and Lightning ``Trainer``, fits (resuming from a
+checkpoint if asked), tests the best checkpoint, then writes the run directory's artefacts
+(see :mod:`.artifacts`). Works unchanged under multi-GPU / multi-node DDP: every process runs this
+function, rank 0 writes the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+
+from ..data import DataInfo
+from ..io import save_model
+from ..models import VisionTransformer, count_parameters
+from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, resolve_run_dir, write_json
+from .callbacks import LastCheckpoint, Throughput
+from .checkpoint import AtomicCheckpointIO
+from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
+from .datamodule import ViTDataModule
+from .module import NonFiniteLossError, ViTClassifier
+from .plots import plot_curves
+from .schema import RecipeError
+
+@dataclass
+class RunResult:
+    """What :func:`train` returns: the run directory, its ``summary.json`` content and the
+    trained model (best checkpoint, EMA weights when enabled) on the CPU in eval mode."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    model: VisionTransformer
+
+
+def train(
+    recipe: str | os.PathLike | dict[str, Any] | RecipeConfig,
+    overrides: list[str] | tuple[str, ...] = (),
+    resume: str | os.PathLike | None = None,
+) -> RunResult:
+    """Train a ViT as ``recipe`` says.
+
+    Args:
+        recipe: a YAML recipe file (``recipes/quickstart.yaml``), an equivalent dict or a
+            :class:`RecipeConfig`.
+        overrides: dotted ``key=value`` changes (``['trainer.max_epochs=5', 'model.depth=4']``).
+        resume: a ``last.ckpt`` (or any checkpoint of this recipe) to continue from; loaded with
+            ``weights_only=True``. Inside a run directory, the run continues there.
+
+    Raises:
+        RecipeError: invalid recipe or overrides (before any work starts).
+        NonFiniteLossError: the loss diverged; the last good ``last.ckpt`` is kept.
+        UnsafeCheckpointError: ``resume`` holds pickled code.
+    """
+    started = time.perf_counter()
+    config = load_recipe(recipe, overrides)
+    check_precision(config.trainer)
+    if resume is not None and not Path(resume).is_file():
+        raise FileNotFoundError(f"checkpoint to resume {resume} does not exist.")
+    is_rank_zero = rank_zero_only.rank == 0
+    run_dir = resolve_run_dir(config, resume, create=is_rank_zero)
+    if is_rank_zero:
+        save_recipe(config, run_dir / CONFIG_FILE)
+
+    if config.trainer.num_threads is not None:
+        torch.set_num_threads(config.trainer.num_threads)
+    L.seed_everything(config.trainer.seed, workers=True, verbose=False)
+    datamodule = ViTDataModule(config.data, config.trainer.batch_size)
+    module = build_module(config, datamodule.info)
+    best, last, throughput = _callbacks(config, run_dir)
+    trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput])
+
+    with _shared_run_dir(run_dir):
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+        except NonFiniteLossError as error:
+            kept = last.path if Path(last.path).is_file() else None
+            note = f" The last good checkpoint is {kept}." if kept else " No checkpoint had been written yet."
+            raise NonFiniteLossError(f"{error}{note}") from None
+    best_path = best.best_model_path or None
+    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
+    validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
+
+    model = module.inference_model.cpu().eval()
+    summary = {
+        "recipe": config.name,
+        "dataset": datamodule.info.name,
+        "model": config.model.name,
+        "num_parameters": count_parameters(model),
+        "val_acc": _metric(validated, "val/acc1"),
+        "test_acc": _metric(tested, "test/acc1"),
+        "test_acc5": _metric(tested, "test/acc5"),
+        "epochs": trainer.current_epoch,
+        "global_steps": trainer.global_step,
+        "wall_time_s": round(time.perf_counter() - started, 2),
+        "train_images_per_s": round(throughput.images_per_second, 1),
+        "precision": config.trainer.precision,
+        "world_size": trainer.world_size,
+        "resumed_from": str(resume) if resume is not None else None,
+        "best_checkpoint": str(best_path) if best_path else None,
+    }
+    if is_rank_zero:
+        save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
+        plot_curves(merge_metrics(run_dir), run_dir / "curves.png")
+        write_json(run_dir / "summary.json", summary)
+    return RunResult(run_dir=run_dir, summary=summary, model=model)
+
+
+def build_module(config: RecipeConfig, info: DataInfo) -> ViTClassifier:
+    """The LightningModule for ``config``, its model sized by the dataset, with the ``extra``
+    metadata (normalisation, classes, dataset and recipe names, data options) to export."""
+    extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict()}
+    vit_config = config.vit_config(img_size=info.img_size, in_chans=info.in_chans, num_classes=info.num_classes)
+    return ViTClassifier(config.to_dict(), vit_config.to_dict(), extra)
+
+
+def check_precision(config: TrainerConfig) -> None:
+    """Refuse ``16-mixed`` where training would run on the CPU (it needs a GPU's float16 units)."""
+    on_cpu = config.accelerator == "cpu" or (config.accelerator == "auto" and not torch.cuda.is_available())
+    if config.precision == "16-mixed" and on_cpu:
+        raise RecipeError(
+            "trainer.precision='16-mixed' (float16 autocast with loss scaling) needs a GPU, but this run "
+            "trains on the CPU; use trainer.precision=bf16-mixed (fast on CPUs with bfloat16 support) or 32-true."
+        )
+
+
+def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callback]) -> L.Trainer:
+    """A Lightning ``Trainer`` from the recipe's ``trainer`` and ``optim`` sections: atomic,
+    ``weights_only`` checkpoint IO; CSV logs (TensorBoard too when installed)."""
+    options = config.trainer
+    loggers: list[Logger] = [CSVLogger(run_dir, name="logs")]
+    if importlib.util.find_spec("tensorboard") is not None:
+        loggers.append(TensorBoardLogger(run_dir, name="tensorboard"))
+    return L.Trainer(
+        accelerator=options.accelerator,
+        devices=options.devices,
+        num_nodes=options.num_nodes,
+        strategy=options.strategy,
+        precision=options.precision,
+        max_epochs=options.max_epochs,
+        gradient_clip_val=config.optim.clip_grad,
+        gradient_clip_algorithm="norm",
+        log_every_n_steps=options.log_every,
+        limit_train_batches=options.limit_train_batches,
+        limit_val_batches=options.limit_val_batches,
+        limit_test_batches=options.limit_test_batches,
+        num_sanity_val_steps=options.num_sanity_val_steps,
+        deterministic=options.deterministic,
+        enable_progress_bar=options.enable_progress_bar,
+        callbacks=callbacks,
+        logger=loggers,
+        default_root_dir=run_dir,
+        plugins=[AtomicCheckpointIO()],
+    )
+
+
+def _callbacks(config: RecipeConfig, run_dir: Path) -> tuple[ModelCheckpoint, LastCheckpoint, Throughput]:
+    """``best.ckpt`` by ``trainer.monitor``, ``last.ckpt`` every N steps and epoch, throughput."""
+    checkpoints, monitor = run_dir / "checkpoints", config.trainer.monitor
+    best = ModelCheckpoint(
+        dirpath=checkpoints,
+        filename="best",
+        monitor=monitor,
+        mode="min" if monitor.endswith("loss") else "max",
+        save_top_k=1,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+    last = LastCheckpoint(checkpoints / "last.ckpt", config.trainer.checkpoint_every_n_steps)
+    return best, last, Throughput()
+
+
+@contextlib.contextmanager
+def _shared_run_dir(run_dir: Path) -> Iterator[None]:
+    """Expose the run directory to the DDP processes Lightning launches during ``fit``."""
+    if RUN_DIR_ENV in os.environ:  # this process was launched by rank 0
+        yield
+        return
+    os.environ[RUN_DIR_ENV] = str(run_dir.resolve())
+    try:
+        yield
+    finally:
+        os.environ.pop(RUN_DIR_ENV, None)
+
+
+def _metric(results: list[dict[str, float]], key: str) -> float | None:
+    """``key`` of a ``trainer.validate``/``test`` result, rounded; ``None`` when that loop did not run."""
+    value = results[0].get(key) if results else None
+    return None if value is None else round(float(value), 3)
