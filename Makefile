@@ -17,7 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(PY) tools/benchmark.py --sections models --models vit_cifar_small:128 --repeats 3
+	$(PY) tools/train.py recipes/quickstart.yaml
+	$(PY) tools/attention_maps.py --checkpoint runs/quickstart/latest/model.safetensors \
+		--test-images 6 --out runs/quickstart/latest/attention_maps
 
 test: setup
 	$(PY) -m pytest -q

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> list[SweepRun]:
     configs = [load_recipe(args.recipe, [*base, f"model.num_heads={heads}"]) for heads in args.heads]
     val, test, _ = eval_loaders(configs[0].data)
     runs = []
-    jobs = [(heads, seed) for heads in args.heads for seed in range(args.seeds)]
+    # Seed-major order: stopped early, runs.csv still covers every head count.
+    jobs = [(heads, seed) for seed in range(args.seeds) for heads in args.heads]
     for heads, seed in tqdm(jobs, desc="head sweep"):
         result = train(args.recipe, [*base, f"model.num_heads={heads}", f"trainer.seed={seed}"])
         redundancy = redundancy_test(result.model, val, eval_loader=test)

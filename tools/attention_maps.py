@@ -1,6 +1,7 @@
 """Attention maps of a ViT for image files: one PNG per image.
 
     python tools/attention_maps.py --checkpoint runs/shapes/model.safetensors images/ --out maps/
+    python tools/attention_maps.py --checkpoint runs/quickstart/latest/model.safetensors --test-images 4 --out maps/
     python tools/attention_maps.py --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         cat.jpg dog.png --out maps/ --method all --layer -1 --discard-ratio 0.9
 
@@ -23,16 +24,21 @@ import torch
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from vitkit import VisionTransformer  # noqa: E402
-from vitkit.data import DataInfo, ImageReadError, build_eval_transform, load_image  # noqa: E402
+from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image  # noqa: E402
 from vitkit.explain import HEAD_FUSIONS, capture_attention, maps_from_capture  # noqa: E402
 from vitkit.explain.cli import add_model_arguments, display_image, find_images, load_explained_model  # noqa: E402
 from vitkit.explain.render import attention_figure  # noqa: E402
+from vitkit.train.evaluate import data_config_for  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
-    parser.add_argument("images", nargs="+", help="image files and/or folders")
+    parser.add_argument("images", nargs="*", help="image files and/or folders")
+    parser.add_argument(
+        "--test-images", type=int, default=0, metavar="N",
+        help="also explain the first N test images of the dataset the checkpoint was trained on",
+    )
     parser.add_argument("--out", required=True, help="output folder for the PNGs")
     parser.add_argument("--method", choices=("rollout", "grad_rollout", "heads", "all"), default="all")
     parser.add_argument("--layer", type=int, default=-1, help="block shown in the per-head grid (default: last)")
@@ -91,6 +97,16 @@ def render_batch(
         attention_figure(picture, panels, heads, layer, title, out / f"{path.stem}_{path.suffix.lstrip('.')}.png")
 
 
+def test_samples(extra: dict, info: DataInfo, count: int) -> list[tuple[Path, torch.Tensor]]:
+    """The first ``count`` preprocessed test images of the model's dataset, named after their label."""
+    test_set = build_datasets(data_config_for(extra)).test
+    samples = []
+    for index in range(min(count, len(test_set))):
+        image, label = test_set[index]
+        samples.append((Path(f"test_{index:03d}_{info.class_names[label]}.png"), image))
+    return samples
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -110,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     written = 0
     start = time.perf_counter()
+    if args.test_images:
+        try:
+            samples = test_samples(extra, info, args.test_images)
+        except (ValueError, OSError) as error:
+            print(f"error: --test-images: {error}", file=sys.stderr)
+            return 2
+        for first in range(0, len(samples), args.batch_size):
+            render_batch(model, samples[first : first + args.batch_size], args, info, out)
+        written += len(samples)
     for first in range(0, len(paths), args.batch_size):
         batch = []
         for path in paths[first : first + args.batch_size]:
@@ -126,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {written} figure(s) to {out} in {seconds:.1f} s ({per_image:.2f} s/image).")
     if failed:
         print(f"{len(failed)} file(s) could not be read: {', '.join(failed)}", file=sys.stderr)
-    elif not paths:
-        print("no image files found in the given paths.", file=sys.stderr)
-    return 1 if failed or not paths else 0
+    elif not written:
+        print("no image files found in the given paths (give files, folders or --test-images N).", file=sys.stderr)
+    return 1 if failed or not written else 0
 
 
 if __name__ == "__main__":

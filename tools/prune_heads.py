@@ -31,6 +31,8 @@ from pathlib import Path
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
+import torch  # noqa: E402
+
 from vitkit import save_model  # noqa: E402
 from vitkit.models import count_parameters, vit_flops  # noqa: E402
 from vitkit.prune import (  # noqa: E402
@@ -61,10 +63,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=256, help="batch size of scoring, evaluation and timing")
     parser.add_argument("--max-batches", type=int, help="cap on the batches of every pass (quick runs)")
     parser.add_argument("--rounds", type=int, default=50, help="interleaved timing rounds for the speed-up")
+    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's); 1 on a busy machine")
     return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
     model, extra = load_for_inference(args.checkpoint)
     val, test, info = eval_loaders(data_config_for(extra, args.data), args.batch_size)
     timing_batch = next(iter(test))[0]
@@ -104,6 +109,7 @@ def run(args: argparse.Namespace) -> dict:
         "parameters": [count_parameters(model), count_parameters(pruned)],
         "flops": [vit_flops(model.config), vit_flops(pruned.config)],
         "timing_batch": len(timing_batch),
+        "num_threads": torch.get_num_threads(),
         "median_forward_s": [round(seconds_full, 6), round(seconds_pruned, 6)],
         "speedup": round(seconds_full / seconds_pruned, 3),
     }

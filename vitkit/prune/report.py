@@ -57,8 +57,9 @@ def plot_pruning_curves(
     max_drop: float | None = None,
     title: str = "",
 ) -> Path:
-    """Accuracy vs fraction of heads pruned, one line per order (mean, with a ±1 std band when
-    an order has several runs, e.g. random seeds). Runs of one order must have the same steps.
+    """Accuracy (percent) vs fraction of heads pruned, one line per order (mean, with a ±1 std
+    band clipped to [0, 100] when an order has several runs, e.g. random seeds). Runs of one
+    order must have the same steps.
 
     Args:
         curves: ``{order label: [records of each run]}``.
@@ -75,7 +76,8 @@ def plot_pruning_curves(
         (line,) = ax.plot(fraction, mean, marker=".", label=label if len(runs) == 1 else f"{label} (n={len(runs)})")
         if len(runs) > 1:
             std = accuracy.std(0)
-            ax.fill_between(fraction, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+            low, high = np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100)  # accuracy stays in [0, 100]
+            ax.fill_between(fraction, low, high, color=line.get_color(), alpha=0.2)
         baseline = runs[0][0].accuracy
     if max_drop is not None and baseline is not None:
         ax.axhline(baseline - max_drop, color="grey", linestyle="--", linewidth=1, label=f"-{max_drop:g} pt budget")

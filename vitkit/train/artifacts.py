@@ -3,7 +3,8 @@
 Layout of ``<output.dir>/<recipe name>/<timestamp>/``: ``config.yaml`` (resolved recipe),
 ``logs/version_<k>/`` (Lightning's CSV log of each attempt; a resumed run adds one),
 ``metrics.csv`` (the attempts merged), ``checkpoints/{best,last}.ckpt``, ``curves.png``,
-``summary.json`` and ``model.safetensors``.
+``summary.json`` and ``model.safetensors``. ``<output.dir>/<recipe name>/latest`` links to the
+last finished run.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ RUN_DIR_ENV = "VITKIT_RUN_DIR"
 CONFIG_FILE = "config.yaml"
 
 
-def resolve_run_dir(config: RecipeConfig, resume: str | os.PathLike | None, create: bool) -> Path:
+def resolve_run_dir(config: RecipeConfig, resume: str | os.PathLike | None) -> Path:
     """The run directory: inherited from the launching rank, the directory of the checkpoint to
-    resume (when it is a run directory), or a new ``<output.dir>/<name>/<timestamp>``."""
+    resume (when it is a run directory), or a new ``<output.dir>/<name>/<timestamp>`` (not yet
+    created: rank 0 creates it)."""
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited:
         return Path(inherited)
@@ -38,8 +40,6 @@ def resolve_run_dir(config: RecipeConfig, resume: str | os.PathLike | None, crea
     run_dir, suffix = base / stamp, 1
     while run_dir.exists():
         run_dir, suffix = base / f"{stamp}-{suffix}", suffix + 1
-    if create:
-        run_dir.mkdir(parents=True)
     return run_dir
 
 
@@ -72,3 +72,13 @@ def merge_metrics(run_dir: Path) -> list[dict[str, str]]:
 def write_json(path: Path, values: dict[str, Any]) -> Path:
     """``values`` as indented JSON, atomically."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(values, indent=2) + "\n"))
+
+
+def point_latest(run_dir: Path) -> None:
+    """Make ``run_dir.parent / "latest"`` a relative symlink to ``run_dir`` (replaced atomically)."""
+    link = run_dir.parent / "latest"
+    tmp = run_dir.parent / f".latest.{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(run_dir.name, target_is_directory=True)
+    os.replace(tmp, link)

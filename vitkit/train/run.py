@@ -19,14 +19,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from ..data import DataInfo
 from ..io import save_model
 from ..models import VisionTransformer, count_parameters
-from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, resolve_run_dir, write_json
+from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, point_latest, resolve_run_dir, write_json
 from .callbacks import LastCheckpoint, Throughput
 from .checkpoint import AtomicCheckpointIO
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
@@ -69,11 +68,7 @@ def train(
     check_precision(config.trainer)
     if resume is not None and not Path(resume).is_file():
         raise FileNotFoundError(f"checkpoint to resume {resume} does not exist.")
-    is_rank_zero = rank_zero_only.rank == 0
-    run_dir = resolve_run_dir(config, resume, create=is_rank_zero)
-    if is_rank_zero:
-        save_recipe(config, run_dir / CONFIG_FILE)
-
+    run_dir = resolve_run_dir(config, resume)
     if config.trainer.num_threads is not None:
         torch.set_num_threads(config.trainer.num_threads)
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
@@ -81,6 +76,9 @@ def train(
     module = build_module(config, datamodule.info)
     best, last, throughput = _callbacks(config, run_dir)
     trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput])
+    if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_recipe(config, run_dir / CONFIG_FILE)
 
     with _shared_run_dir(run_dir):
         try:
@@ -111,10 +109,11 @@ def train(
         "resumed_from": str(resume) if resume is not None else None,
         "best_checkpoint": str(best_path) if best_path else None,
     }
-    if is_rank_zero:
+    if trainer.is_global_zero:
         save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
         plot_curves(merge_metrics(run_dir), run_dir / "curves.png")
         write_json(run_dir / "summary.json", summary)
+        point_latest(run_dir)
     return RunResult(run_dir=run_dir, summary=summary, model=model)
 
 

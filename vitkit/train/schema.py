@@ -60,8 +60,15 @@ def closest_key(key: str, valid: list[str]) -> str | None:
     return close[0] if close else None
 
 
-def build(cls: type, values: Any, *, source: str, path: str = "", all_keys: list[str] | None = None,
-          override_keys: frozenset[str] = frozenset()) -> Any:
+def build(
+    cls: type,
+    values: Any,
+    *,
+    source: str,
+    path: str = "",
+    all_keys: list[str] | None = None,
+    override_keys: frozenset[str] = frozenset(),
+) -> Any:
     """Instantiate dataclass ``cls`` from the mapping ``values``.
 
     Args:
@@ -76,7 +83,7 @@ def build(cls: type, values: Any, *, source: str, path: str = "", all_keys: list
         RecipeError: naming the first unknown key, wrong type or out-of-range value.
     """
     all_keys = all_keys if all_keys is not None else dotted_keys(cls)
-    where = path.rstrip(".") or "the recipe"
+    where = f"section {path.rstrip('.')!r}" if path else "the recipe"
     if not isinstance(values, Mapping):
         raise RecipeError(f"{where} in {source} must be a mapping of keys to values, got {_describe(values)}.")
     hints = typing.get_type_hints(cls)
@@ -90,10 +97,13 @@ def build(cls: type, values: Any, *, source: str, path: str = "", all_keys: list
             hint = f" Did you mean {close!r}?" if close else f" Valid keys here: {', '.join(fields)}."
             raise RecipeError(f"unknown key {dotted!r} in {origin}.{hint}")
         hint_type = hints[key]
-        target = _unwrap_optional(hint_type)
-        if dataclasses.is_dataclass(target) and isinstance(value, Mapping):
-            kwargs[key] = build(target, value, source=source, path=f"{dotted}.", all_keys=all_keys,
-                                override_keys=override_keys)
+        section = _unwrap_optional(hint_type)
+        # A nested section; an empty one (``optim:`` with nothing under it) keeps its defaults.
+        empty = value is None and section is hint_type
+        if dataclasses.is_dataclass(section) and (isinstance(value, Mapping) or empty):
+            kwargs[key] = build(
+                section, value or {}, source=source, path=f"{dotted}.", all_keys=all_keys, override_keys=override_keys
+            )
             continue
         try:
             kwargs[key] = _coerce(value, hint_type)
@@ -105,7 +115,9 @@ def build(cls: type, values: Any, *, source: str, path: str = "", all_keys: list
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
-        raise RecipeError(f"invalid {where} in {source}: {error}") from None
+        overridden = any(key.startswith(path) for key in override_keys)
+        origin = f"{source} with its command-line overrides" if overridden else source
+        raise RecipeError(f"invalid {where} in {origin}: {error}") from None
 
 
 def parse_overrides(overrides: typing.Iterable[str]) -> tuple[dict[str, Any], frozenset[str]]:
@@ -180,7 +192,7 @@ def _coerce(value: Any, hint: Any) -> Any:
             return value
         raise ValueError(value)
     if origin in (list, tuple) or hint in (list, tuple):
-        if _is_uniform_pair(hint) and not isinstance(value, (list, tuple)):
+        if _is_size_pair(hint) and not isinstance(value, (list, tuple)):
             return (_coerce(value, args[0]),) * len(args)  # img_size: 32 means (32, 32)
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise TypeError(value)
@@ -247,10 +259,9 @@ def _matches_exactly(value: Any, hint: Any) -> bool:
     return False
 
 
-def _is_uniform_pair(hint: Any) -> bool:
-    """``tuple[X, X]``: accepts a single ``X`` for both."""
-    args = typing.get_args(hint)
-    return typing.get_origin(hint) is tuple and len(args) == 2 and args[0] == args[1]
+def _is_size_pair(hint: Any) -> bool:
+    """``tuple[int, int]`` (an image or patch size): a single int stands for both."""
+    return typing.get_origin(hint) is tuple and typing.get_args(hint) == (int, int)
 
 
 def _unwrap_optional(hint: Any) -> Any:
@@ -284,13 +295,15 @@ def _type_name(hint: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(arg) for arg in args)
     if origin in (list, tuple):
-        if _is_uniform_pair(hint):
+        if _is_size_pair(hint):
             return f"{_type_name(args[0])} or a list of 2 of them"
         if origin is tuple and args and args[-1] is not Ellipsis:
             return f"a list of {len(args)} values ({', '.join(_type_name(a) for a in args)})"
         return f"a list of {_type_name(args[0]) if args else 'values'}"
     if hint is type(None):
         return "null"
+    if dataclasses.is_dataclass(hint):
+        return f"a mapping of {hint.__name__} options"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 
