@@ -207,4 +207,6 @@ def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(next((tmp_path / "runs").glob("tiny/*/summary.json")).read_text())
     assert summary["world_size"] == 2 and summary["global_steps"] == 4
-    assert len(list((tmp_path / "runs" / "tiny").iterdir())) == 1  # both ranks shared one run directory
+    run_dirs = [p for p in (tmp_path / "runs" / "tiny").iterdir() if not p.is_symlink()]
+    assert len(run_dirs) == 1  # both ranks shared one run directory
+    assert (tmp_path / "runs" / "tiny" / "latest").resolve() == run_dirs[0].resolve()

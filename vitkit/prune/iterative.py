@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -51,12 +52,12 @@ class PruningStep:
     pruned: dict[int, list[int]] = field(default_factory=dict)
 
 
-def importance_scorer(dataloader: Iterable[Batch], **kwargs) -> Scorer:
+def importance_scorer(dataloader: Iterable[Batch], **kwargs: Any) -> Scorer:
     """Score heads by :func:`head_importance` on ``dataloader`` (``kwargs`` passed on)."""
     return lambda model, gates: head_importance(model, dataloader, gates=gates, **kwargs)
 
 
-def entropy_scorer(dataloader: Iterable[Batch], *, highest_first: bool = True, **kwargs) -> Scorer:
+def entropy_scorer(dataloader: Iterable[Batch], *, highest_first: bool = True, **kwargs: Any) -> Scorer:
     """Score heads by :func:`attention_entropy`; ``highest_first`` prunes the most uniform heads
     first (their output approaches the plain average of the values over the image, which the
     remaining heads and the residual stream can stand in for), otherwise the most focused ones."""
@@ -139,7 +140,9 @@ def iterative_pruning(
         dataloader: data the default scorer estimates importance on (``(images, labels)``).
         step_fraction: share of the remaining heads removed per step, in ``(0, 1]``.
         eval_loader: data for the accuracies (default ``dataloader``).
-        scorer: head order, default :func:`importance_scorer` on ``dataloader``.
+        scorer: head order, default :func:`importance_scorer` on ``dataloader`` with the paper's
+            per-layer normalisation; ``importance_scorer(loader, normalize_layers=False)`` ranks
+            across layers better when their heads differ a lot in importance.
         min_heads: stop when this many heads are left (0 = prune everything).
         speed_batch: images to time each pruned model on (``time_forward``); None skips timing.
         max_batches: cap on the batches of each scoring and evaluation pass.
