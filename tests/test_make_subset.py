@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from vitkit.data import make_subset
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "make_subset.py"
-
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_subset_tool", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
@@ -75,9 +63,9 @@ def test_too_few_classes_or_images_is_explained(
 
 
 def test_cli_reports_missing_source_and_non_empty_destination(
-    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture, load_tool
 ) -> None:
-    tool = _load_tool()
+    tool = load_tool("make_subset")
     assert tool.main([str(tmp_path / "nope"), str(tmp_path / "dst"), "--classes", "1", "--images", "1"]) == 2
     assert "source folder" in capsys.readouterr().err
     assert tool.main([str(source), str(tmp_path / "dst"), "--classes", "2", "--images", "3", "--copy"]) == 0

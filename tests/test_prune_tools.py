@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
@@ -16,19 +14,11 @@ from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
 from vitkit.prune.report import markdown_table
 from vitkit.train import load_for_inference
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
 TINY_DATA = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 0.1, "test_fraction": 0.1}
 
 
-def load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{name}_tool", TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
-def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, tmp_path: Path) -> None:
+def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, tmp_path: Path, load_tool) -> None:
     model = vitkit.create_model(
         "vit_cifar_tiny", img_size=8, in_chans=1, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=10
     )
@@ -55,14 +45,14 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
     assert saved_extra["recipe"] == "tiny" and saved_extra["pruning"]["heads_per_layer"] == [0, 0]
 
 
-def test_prune_heads_tool_reports_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_prune_heads_tool_reports_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture, load_tool) -> None:
     code = load_tool("prune_heads").main(["--checkpoint", str(tmp_path / "none.safetensors"), "--out", str(tmp_path)])
     assert code == 1
     assert "none.safetensors does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_ablate_heads_tool_trains_every_head_count_and_writes_the_table(tmp_path: Path) -> None:
+def test_ablate_heads_tool_trains_every_head_count_and_writes_the_table(tmp_path: Path, load_tool) -> None:
     recipe = {
         "model": {"name": "vit_cifar_tiny", "patch_size": 4, "depth": 1, "mlp_ratio": 1.0},
         "data": {**TINY_DATA, "augment": {"enabled": False}},

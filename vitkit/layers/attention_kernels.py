@@ -9,8 +9,8 @@ Two exact implementations of ``softmax(q k^T / sqrt(d)) v`` are available:
 
 ``"auto"`` picks the faster one per call. Measured on a 2-core AMX CPU (torch 2.14, head_dim 64,
 ``python tools/benchmark.py --sections kernels``; table in the README): in float32 SDPA wins
-(1.3-2.5x), while for bfloat16/float16 activations the explicit path wins, by 1.2-2.3x in
-inference and 2-5x in training, where SDPA's reduced-precision CPU backward is slow. On CUDA and
+(1.4-2.2x), while for bfloat16/float16 activations the explicit path wins, by 1.5-2.1x in
+inference and 1.9-5x in training, where SDPA's reduced-precision CPU backward is slow. On CUDA and
 every other device SDPA is used.
 """
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from ..bench import interleaved_times
 from ..data import DataConfig, DataInfo, build_datasets
 from ..models import VisionTransformer
 
@@ -98,8 +98,8 @@ def evaluate_accuracy(
 def time_forward(models: Sequence[nn.Module], batch: torch.Tensor, *, rounds: int = 20, warmup: int = 3) -> list[float]:
     """Median seconds of one forward pass of each model on ``batch``, timed side by side.
 
-    Each round times every model once in turn, so drifts in machine load (other processes,
-    frequency scaling) hit all models alike; the median over rounds discards outliers.
+    Rounds alternate the models (:func:`vitkit.bench.interleaved_times`), so drifts in machine
+    load hit all models alike; the median over rounds discards outliers.
 
     Args:
         models: modules on the same device as ``batch``, put in eval mode.
@@ -109,14 +109,14 @@ def time_forward(models: Sequence[nn.Module], batch: torch.Tensor, *, rounds: in
     """
     for model in models:
         model.eval()
-    times: list[list[float]] = [[] for _ in models]
     synchronize = torch.cuda.synchronize if batch.is_cuda else (lambda: None)
-    for round_index in range(warmup + rounds):
-        for model, model_times in zip(models, times):
-            synchronize()
-            start = time.perf_counter()
+
+    def forward(model: nn.Module) -> Callable[[], None]:
+        def call() -> None:
             model(batch)
             synchronize()
-            if round_index >= warmup:
-                model_times.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+
+        return call
+
+    times = interleaved_times({str(i): forward(m) for i, m in enumerate(models)}, repeats=rounds, warmup=warmup)
+    return [statistics.median(times[str(i)]) for i in range(len(models))]
