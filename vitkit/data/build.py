@@ -75,7 +75,9 @@ def _build_shapes(cfg: DataConfig) -> DatasetBundle:
     sizes = (total - num_val - num_test, num_val, num_test)
     transforms = (build_train_transform(cfg.augment, info), build_eval_transform(info), build_eval_transform(info))
     train, val, test = (
-        ShapesDataset(size, info.img_size, (cfg.seed, split), cfg.shapes_noise_std, info.in_chans, transform)
+        ShapesDataset(
+            size, info.img_size, (cfg.seed, split), cfg.shapes_noise_std, info.in_chans, transform, cfg.shapes_style
+        )
         for split, (size, transform) in enumerate(zip(sizes, transforms))
     )
     return DatasetBundle(train=train, val=val, test=test, info=info)

@@ -15,6 +15,9 @@ from typing import Any, Literal
 CropMode = Literal["random_resized", "pad", "resize"]
 CROP_MODES: tuple[str, ...] = ("random_resized", "pad", "resize")
 
+ShapesStyle = Literal["flat", "textured"]
+SHAPES_STYLES: tuple[str, ...] = ("flat", "textured")
+
 #: timm AutoAugment policy names (``timm.data.auto_augment.auto_augment_policy``).
 AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("original", "originalr", "v0", "v0r", "3a")
 
@@ -119,6 +122,9 @@ class DataConfig:
             centre-crops; ``None``: dataset default (1.0, imagefolder 0.875).
         shapes_num_samples: total number of generated shapes images (split like digits).
         shapes_noise_std: std of the Gaussian background noise of shapes images (0-1 scale).
+        shapes_style: ``'flat'`` (one-colour objects on a uniform noisy background) or
+            ``'textured'`` (striped/checkered/speckled objects on smooth colour blobs with
+            distractor strokes: harder for attention that merely pools identical tokens).
         augment: training augmentation.
     """
 
@@ -138,6 +144,7 @@ class DataConfig:
     crop_pct: float | None = None
     shapes_num_samples: int = 6000
     shapes_noise_std: float = 0.06
+    shapes_style: ShapesStyle = "flat"
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
@@ -189,6 +196,8 @@ class DataConfig:
             raise ValueError(f"shapes_num_samples must be at least 30 to split, got {self.shapes_num_samples}.")
         if self.shapes_noise_std < 0:
             raise ValueError(f"shapes_noise_std must be >= 0, got {self.shapes_noise_std}.")
+        if self.shapes_style not in SHAPES_STYLES:
+            raise ValueError(f"shapes_style must be one of {SHAPES_STYLES}, got {self.shapes_style!r}.")
 
     @property
     def defaults(self) -> DatasetDefaults:

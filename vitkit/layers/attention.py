@@ -27,6 +27,13 @@ from .attention_masks import build_allowed_mask, split_empty_rows
 DEFAULT_OUT_INIT_SCALE = 0.5
 
 
+def _linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
+    """``nn.Linear`` that may be zero-sized (every head pruned) without torch's init warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+        return nn.Linear(in_features, out_features, bias=bias)
+
+
 @dataclass
 class KVCache:
     """Keys and values of the positions decoded so far, each ``[B, H, T, d]``.
@@ -101,10 +108,10 @@ class MultiHeadSelfAttention(nn.Module):
         self.scale = head_dim**-0.5
         self.attn_impl = attn_impl
         self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * num_heads * head_dim, bias=qkv_bias)
+        self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
-        self.proj = nn.Linear(num_heads * head_dim, dim)
+        self.proj = _linear(num_heads * head_dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
         self.reset_parameters(out_init_scale)
 
@@ -238,10 +245,8 @@ class MultiHeadSelfAttention(nn.Module):
         d, width = self.head_dim, self.dim
 
         qkv_w = self.qkv.weight.view(3, self.num_heads, d, width).index_select(1, index)
-        with warnings.catch_warnings():  # zero-sized Linears (every head pruned) warn on init
-            warnings.simplefilter("ignore", UserWarning)
-            new_qkv = nn.Linear(width, 3 * len(keep) * d, bias=self.qkv.bias is not None).to(self.qkv.weight)
-            new_proj = nn.Linear(len(keep) * d, width).to(self.proj.weight)
+        new_qkv = _linear(width, 3 * len(keep) * d, bias=self.qkv.bias is not None).to(self.qkv.weight)
+        new_proj = _linear(len(keep) * d, width).to(self.proj.weight)
         new_qkv.weight.copy_(qkv_w.reshape(-1, width))
         if self.qkv.bias is not None:
             new_qkv.bias.copy_(self.qkv.bias.view(3, self.num_heads, d).index_select(1, index).reshape(-1))

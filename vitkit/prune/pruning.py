@@ -17,7 +17,6 @@ so they always describe the model you would deploy.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -64,10 +63,8 @@ def prune_heads(model: VisionTransformer, heads: Mapping[int, Iterable[int]]) ->
     for layer in heads:
         if not 0 <= int(layer) < depth:
             raise ValueError(f"layer index {layer} is outside [0, {depth}) for this {depth}-block model.")
-    with warnings.catch_warnings():  # a layer losing all heads gets 0-width Linears: nothing to init
-        warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
-        for layer, layer_heads in heads.items():
-            model.blocks[int(layer)].attn.prune_heads(layer_heads)
+    for layer, layer_heads in heads.items():
+        model.blocks[int(layer)].attn.prune_heads(layer_heads)
     model.config = model.config.replace(
         num_heads=model.heads_per_layer(), head_dim=model.config.resolved_head_dim()
     )
