@@ -273,6 +273,56 @@ def test_shapes_generation_is_fast() -> None:
     assert images.shape == (6000, 32, 32, 3) and time.perf_counter() - start < 5.0
 
 
+def test_textured_shapes_are_deterministic_with_the_flat_geometry() -> None:
+    images, labels, boxes = generate_shapes(60, 32, seed=5, style="textured")
+    again = generate_shapes(60, 32, seed=5, style="textured")
+    assert np.array_equal(images, again[0]) and np.array_equal(boxes, again[2])
+    flat_images, flat_labels, flat_boxes = generate_shapes(60, 32, seed=5)
+    # Same seed, same objects and boxes; only the rendering differs.
+    assert np.array_equal(labels, flat_labels) and np.array_equal(boxes, flat_boxes)
+    assert not np.array_equal(images, flat_images)
+    with pytest.raises(ValueError, match="style"):
+        generate_shapes(6, 32, style="wavy")  # type: ignore[arg-type]
+
+
+def test_textured_shapes_keep_exact_boxes_and_texture_objects_and_background() -> None:
+    size, scale = (32, 40), (0.25, 0.55)
+    flat, _, boxes = generate_shapes(120, size, seed=1, noise_std=0.0, scale=scale)
+    textured, _, textured_boxes = generate_shapes(120, size, seed=1, noise_std=0.0, scale=scale, style="textured")
+    assert np.array_equal(boxes, textured_boxes)
+    for plain, image, (x0, y0, x1, y1) in zip(flat, textured, boxes):
+        # The noiseless flat rendering marks the object pixels, and they fill the box tightly.
+        mask = (plain != plain[0, 0]).any(axis=-1)
+        ys, xs = np.nonzero(mask)
+        assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (x0, y0, x1, y1)
+        # Textured: the object is no flat colour (stripes, checkers or speckles, even without noise),
+        # and the background is not uniform either (blobs and strokes).
+        assert image[mask].astype(np.float32).std(axis=0).max() > 8.0
+        assert image[~mask].astype(np.float32).std(axis=0).max() > 8.0
+    masks = [(plain != plain[0, 0]).any(axis=-1) for plain in flat]
+    object_std = np.mean([image[mask].astype(np.float32).std(axis=0).mean() for mask, image in zip(masks, textured)])
+    assert object_std > 15.0
+
+
+def test_shapes_scale_and_style_reach_the_datasets_through_the_config() -> None:
+    cfg = DataConfig(name="shapes", shapes_num_samples=60, shapes_style="textured", shapes_scale=[0.25, 0.5])
+    assert cfg.shapes_scale == (0.25, 0.5) and DataConfig.from_dict(cfg.to_dict()) == cfg
+    test = build_datasets(cfg).test
+    images, _, boxes = generate_shapes(len(test), 32, seed=(0, 2), scale=(0.25, 0.5), style="textured")
+    assert np.array_equal(test.images, images) and np.array_equal(test.boxes, boxes)
+    assert ((boxes[:, 2:] - boxes[:, :2]).max(axis=1) <= 0.5 * 32 + 1).all()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"shapes_style": "wavy"}, "shapes_style"), ({"shapes_scale": (0.6, 0.3)}, "shapes_scale"),
+     ({"shapes_scale": (0.0, 0.5)}, "shapes_scale")],
+)
+def test_shapes_options_are_validated(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DataConfig(name="shapes", **options)
+
+
 def test_shapes_bundle_split_sizes_follow_fractions() -> None:
     bundle = build_datasets(DataConfig(name="shapes", shapes_num_samples=300))
     assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (210, 30, 60)

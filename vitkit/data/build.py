@@ -76,7 +76,8 @@ def _build_shapes(cfg: DataConfig) -> DatasetBundle:
     transforms = (build_train_transform(cfg.augment, info), build_eval_transform(info), build_eval_transform(info))
     train, val, test = (
         ShapesDataset(
-            size, info.img_size, (cfg.seed, split), cfg.shapes_noise_std, info.in_chans, transform, cfg.shapes_style
+            size, info.img_size, (cfg.seed, split), cfg.shapes_noise_std, info.in_chans, transform, cfg.shapes_style,
+            cfg.shapes_scale,
         )
         for split, (size, transform) in enumerate(zip(sizes, transforms))
     )

@@ -125,6 +125,9 @@ class DataConfig:
         shapes_style: ``'flat'`` (one-colour objects on a uniform noisy background) or
             ``'textured'`` (striped/checkered/speckled objects on smooth colour blobs with
             distractor strokes: harder for attention that merely pools identical tokens).
+        shapes_scale: range of a shape's diameter as a fraction of the image's shorter side.
+            Large shapes nearly always cover the image centre, so a map that merely peaks in the
+            middle wins the pointing game; smaller ones (e.g. ``[0.3, 0.65]``) make it informative.
         augment: training augmentation.
     """
 
@@ -145,6 +148,7 @@ class DataConfig:
     shapes_num_samples: int = 6000
     shapes_noise_std: float = 0.06
     shapes_style: ShapesStyle = "flat"
+    shapes_scale: tuple[float, float] = (0.3, 0.9)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
@@ -156,6 +160,7 @@ class DataConfig:
             self.mean = tuple(float(m) for m in self.mean)
         if self.std is not None:
             self.std = tuple(float(s) for s in self.std)
+        self.shapes_scale = _pair(self.shapes_scale, "shapes_scale", float)
         self.validate()
 
     def validate(self) -> None:
@@ -196,6 +201,8 @@ class DataConfig:
             raise ValueError(f"shapes_num_samples must be at least 30 to split, got {self.shapes_num_samples}.")
         if self.shapes_noise_std < 0:
             raise ValueError(f"shapes_noise_std must be >= 0, got {self.shapes_noise_std}.")
+        if not 0.0 < self.shapes_scale[0] <= self.shapes_scale[1] <= 1.0:
+            raise ValueError(f"shapes_scale must satisfy 0 < min <= max <= 1, got {list(self.shapes_scale)}.")
         if self.shapes_style not in SHAPES_STYLES:
             raise ValueError(f"shapes_style must be one of {SHAPES_STYLES}, got {self.shapes_style!r}.")
 

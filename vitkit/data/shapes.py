@@ -40,10 +40,11 @@ SHAPE_CLASSES: tuple[str, ...] = tuple(_SHAPES)
 #: ``'textured'`` style: background blob grid (control points per side), blob amplitude,
 #: object pattern amplitude (0-255 scale), distractor strokes per image and their half-width (px).
 _BLOB_GRID = 4
+_DARK, _LIGHT = (0.0, 0.35), (0.5, 1.0)  # colour ranges of dark and light objects/backgrounds
 _BLOB_AMPLITUDE = 45.0
-_TEXTURE_AMPLITUDE = 55.0
-_STROKES = 3
-_STROKE_HALF_WIDTH = (0.5, 1.0)
+_TEXTURE_AMPLITUDE = 70.0
+_STROKES = 4
+_STROKE_HALF_WIDTH = (0.5, 1.1)
 
 _CHUNK = 512  # images rendered at once, bounding the memory of the coordinate grids
 
@@ -85,8 +86,8 @@ def generate_shapes(
     centre_x = rng.uniform(radius, width - radius)
     centre_y = rng.uniform(radius, height - radius)
     # Dark objects on light backgrounds or the reverse: every channel differs by at least 0.15.
-    dark = rng.uniform(0.0, 0.35, (num_samples, 3))
-    light = rng.uniform(0.5, 1.0, (num_samples, 3))
+    dark = rng.uniform(*_DARK, (num_samples, 3))
+    light = rng.uniform(*_LIGHT, (num_samples, 3))
     inverted = (rng.random(num_samples) < 0.5)[:, None]
     background = np.where(inverted, light, dark).astype(np.float32) * 255
     colour = _to_uint8(np.where(inverted, dark, light) * 255)
@@ -127,9 +128,10 @@ def _textured_layers(
     """The ``'textured'`` style's ``(background image, object fill)``, both ``[N, H, W, 3]`` uint8.
 
     Background: the base colour plus smooth colour blobs (a random ``_BLOB_GRID`` grid per
-    channel, bilinearly upsampled), twice the noise, and ``_STROKES`` line segments in colours of
-    the object's range. Object fill: its colour modulated by stripes (random angle, period and
-    phase), a checkerboard (random cell size and offset) or per-pixel noise, plus the noise.
+    channel, bilinearly upsampled, kept in the background's colour range), the noise, and
+    ``_STROKES`` line segments in colours of the object's range. Object fill: its colour modulated
+    by stripes (random angle, period and phase), a checkerboard (random cell size and offset) or
+    per-pixel noise, within the object's colour range, plus the noise.
     """
     n, (height, width) = len(background), size
     ys = np.arange(height, dtype=np.float32) + 0.5
@@ -138,13 +140,17 @@ def _textured_layers(
     grid = rng.uniform(-1.0, 1.0, (n, _BLOB_GRID, _BLOB_GRID, 3)).astype(np.float32)
     rows, cols = _interpolation_matrix(height, _BLOB_GRID), _interpolation_matrix(width, _BLOB_GRID)
     blobs = np.einsum("hg,ngkc,wk->nhwc", rows, grid, cols, optimize=True) * _BLOB_AMPLITUDE
-    base = background[:, None, None, :] + blobs + 2.0 * noise
+    # Blobs stay inside the background's colour range (dark 0-0.35 or light 0.5-1), so the
+    # object keeps its contrast in every channel, as in the flat style.
+    low = np.where(inverted, _LIGHT[0], _DARK[0]).astype(np.float32)[:, None, None, :] * 255
+    high = np.where(inverted, _LIGHT[1], _DARK[1]).astype(np.float32)[:, None, None, :] * 255
+    base = np.clip(background[:, None, None, :] + blobs, low, high) + noise
 
     # Distractor strokes: segments (p, q) drawn where a pixel is within the half-width of them.
     ends = rng.uniform(0.0, 1.0, (n, _STROKES, 4)).astype(np.float32) * np.array([width, height] * 2, np.float32)
     half_width = rng.uniform(*_STROKE_HALF_WIDTH, (n, _STROKES)).astype(np.float32)
     stroke_colour = np.where(
-        inverted[:, None], rng.uniform(0.0, 0.35, (n, _STROKES, 3)), rng.uniform(0.5, 1.0, (n, _STROKES, 3))
+        inverted[:, None], rng.uniform(*_DARK, (n, _STROKES, 3)), rng.uniform(*_LIGHT, (n, _STROKES, 3))
     ).astype(np.float32) * 255
     for start in range(0, n, _CHUNK):
         part = slice(start, start + _CHUNK)
@@ -174,9 +180,14 @@ def _textured_layers(
          + np.floor((ys[None, :, None] + offset[:, 1, None, None]) / cell)) % 2
     ) - 1.0
     pattern = np.where((kind == 0)[:, None, None], stripes, np.where((kind == 1)[:, None, None], checker, speckle))
-    # Light objects darken and dark objects lighten with the pattern, staying in their range.
-    sign = np.where(inverted[:, 0], 1.0, -1.0).astype(np.float32)[:, None, None, None]
-    fill = colour[:, None, None, :].astype(np.float32) + sign * (pattern[..., None] + 1.0) * (_TEXTURE_AMPLITUDE / 2)
+    # Each channel moves with the pattern towards the wider side of the object's colour range
+    # (dark 0-0.35 or light 0.5-1), by up to _TEXTURE_AMPLITUDE, never leaving the range.
+    base_colour = colour.astype(np.float32)
+    obj_low = np.where(inverted, _DARK[0], _LIGHT[0]).astype(np.float32) * 255
+    obj_high = np.where(inverted, _DARK[1], _LIGHT[1]).astype(np.float32) * 255
+    up, down = obj_high - base_colour, base_colour - obj_low
+    step = np.where(up >= down, np.minimum(up, _TEXTURE_AMPLITUDE), -np.minimum(down, _TEXTURE_AMPLITUDE))
+    fill = base_colour[:, None, None, :] + (pattern[..., None] + 1.0) / 2 * step[:, None, None, :]
     return _to_uint8(base), _to_uint8(fill + noise)
 
 
@@ -232,6 +243,7 @@ class ShapesDataset(ArrayDataset):
         noise_std: std of the background noise (0-1 scale).
         in_chans: 3 (RGB) or 1 (grayscale).
         style: ``'flat'`` or ``'textured'`` (see :func:`generate_shapes`).
+        scale: range of the object's diameter as a fraction of ``min(H, W)``.
         transform: image transform; ``None``: the eval transform of :func:`shapes_info`
             (the statistics to normalise with when it is passed in).
     """
@@ -245,9 +257,10 @@ class ShapesDataset(ArrayDataset):
         in_chans: int = 3,
         transform: Transform | None = None,
         style: ShapesStyle = "flat",
+        scale: tuple[float, float] = (0.3, 0.9),
     ) -> None:
         from .transforms import build_eval_transform  # transforms imports albumentations: load lazily
 
-        images, labels, self.boxes = generate_shapes(num_samples, img_size, seed, noise_std, style=style)
+        images, labels, self.boxes = generate_shapes(num_samples, img_size, seed, noise_std, scale, style)
         transform = transform or build_eval_transform(shapes_info(img_size, in_chans))
         super().__init__(convert_array_channels(images, in_chans), labels, transform)
