@@ -6,8 +6,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
+
+from .batch_transforms import BatchTransform
 
 #: One image (``uint8 [H, W, C]`` array or PIL image) -> float tensor ``[C, H, W]``.
 Transform = Callable[[np.ndarray | Image.Image], torch.Tensor]
@@ -20,9 +23,17 @@ class ArrayDataset(Dataset):
         images: ``[N, H, W, C]`` uint8.
         labels: ``[N]`` integer labels.
         transform: maps one ``[H, W, C]`` uint8 image to a float tensor ``[C, H', W']``.
+        batch_transform: the same transform for a whole batch (``[B, H, W, C]`` uint8 tensor to
+            ``[B, C, H', W']``), used by DataLoaders through ``__getitems__``; ``None``: per image.
     """
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Transform) -> None:
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        transform: Transform,
+        batch_transform: BatchTransform | None = None,
+    ) -> None:
         if images.ndim != 4 or images.dtype != np.uint8:
             raise ValueError(f"images must be uint8 [N, H, W, C], got {images.dtype} {list(images.shape)}.")
         if len(images) != len(labels):
@@ -30,12 +41,22 @@ class ArrayDataset(Dataset):
         self.images = images
         self.labels = np.asarray(labels, dtype=np.int64)
         self.transform = transform
+        self.batch_transform = batch_transform
+        self._tensor = torch.from_numpy(images) if batch_transform is not None else None
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.transform(self.images[index]), int(self.labels[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
+        """The samples at ``indices``, transformed as one batch when a batch transform is set
+        (the DataLoader's collate then stacks them back: a cheap copy next to per-image work)."""
+        if self._tensor is None:
+            return [self[index] for index in indices]
+        batch = self.batch_transform(self._tensor[torch.as_tensor(indices, dtype=torch.long)])
+        return list(zip(batch.unbind(0), self.labels[np.asarray(indices)].tolist()))
 
 
 def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
@@ -60,6 +81,17 @@ def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) 
             part.append(members[start:stop])
         parts[0].append(members[bounds[-1] :])
     return [np.sort(np.concatenate(part)) for part in parts]
+
+
+def resize_images(images: np.ndarray, size: tuple[int, int], scale: float = 1.0) -> np.ndarray:
+    """``[N, H, W, C]`` images times ``scale``, bilinearly resized to ``size``, as ``uint8``
+    ``[N, size[0], size[1], C]``; unscaled images already at ``size`` are returned as they are."""
+    if tuple(images.shape[1:3]) == tuple(size) and scale == 1.0 and images.dtype == np.uint8:
+        return images
+    pixels = torch.from_numpy(images.astype(np.float32) * scale).permute(0, 3, 1, 2)
+    if tuple(pixels.shape[2:]) != tuple(size):
+        pixels = F.interpolate(pixels, size=size, mode="bilinear", align_corners=False)
+    return np.ascontiguousarray(pixels.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy())
 
 
 #: ITU-R 601 luma weights, as PIL's ``convert('L')`` uses.

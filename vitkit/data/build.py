@@ -1,7 +1,7 @@
 """``build_datasets(cfg)``: the train/val/test splits and :class:`DataInfo` of any dataset.
 
 Splits: CIFAR holds ``val_fraction`` of its training set out for validation (stratified, by
-``seed``) and tests on its official test set; digits and shapes are split train/val/test by
+``seed``) and tests on its official test set, and so do MNIST and Fashion-MNIST; digits and shapes are split train/val/test by
 ``val_fraction`` and ``test_fraction``; image folders use ``train/``, ``val/`` and ``test/``
 (``val/`` doubling as the test split when there is no ``test/``).
 """
@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrays import ArrayDataset, convert_array_channels, convert_stats, stratified_split
+from .arrays import ArrayDataset, convert_array_channels, convert_stats, resize_images, stratified_split
+from .batch_transforms import build_batch_transform
 from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
 from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
 from .imagefolder import ImageFolderDataset, drop_unreadable, find_classes, scan_split
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataInfo, DatasetBundle
+from .mnist import MNIST_SOURCES, load_mnist
 from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
 from .transforms import build_eval_transform, build_train_transform
 
@@ -46,10 +48,17 @@ def data_info(cfg: DataConfig, class_names: Sequence[str], mean: Sequence[float]
 
 
 def _array_bundle(cfg: DataConfig, info: DataInfo, parts: list[tuple[np.ndarray, np.ndarray]]) -> DatasetBundle:
+    """Array datasets of the three ``(images, labels)`` parts, transformed per batch where the
+    recipe's augmentation allows it (see :mod:`.batch_transforms`), else per image."""
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
+    stored_size = parts[0][0].shape[1:3]
+    train_batch_tf = build_batch_transform(cfg.augment, info, stored_size)
+    eval_batch_tf = build_batch_transform(None, info, stored_size)
     train, val, test = (
-        ArrayDataset(convert_array_channels(images, info.in_chans), labels, tf)
-        for (images, labels), tf in zip(parts, (train_tf, eval_tf, eval_tf))
+        ArrayDataset(convert_array_channels(images, info.in_chans), labels, tf, batch_tf)
+        for (images, labels), tf, batch_tf in zip(
+            parts, (train_tf, eval_tf, eval_tf), (train_batch_tf, eval_batch_tf, eval_batch_tf)
+        )
     )
     return DatasetBundle(train=train, val=val, test=test, info=info)
 
@@ -59,6 +68,15 @@ def _build_cifar(cfg: DataConfig) -> DatasetBundle:
     train_idx, val_idx = stratified_split(labels, (cfg.val_fraction,), cfg.seed)
     parts = [(images[train_idx], labels[train_idx]), (images[val_idx], labels[val_idx]), (test_images, test_labels)]
     return _array_bundle(cfg, data_info(cfg, names, *CIFAR_STATS[cfg.name]), parts)
+
+
+def _build_mnist(cfg: DataConfig) -> DatasetBundle:
+    images, labels, test_images, test_labels, names = load_mnist(cfg.name, cfg.root, cfg.download)
+    source = MNIST_SOURCES[cfg.name]
+    images, test_images = (resize_images(array, cfg.resolved_img_size()) for array in (images, test_images))
+    train_idx, val_idx = stratified_split(labels, (cfg.val_fraction,), cfg.seed)
+    parts = [(images[train_idx], labels[train_idx]), (images[val_idx], labels[val_idx]), (test_images, test_labels)]
+    return _array_bundle(cfg, data_info(cfg, names, source.mean, source.std), parts)
 
 
 def _build_digits(cfg: DataConfig) -> DatasetBundle:
@@ -105,6 +123,8 @@ _BUILDERS: dict[str, Callable[[DataConfig], DatasetBundle]] = {
     "cifar10": _build_cifar,
     "cifar100": _build_cifar,
     "imagefolder": _build_imagefolder,
+    "fashion_mnist": _build_mnist,
+    "mnist": _build_mnist,
     "digits": _build_digits,
     "shapes": _build_shapes,
 }

@@ -33,12 +33,14 @@ class DatasetDefaults:
     crop_pct: float
 
 
-#: Per-dataset defaults. Digits are not flipped (a mirrored 3 is no digit); the small datasets
+#: Per-dataset defaults. Digits (and MNIST) are not flipped (a mirrored 3 is no digit); the small datasets
 #: use pad-and-crop, ImageNet-style folders RandomResizedCrop with the usual 0.875 eval crop.
 DATASET_DEFAULTS: dict[str, DatasetDefaults] = {
     "cifar10": DatasetDefaults(img_size=32, in_chans=3, crop="pad", hflip=0.5, crop_pct=1.0),
     "cifar100": DatasetDefaults(img_size=32, in_chans=3, crop="pad", hflip=0.5, crop_pct=1.0),
     "imagefolder": DatasetDefaults(img_size=224, in_chans=3, crop="random_resized", hflip=0.5, crop_pct=0.875),
+    "fashion_mnist": DatasetDefaults(img_size=28, in_chans=1, crop="pad", hflip=0.5, crop_pct=1.0),
+    "mnist": DatasetDefaults(img_size=28, in_chans=1, crop="pad", hflip=0.0, crop_pct=1.0),
     "digits": DatasetDefaults(img_size=32, in_chans=1, crop="pad", hflip=0.0, crop_pct=1.0),
     "shapes": DatasetDefaults(img_size=32, in_chans=3, crop="pad", hflip=0.5, crop_pct=1.0),
 }
@@ -102,16 +104,18 @@ class DataConfig:
     """Which dataset to load, from where, and how to split, size and augment it.
 
     Attributes:
-        name: ``'cifar10'``, ``'cifar100'``, ``'imagefolder'``, ``'digits'`` or ``'shapes'``.
+        name: ``'cifar10'``, ``'cifar100'``, ``'fashion_mnist'``, ``'mnist'``, ``'imagefolder'``,
+            ``'digits'`` or ``'shapes'``.
         root: folder holding the dataset (CIFAR: ``cifar-10-batches-py`` / ``cifar-100-python``
-            inside it; imagefolder: ``train/<class>/*``, ``val/<class>/*`` and optionally
+            inside it; (Fashion-)MNIST: the four IDX ``.gz`` files, directly or in
+            ``FashionMNIST/raw`` / ``MNIST/raw`` as torchvision downloads them; imagefolder: ``train/<class>/*``, ``val/<class>/*`` and optionally
             ``test/<class>/*``). Digits and shapes need none.
-        download: download CIFAR into ``root`` when its files are absent.
+        download: download CIFAR or (Fashion-)MNIST into ``root`` when its files are absent.
         img_size: output image size, int or (H, W); ``None``: dataset default.
         in_chans: 1 (grayscale) or 3 (RGB) output channels; ``None``: dataset default (digits 1).
         num_workers: DataLoader worker processes.
-        val_fraction: share of the training set held out for validation (CIFAR, digits, shapes).
-        test_fraction: share held out for testing (digits, shapes; CIFAR has an official test set).
+        val_fraction: share of the training set held out for validation (CIFAR, MNIST, digits, shapes).
+        test_fraction: share held out for testing (digits, shapes; CIFAR and MNIST have official test sets).
         seed: seed of the splits and of the generated shapes.
         skip_corrupt: imagefolder: skip unreadable images (logged, counted) instead of raising.
         verify_images: imagefolder: decode every file once when building (at 1/8 scale for JPEG),

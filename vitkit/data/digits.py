@@ -4,9 +4,9 @@ that needs no download, upsampled to the model's image size."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from sklearn.datasets import load_digits as _sklearn_digits
+
+from .arrays import resize_images
 
 #: Statistics of the digits scaled to 0-1 and bilinearly upsampled to 32x32.
 DIGITS_MEAN: tuple[float, ...] = (0.305,)
@@ -20,7 +20,4 @@ def load_digits(img_size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     The 0-16 ink levels are scaled to 0-255 and bilinearly upsampled.
     """
     bunch = _sklearn_digits()
-    pixels = torch.from_numpy(bunch.images.astype(np.float32) * (255.0 / 16.0)).unsqueeze(1)
-    resized = F.interpolate(pixels, size=img_size, mode="bilinear", align_corners=False)
-    images = resized.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
-    return np.ascontiguousarray(images), bunch.target.astype(np.int64)
+    return resize_images(bunch.images[..., None], img_size, scale=255.0 / 16.0), bunch.target.astype(np.int64)

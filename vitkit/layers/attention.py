@@ -113,18 +113,22 @@ class MultiHeadSelfAttention(nn.Module):
         self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.proj = _linear(num_heads * head_dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.reset_parameters(out_init_scale)
+        self.out_init_scale = out_init_scale
+        self.reset_parameters()
 
-    def reset_parameters(self, out_init_scale: float = DEFAULT_OUT_INIT_SCALE) -> None:
+    def reset_parameters(self) -> None:
         """Xavier-uniform ``W_q, W_k, W_v`` (each ``[H*d, D]`` on its own), zero biases, and
-        Xavier-uniform ``W_o`` multiplied by ``out_init_scale``."""
+        Xavier-uniform ``W_o`` multiplied by :attr:`out_init_scale`.
+
+        This is the standalone module's init; a :class:`~vitkit.models.VisionTransformer`
+        re-initialises its blocks by its ``init`` scheme (see :mod:`vitkit.models.init`)."""
         inner = self.num_heads * self.head_dim
         if inner > 0:
             bound = math.sqrt(6.0 / (inner + self.dim))
             nn.init.uniform_(self.qkv.weight, -bound, bound)
             nn.init.xavier_uniform_(self.proj.weight)
             with torch.no_grad():
-                self.proj.weight.mul_(out_init_scale)
+                self.proj.weight.mul_(self.out_init_scale)
         if self.qkv.bias is not None:
             nn.init.zeros_(self.qkv.bias)
         nn.init.zeros_(self.proj.bias)

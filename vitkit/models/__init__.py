@@ -2,7 +2,7 @@
 
 from .config import ViTConfig
 from .registry import MODEL_CONFIGS, create_model, list_models, model_config
-from .timm_interop import from_timm, to_timm, to_timm_state_dict
+from .timm_interop import from_timm, timm_twin, to_timm, to_timm_state_dict
 from .vision_transformer import VisionTransformer, count_parameters, vit_flops
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "from_timm",
     "list_models",
     "model_config",
+    "timm_twin",
     "to_timm",
     "to_timm_state_dict",
     "vit_flops",

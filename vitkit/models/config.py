@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..layers.attention_kernels import ATTN_IMPLS, AttnImpl
+from .init import INIT_SCHEMES, InitScheme
 
 
 @dataclass
@@ -16,6 +17,8 @@ class ViTConfig:
     ``num_heads`` is an int (every layer) or one count per layer (pruned models); ``head_dim``
     defaults to ``embed_dim // num_heads`` and is recorded explicitly once heads are pruned.
     ``out_init_scale`` defaults to ``1/sqrt(2 * depth)``, GPT-2's residual-projection scaling.
+    ``init`` names the weight initialisation scheme (:mod:`vitkit.models.init`): ``'vitkit'``,
+    ``'xavier'`` (every projection Xavier-uniform), ``'timm'`` or ``'jax'``.
     """
 
     img_size: tuple[int, int] = (224, 224)
@@ -40,6 +43,7 @@ class ViTConfig:
     drop_path_rate: float = 0.0
     attn_impl: AttnImpl = "auto"
     out_init_scale: float | None = None
+    init: InitScheme = "vitkit"
     norm_eps: float = 1e-6
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,6 +77,8 @@ class ViTConfig:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")
         if self.pos_embed not in ("learn", "sincos"):
             raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}.")
+        if self.init not in INIT_SCHEMES:
+            raise ValueError(f"init must be one of {INIT_SCHEMES}, got {self.init!r}.")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}.")
         for name in ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):

@@ -142,13 +142,16 @@ def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
     return state
 
 
-def to_timm(model: VisionTransformer) -> nn.Module:
-    """A timm ``VisionTransformer`` with the same hyper-parameters and weights as ``model``
-    (for side-by-side comparisons and for handing a trained model to timm-based code)."""
+def timm_twin(config: ViTConfig) -> nn.Module:
+    """A freshly initialised timm ``VisionTransformer`` (timm's own init) of the shape ``config``
+    describes: the reference that benchmarks and ``model.impl: timm`` recipes train side by side
+    with vitkit. Per-layer head counts (pruned models) have no timm equal and raise."""
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    config = model.config
-    twin = TimmViT(
+    heads = config.heads_per_layer()
+    if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim:
+        raise ValueError(f"timm's VisionTransformer needs one head count dividing embed_dim; this model has {heads}.")
+    return TimmViT(
         img_size=config.img_size,
         patch_size=config.patch_size,
         in_chans=config.in_chans,
@@ -156,7 +159,7 @@ def to_timm(model: VisionTransformer) -> nn.Module:
         global_pool=config.global_pool,
         embed_dim=config.embed_dim,
         depth=config.depth,
-        num_heads=model.heads_per_layer()[0],
+        num_heads=heads[0],
         mlp_ratio=config.mlp_ratio,
         qkv_bias=config.qkv_bias,
         qk_norm=config.qk_norm,
@@ -168,5 +171,11 @@ def to_timm(model: VisionTransformer) -> nn.Module:
         attn_drop_rate=config.attn_drop_rate,
         drop_path_rate=config.drop_path_rate,
     )
+
+
+def to_timm(model: VisionTransformer) -> nn.Module:
+    """A timm ``VisionTransformer`` with the same hyper-parameters and weights as ``model``
+    (for side-by-side comparisons and for handing a trained model to timm-based code)."""
+    twin = timm_twin(model.config)
     twin.load_state_dict(to_timm_state_dict(model))
     return twin

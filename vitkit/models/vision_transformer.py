@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import EncoderBlock, PatchEmbed, resample_pos_embed, sincos_2d_pos_embed
 from .config import ViTConfig
+from .init import init_parts
 
 HeadMask = torch.Tensor | Sequence[torch.Tensor | None] | None
 
@@ -77,18 +78,13 @@ class VisionTransformer(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        """Blocks initialise themselves (Xavier, scaled ``W_o``); here the embeddings and head:
-        patch projection Xavier-uniform like a Linear (MAE), position embedding N(0, 0.02)
-        truncated, class token N(0, 1e-6) (timm), head N(0, 0.02) truncated with zero bias."""
-        nn.init.xavier_uniform_(self.patch_embed.proj.weight)
-        nn.init.zeros_(self.patch_embed.proj.bias)
+        """Every Linear by the ``config.init`` scheme (see :mod:`.init`); position embedding
+        N(0, 0.02) truncated and class token N(0, 1e-6), as timm."""
+        init_parts(self, self.config.init)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-        if isinstance(self.head, nn.Linear):
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
         table = sincos_2d_pos_embed(self.embed_dim, grid)
@@ -108,9 +104,7 @@ class VisionTransformer(nn.Module):
             num_classes=num_classes, global_pool=global_pool or self.config.global_pool
         )
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+        init_parts(self, self.config.init, ["head"])
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not be weight-decayed (besides norms and biases)."""

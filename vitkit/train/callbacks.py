@@ -37,11 +37,13 @@ class LastCheckpoint(Callback):
 
 class Throughput(Callback):
     """Training images per second over all devices, timing only the training batches (data
-    loading included, validation excluded)."""
+    loading included, validation excluded). The run's first batch is timed on its own
+    (:attr:`first_step_seconds`: warm-up, and compilation under ``torch.compile``) and left out."""
 
     def __init__(self) -> None:
         self.images = 0
         self.seconds = 0.0
+        self.first_step_seconds = 0.0
         self._tick: float | None = None
 
     @property
@@ -57,6 +59,9 @@ class Throughput(Callback):
     ) -> None:
         now = time.perf_counter()
         if self._tick is not None:
-            self.seconds += now - self._tick
-            self.images += len(batch[1]) * trainer.world_size
+            if self.first_step_seconds == 0.0:
+                self.first_step_seconds = now - self._tick
+            else:
+                self.seconds += now - self._tick
+                self.images += len(batch[1]) * trainer.world_size
         self._tick = now

@@ -25,11 +25,13 @@ from .schema import RecipeError, bounds, build, dotted_keys, merge, parse_overri
 DATA_DRIVEN_FIELDS = ("img_size", "in_chans", "num_classes")
 
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
+ModelImpl = Literal["vitkit", "timm"]
 
 
 def _model_section() -> type:
-    """``ModelConfig``: ``name``, ``grad_checkpointing`` and every ViTConfig field as an optional
-    override (``None`` keeps the variant's value)."""
+    """``ModelConfig``: ``name``, ``grad_checkpointing``, ``impl`` (``'vitkit'``, or ``'timm'`` to
+    train timm's ``VisionTransformer`` of the same shape as a reference) and every ViTConfig field
+    as an optional override (``None`` keeps the variant's value)."""
     vit_hints = typing.get_type_hints(ViTConfig)
     overrides = [
         (f.name, vit_hints[f.name] | None, field(default=None))
@@ -44,7 +46,7 @@ def _model_section() -> type:
     return dataclasses.make_dataclass(
         "ModelConfig",
         [("name", str, field(default="vit_cifar_tiny")), ("grad_checkpointing", bool, field(default=False)),
-         *overrides],
+         ("impl", ModelImpl, field(default="vitkit")), *overrides],
         namespace={"vit_overrides": vit_overrides, "__module__": __name__,
                    "__doc__": "Which variant to build and the ViTConfig fields to override."},
     )
@@ -123,6 +125,10 @@ class TrainerConfig:
         num_threads: torch CPU threads (``torch.set_num_threads``); ``null`` keeps torch's default.
             Small models on a busy CPU train several times faster with 1 thread than with threads
             that wait for each other.
+        compile: ``torch.compile`` the model (inductor; needs a C++ compiler on CPUs). The first
+            steps pay the compilation (``first_step_s`` in ``summary.json``).
+        max_time_minutes: stop training after this many minutes (Lightning's ``max_time``), then
+            test as usual; ``null``: no limit.
     """
 
     max_epochs: int = field(default=10, metadata=bounds(ge=1))
@@ -143,6 +149,8 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     num_sanity_val_steps: int = field(default=2, metadata=bounds(ge=0))
     num_threads: int | None = field(default=None, metadata=bounds(ge=1))
+    compile: bool = False
+    max_time_minutes: float | None = field(default=None, metadata=bounds(gt=0))
 
     def __post_init__(self) -> None:
         if isinstance(self.devices, str) and self.devices != "auto" and not self.devices.lstrip("-").isdigit():

@@ -14,7 +14,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from ..models import ViTConfig, VisionTransformer
+from ..models import ViTConfig, VisionTransformer, from_timm, timm_twin
 from .config import OptimConfig
 from .optim import build_optimizer, warmup_cosine
 from .schema import build
@@ -35,7 +35,7 @@ class ViTClassifier(L.LightningModule):
 
     Args:
         recipe: the resolved recipe as a plain dict (``RecipeConfig.to_dict()``); its ``optim``
-            section and ``model.grad_checkpointing`` are used here.
+            section and ``model.grad_checkpointing``/``model.impl`` are used here.
         vit_config: ``ViTConfig.to_dict()`` of the model to build.
         extra: metadata exported with the model (mean, std, img_size, class_names, ...).
 
@@ -47,8 +47,11 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.optim_config: OptimConfig = build(OptimConfig, recipe.get("optim", {}), source="the checkpoint's recipe")
-        self.model = VisionTransformer(ViTConfig.from_dict(vit_config))
-        self.model.set_grad_checkpointing(bool(recipe.get("model", {}).get("grad_checkpointing", False)))
+        model_section = recipe.get("model", {})
+        config = ViTConfig.from_dict(vit_config)
+        # model.impl=timm trains timm's own VisionTransformer of the same shape (the reference).
+        self.model = timm_twin(config) if model_section.get("impl", "vitkit") == "timm" else VisionTransformer(config)
+        self.model.set_grad_checkpointing(bool(model_section.get("grad_checkpointing", False)))
         self.mixup, self.train_criterion = build_criterion(self.optim_config, self.model.num_classes)
         self.eval_criterion = nn.CrossEntropyLoss()
         self.ema = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
@@ -59,9 +62,17 @@ class ViTClassifier(L.LightningModule):
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
 
     @property
-    def inference_model(self) -> VisionTransformer:
+    def inference_model(self) -> nn.Module:
         """The weights to evaluate and export: the EMA when enabled, else the trained ones."""
         return self.ema.module if self.ema is not None else self.model
+
+    def export_model(self) -> VisionTransformer:
+        """:attr:`inference_model` as a vitkit model on the CPU in eval mode (a timm reference is
+        converted, so every tool takes it)."""
+        model = self.inference_model
+        if not isinstance(model, VisionTransformer):
+            model = from_timm(model)
+        return model.cpu().eval()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` to ``[B, num_classes]`` logits of :attr:`inference_model`."""

@@ -13,6 +13,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ def train(
     recipe: str | os.PathLike | dict[str, Any] | RecipeConfig,
     overrides: list[str] | tuple[str, ...] = (),
     resume: str | os.PathLike | None = None,
+    callbacks: list[L.Callback] | tuple[L.Callback, ...] = (),
 ) -> RunResult:
     """Train a ViT as ``recipe`` says.
 
@@ -57,6 +59,7 @@ def train(
         overrides: dotted ``key=value`` changes (``['trainer.max_epochs=5', 'model.depth=4']``).
         resume: a ``last.ckpt`` (or any checkpoint of this recipe) to continue from; loaded with
             ``weights_only=True``. Inside a run directory, the run continues there.
+        callbacks: extra Lightning callbacks (e.g. a benchmark's periodic test evaluation).
 
     Raises:
         RecipeError: invalid recipe or overrides (before any work starts).
@@ -75,7 +78,7 @@ def train(
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
     module = build_module(config, datamodule.info)
     best, last, throughput = _callbacks(config, run_dir)
-    trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput])
+    trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput, *callbacks])
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_recipe(config, run_dir / CONFIG_FILE)
@@ -91,7 +94,7 @@ def train(
     tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
     validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
 
-    model = module.inference_model.cpu().eval()
+    model = module.export_model()
     summary = {
         "recipe": config.name,
         "dataset": datamodule.info.name,
@@ -104,6 +107,8 @@ def train(
         "global_steps": trainer.global_step,
         "wall_time_s": round(time.perf_counter() - started, 2),
         "train_images_per_s": round(throughput.images_per_second, 1),
+        "first_step_s": round(throughput.first_step_seconds, 2),
+        "compiled": config.trainer.compile,
         "precision": config.trainer.precision,
         "world_size": trainer.world_size,
         "resumed_from": str(resume) if resume is not None else None,
@@ -122,7 +127,11 @@ def build_module(config: RecipeConfig, info: DataInfo) -> ViTClassifier:
     metadata (normalisation, classes, dataset and recipe names, data options) to export."""
     extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict()}
     vit_config = config.vit_config(img_size=info.img_size, in_chans=info.in_chans, num_classes=info.num_classes)
-    return ViTClassifier(config.to_dict(), vit_config.to_dict(), extra)
+    module = ViTClassifier(config.to_dict(), vit_config.to_dict(), extra)
+    if config.trainer.compile:
+        # Module.compile() compiles forward in place: parameter names (checkpoints) stay as they are.
+        module.model.compile()
+    return module
 
 
 def check_precision(config: TrainerConfig) -> None:
@@ -149,6 +158,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callbac
         strategy=options.strategy,
         precision=options.precision,
         max_epochs=options.max_epochs,
+        max_time=timedelta(minutes=options.max_time_minutes) if options.max_time_minutes else None,
         gradient_clip_val=config.optim.clip_grad,
         gradient_clip_algorithm="norm",
         log_every_n_steps=options.log_every,

@@ -1,0 +1,130 @@
+"""Training on MNIST-format files, timm's model as a reference (``model.impl: timm``),
+``trainer.compile`` and the time-to-accuracy measurement."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+
+from vitkit.data import build_datasets
+from vitkit.io import load_model
+from vitkit.train import load_recipe, train
+from vitkit.train.run import build_module
+from vitkit.train.time_to_accuracy import AccuracyPoint, TestAccuracyTimer, accuracy_at, summarise, time_to_reach
+
+from mnist_files import fabricate_mnist
+
+pytestmark = pytest.mark.slow
+
+
+def mnist_recipe(root: Path, out: Path, **trainer: object) -> dict:
+    """A 2-block, 32-wide ViT on fabricated 28x28 Fashion-MNIST files (7x7 patches)."""
+    return {
+        "name": "fmnist_tiny",
+        "model": {"name": "vit_cifar_tiny", "patch_size": 7, "embed_dim": 32, "depth": 2, "num_heads": 2,
+                  "mlp_ratio": 2.0},
+        "data": {"name": "fashion_mnist", "root": str(root), "num_workers": 0, "val_fraction": 0.2},
+        "optim": {"lr": 1e-2, "warmup_epochs": 0.5},
+        "trainer": {"max_epochs": 1, "batch_size": 16, "accelerator": "cpu", "enable_progress_bar": False,
+                    "num_sanity_val_steps": 0, "log_every": 1, "num_threads": 1, **trainer},
+        "output": {"dir": str(out)},
+    }
+
+
+@pytest.fixture(scope="module")
+def fmnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fmnist")
+    fabricate_mnist(root, per_class=12, test_per_class=4)
+    return root
+
+
+def test_one_epoch_on_fashion_mnist_files_trains_and_tests_on_the_official_test_set(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    result = train(mnist_recipe(fmnist_root, tmp_path, max_epochs=6))
+    assert result.summary["dataset"] == "fashion_mnist"
+    assert result.summary["global_steps"] == 6 * (96 // 16)  # 96 training images after the 20% hold-out
+    assert result.summary["test_acc"] > 30.0  # chance is 10%; the classes differ in brightness
+    rows = list(csv.DictReader(open(result.run_dir / "metrics.csv")))
+    assert any(row.get("test/acc1") for row in rows)
+
+
+def test_timm_reference_trains_timms_model_and_exports_it_as_vitkit(fmnist_root: Path, tmp_path: Path) -> None:
+    recipe = mnist_recipe(fmnist_root, tmp_path)
+    recipe["model"]["impl"] = "timm"
+    config = load_recipe(recipe)
+    module = build_module(config, build_datasets(config.data).info)
+    assert isinstance(module.model, timm.models.vision_transformer.VisionTransformer)
+    result = train(recipe)
+    exported = load_model(result.run_dir / "model.safetensors").eval()
+    images = torch.randn(4, 1, 28, 28)
+    twin = timm.models.vision_transformer.VisionTransformer(
+        img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0
+    ).eval()
+    ckpt = torch.load(result.summary["best_checkpoint"], weights_only=True)["state_dict"]
+    twin.load_state_dict({k.removeprefix("model."): v for k, v in ckpt.items() if k.startswith("model.")})
+    torch.testing.assert_close(exported(images), twin(images), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for inductor")
+def test_compile_option_compiles_the_trained_model(fmnist_root: Path, tmp_path: Path, monkeypatch) -> None:
+    from vitkit.train import run as run_lib
+
+    built = []
+    original = run_lib.build_module
+
+    def spy(*args: object, **kwargs: object):
+        module = original(*args, **kwargs)
+        built.append(module)
+        return module
+
+    monkeypatch.setattr(run_lib, "build_module", spy)
+    result = train(mnist_recipe(fmnist_root, tmp_path, compile=True, limit_train_batches=2))
+    assert result.summary["compiled"] is True
+    assert built[0].model._compiled_call_impl is not None  # nn.Module.compile() took effect
+    assert all(not name.startswith("model._orig_mod") for name in built[0].state_dict())
+    result = train(mnist_recipe(fmnist_root, tmp_path / "eager", limit_train_batches=2))
+    assert result.summary["compiled"] is False and built[1].model._compiled_call_impl is None
+
+
+def test_accuracy_timer_records_every_n_steps_and_the_end(fmnist_root: Path, tmp_path: Path) -> None:
+    timer = TestAccuracyTimer(every_n_steps=4)
+    train(mnist_recipe(fmnist_root, tmp_path, max_epochs=2), callbacks=[timer])
+    assert [p.step for p in timer.points] == [4, 8, 12]
+    assert all(b.seconds > a.seconds for a, b in zip(timer.points, timer.points[1:]))
+    # 40 test images: every accuracy is a multiple of 2.5%, so the whole test split was counted.
+    assert all(0.0 <= p.accuracy <= 100.0 and (p.accuracy / 2.5) == pytest.approx(round(p.accuracy / 2.5))
+               for p in timer.points)
+
+
+def test_time_to_reach_and_accuracy_at_read_the_curve() -> None:
+    points = [AccuracyPoint(10, 1, 70.0), AccuracyPoint(20, 2, 84.0), AccuracyPoint(30, 3, 86.5)]
+    assert time_to_reach(points, 85.0) == 30 and time_to_reach(points, 84.0) == 20
+    assert time_to_reach(points, 90.0) is None
+    assert accuracy_at(points, 25) == 84.0 and accuracy_at(points, 5) is None
+    rows = summarise({"a": points}, (80.0, 85.0), budget_s=15)
+    assert rows == [{"model": "a", "time_to_80_s": 20, "time_to_85_s": 30, "acc_at_budget": 70.0,
+                     "final_acc": 86.5, "train_s": 30}]
+
+
+def test_time_to_accuracy_tool_writes_curves_table_and_figure(fmnist_root: Path, tmp_path: Path, load_tool) -> None:
+    tool = load_tool("time_to_accuracy")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(mnist_recipe(fmnist_root, tmp_path / "runs")))
+    out = tmp_path / "tta"
+    code = tool.main([str(recipe), "--eval-every", "3", "--targets", "20", "--out", str(out)])
+    assert code == 0
+    rows = list(csv.DictReader(open(out / "curves.csv")))
+    assert {row["model"] for row in rows} == {"vitkit", "timm"}
+    assert [int(r["step"]) for r in rows if r["model"] == "timm"] == [3, 6]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["model"] for row in summary["rows"]] == ["vitkit", "timm"]
+    assert (out / "time_to_accuracy.png").stat().st_size > 10_000
+

@@ -1,0 +1,89 @@
+"""Time-to-accuracy benchmark: train one recipe with vitkit's model and with timm's
+VisionTransformer of the same shape (same data, schedule, seed, precision, threads), evaluating
+test accuracy as training goes; write the curves (CSV, PNG) and a table.
+
+    python tools/time_to_accuracy.py recipes/fashion_mnist.yaml data.root=/usr/share/datasets/fashion-mnist
+    python tools/time_to_accuracy.py recipes/quickstart.yaml --eval-every 20 --targets 90 95
+
+Each run may be capped at --budget-minutes of training (Lightning's max_time); the table gives the
+time each model needs to reach every target accuracy and the accuracy each has at the budget.
+Writes <out>/curves.csv, <out>/time_to_accuracy.png and <out>/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
+from vitkit.train import NonFiniteLossError, RecipeError, load_recipe, train  # noqa: E402
+from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise  # noqa: E402
+
+IMPLS = ("vitkit", "timm")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", help="recipe YAML file")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to both runs")
+    parser.add_argument("--eval-every", type=int, default=211, metavar="STEPS", help="test every N steps")
+    parser.add_argument("--budget-minutes", type=float, default=None, help="cap each run's training time")
+    parser.add_argument("--targets", type=float, nargs="+", default=[80.0, 85.0, 88.0], help="accuracies (%%)")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="models to train")
+    parser.add_argument("--out", default="runs/time_to_accuracy", help="output folder")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    try:
+        if args.eval_every < 1:
+            raise RecipeError(f"--eval-every must be >= 1, got {args.eval_every}.")
+        config = load_recipe(args.recipe, args.overrides)  # fail before any training
+        curves = {}
+        for impl in args.impls:
+            timer = TestAccuracyTimer(args.eval_every)
+            overrides = [*args.overrides, f"model.impl={impl}", f"output.dir={out / impl}"]
+            if args.budget_minutes:
+                overrides.append(f"trainer.max_time_minutes={args.budget_minutes}")
+            train(args.recipe, overrides, callbacks=[timer])
+            curves[impl] = timer.points
+    except (RecipeError, NonFiniteLossError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2 if isinstance(error, RecipeError) else 1
+    targets = tuple(args.targets)
+    budget_s = 60 * args.budget_minutes if args.budget_minutes else max(p.seconds for c in curves.values() for p in c)
+    rows = summarise(curves, targets, budget_s)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "curves.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["model", "seconds", "step", "test_acc"])
+        for impl, points in curves.items():
+            writer.writerows([impl, p.seconds, p.step, p.accuracy] for p in points)
+    title = f"{config.name}: {config.data.name}, {config.trainer.precision}"
+    plot_time_to_accuracy(curves, targets, out / "time_to_accuracy.png", title)
+    (out / "summary.json").write_text(json.dumps({"budget_s": budget_s, "rows": rows}, indent=2))
+    print(format_table(rows, targets, budget_s))
+    print(f"written: {out / 'curves.csv'}, {out / 'time_to_accuracy.png'}, {out / 'summary.json'}")
+    return 0
+
+
+def format_table(rows: list[dict], targets: tuple[float, ...], budget_s: float) -> str:
+    """A Markdown table of :func:`summarise` rows, times in minutes."""
+
+    def minutes(value: float | None) -> str:
+        return "not reached" if value is None else f"{value / 60:.1f} min"
+
+    head = ["model", *(f"to {t:g}%" for t in targets), f"acc. at {budget_s / 60:.1f} min", "final acc."]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["model"], *(minutes(row[f"time_to_{t:g}_s"]) for t in targets)]
+        cells += [f"{row['acc_at_budget']}%" if row["acc_at_budget"] is not None else "-", f"{row['final_acc']}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
