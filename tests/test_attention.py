@@ -525,3 +525,47 @@ def test_attention_dropout_is_random_in_training_and_off_in_eval(attn_impl: str)
     assert torch.equal(msa(x), msa(x))
     heads_out, _ = reference_heads(msa, x)
     torch.testing.assert_close(msa(x), merge_and_project(msa, heads_out), **TOL)
+
+
+# --------------------------------------------------------------- locality self-attention (LSA)
+def lsa_reference(msa: MultiHeadSelfAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lee et al.'s LSA written out: softmax(exp(t) q k^T with the diagonal at -inf) v, then W_o."""
+    q, k, v = msa.qkv(x).reshape(x.shape[0], x.shape[1], 3, msa.num_heads, msa.head_dim).permute(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(-2, -1) * msa.log_scale.exp()
+    eye = torch.eye(x.shape[1], dtype=torch.bool)
+    weights = scores.masked_fill(eye, float("-inf")).softmax(-1)
+    out = (weights @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+    return msa.proj(out), weights
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_locality_attention_masks_the_diagonal_and_uses_the_learned_temperature(impl: str) -> None:
+    msa = MultiHeadSelfAttention(32, 4, locality=True, attn_impl=impl)
+    assert msa.log_scale.item() == pytest.approx(math.log(8**-0.5))  # starts at 1/sqrt(d)
+    with torch.no_grad():
+        msa.log_scale.fill_(0.7)  # a temperature the standard scale would not give
+    x = torch.randn(2, 6, 32)
+    expected_out, expected_weights = lsa_reference(msa, x)
+    torch.testing.assert_close(msa(x), expected_out, atol=1e-5, rtol=1e-5)
+    out, weights = msa(x, return_attention=True)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+    assert weights.diagonal(dim1=-2, dim2=-1).abs().max() == 0
+
+
+def test_locality_temperature_is_learned() -> None:
+    msa = MultiHeadSelfAttention(16, 2, locality=True)
+    msa(torch.randn(2, 5, 16)).square().sum().backward()
+    assert msa.log_scale.grad is not None and msa.log_scale.grad.abs() > 0
+    plain = MultiHeadSelfAttention(16, 2)
+    assert plain.log_scale is None and "log_scale" not in dict(plain.named_parameters())
+
+
+def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks() -> None:
+    msa = MultiHeadSelfAttention(16, 2, locality=True)
+    x, context = torch.randn(1, 3, 16), torch.randn(1, 3, 16)
+    _, cross = msa(x, context=context, return_attention=True)
+    assert cross.diagonal(dim1=-2, dim2=-1).min() > 0  # a query may attend to the same position elsewhere
+    _, causal = msa(torch.randn(1, 4, 16), is_causal=True, return_attention=True)
+    # Causal without the diagonal: query 0 has no key left (zeros, not NaN); query i sees 0..i-1.
+    assert causal[0, :, 0].abs().max() == 0 and torch.isfinite(causal).all()
+    torch.testing.assert_close(causal[0, :, 1, 0], torch.ones(2))

@@ -171,3 +171,12 @@ def test_dataloader_serves_batched_samples_with_their_labels(tmp_path: Path) -> 
     images, labels = next(iter(DataLoader(bundle.train, batch_size=16, shuffle=True)))
     fill = (images[:, 0, 0, 0] * 0.353 + 0.286) * 255  # undo Normalize on the constant corner pixel
     torch.testing.assert_close(fill, (20 * labels + 1).float(), atol=0.05, rtol=0)
+
+
+def test_train_tool_reports_a_corrupt_idx_file_in_one_line(tmp_path: Path, load_tool, capsys) -> None:
+    fabricate_mnist(tmp_path)
+    (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x01\x00\x00\x00\x09abc"))
+    code = load_tool("train").main(["recipes/fashion_mnist.yaml", f"data.root={tmp_path}", f"output.dir={tmp_path}"])
+    error = capsys.readouterr().err
+    assert code == 1 and error.startswith("error: ") and "declares shape [9]" in error
+    assert "Traceback" not in error

@@ -51,9 +51,7 @@ OUT_SCALE = (2 * DEPTH) ** -0.5
 
 #: Expected std of each part under each scheme, from the scheme's definition.
 EXPECTED = {
-    "vitkit": {"patch": xavier_std(PATCH_IN, DIM), "qkv": TRUNC_002, "proj": xavier_std(DIM, DIM) * OUT_SCALE,
-               "fc1": TRUNC_002, "fc2": TRUNC_002, "head": TRUNC_002},
-    "xavier": {"patch": xavier_std(PATCH_IN, DIM), "qkv": xavier_std(DIM, DIM),
+    "vitkit": {"patch": xavier_std(PATCH_IN, DIM), "qkv": xavier_std(DIM, DIM),
                "proj": xavier_std(DIM, DIM) * OUT_SCALE, "fc1": xavier_std(DIM, 4 * DIM),
                "fc2": xavier_std(4 * DIM, DIM), "head": TRUNC_002},
     "timm": {"patch": uniform_std(1 / math.sqrt(PATCH_IN)), "qkv": TRUNC_002, "proj": TRUNC_002, "fc1": TRUNC_002,
@@ -90,7 +88,7 @@ def test_position_embedding_and_class_token_are_timms_in_every_scheme() -> None:
 
 
 def test_init_parts_swaps_only_the_named_part() -> None:
-    model = model_with("xavier")
+    model = model_with("vitkit")
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     init_parts(model, "timm", ["mlp"])
     changed = {name for name, tensor in model.state_dict().items() if not torch.equal(tensor, before[name])}

@@ -185,3 +185,36 @@ def test_resample_pos_embed_to_the_same_grid_is_a_no_op() -> None:
 def test_resample_pos_embed_rejects_a_grid_that_does_not_match_the_table() -> None:
     with pytest.raises(ValueError, match="16 patch positions.*3x3 needs 9"):
         resample_pos_embed(torch.randn(1, 17, 8), (6, 6), (3, 3), num_prefix_tokens=1)
+
+
+# --------------------------------------------------------------- shifted patch tokenization (SPT)
+def test_shifted_patch_tokens_stack_the_image_and_four_half_patch_diagonal_shifts() -> None:
+    from vitkit.layers.patch_embed import shift_diagonally
+
+    image = torch.arange(1, 17, dtype=torch.float32).reshape(1, 1, 4, 4)
+    shifts = shift_diagonally(image, (2, 2))  # half a patch = 1 pixel
+    up_left, up_right, down_left, down_right = (s[0, 0] for s in shifts)
+    grid = image[0, 0]
+    # Content moved up-left by one: pixel (r, c) shows (r + 1, c + 1); the last row/column are zero.
+    torch.testing.assert_close(up_left[:3, :3], grid[1:, 1:])
+    assert up_left[3].abs().sum() == 0 and up_left[:, 3].abs().sum() == 0
+    torch.testing.assert_close(up_right[:3, 1:], grid[1:, :3])
+    torch.testing.assert_close(down_left[1:, :3], grid[:3, 1:])
+    torch.testing.assert_close(down_right[1:, 1:], grid[:3, :3])
+    assert down_right[0].abs().sum() == 0 and down_right[:, 0].abs().sum() == 0
+
+
+def test_shifted_patch_embed_normalises_five_stacked_patches_before_projecting() -> None:
+    from einops import rearrange
+
+    from vitkit.layers.patch_embed import shift_diagonally
+
+    embed = PatchEmbed(patch_size=2, in_chans=3, embed_dim=8, shifted=True)
+    assert embed.proj.in_features == 5 * 3 * 2 * 2
+    images = torch.randn(2, 3, 4, 6)
+    stacked = torch.cat([images, *shift_diagonally(images, (2, 2))], dim=1)
+    patches = rearrange(stacked, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=2, p2=2)
+    normed = (patches - patches.mean(-1, keepdim=True)) / torch.sqrt(patches.var(-1, unbiased=False, keepdim=True) + 1e-6)
+    expected = embed.proj(normed * embed.patch_norm.weight + embed.patch_norm.bias)
+    torch.testing.assert_close(embed(images), expected, atol=1e-5, rtol=1e-5)
+    assert embed(images).shape == (2, 6, 8)

@@ -128,3 +128,41 @@ def test_time_to_accuracy_tool_writes_curves_table_and_figure(fmnist_root: Path,
     assert [row["model"] for row in summary["rows"]] == ["vitkit", "timm"]
     assert (out / "time_to_accuracy.png").stat().st_size > 10_000
 
+
+
+def test_init_ablation_tool_trains_every_variant_per_seed(fmnist_root: Path, tmp_path: Path, load_tool) -> None:
+    tool = load_tool("init_ablation")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(mnist_recipe(fmnist_root, tmp_path / "runs", limit_train_batches=2)))
+    out = tmp_path / "ablation"
+    assert tool.main([str(recipe), "--seeds", "0", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "runs.csv")))
+    labels = [label for label, _, _ in tool.variants(with_parts=True)]
+    assert [row["variant"] for row in rows] == labels * 2 and len(labels) == 4 + 4
+    assert {row["steps"] for row in rows} == {"2"}
+    table = (out / "table.md").read_text()
+    assert all(f"| {label} | 2 |" in table for label in labels)
+
+
+def test_init_override_reinitialises_only_its_part_before_training(fmnist_root: Path, tmp_path: Path,
+                                                                    load_tool) -> None:
+    tool = load_tool("init_ablation")
+    config = load_recipe(mnist_recipe(fmnist_root, tmp_path))
+    module = build_module(config, build_datasets(config.data).info)
+    before = {name: tensor.clone() for name, tensor in module.model.state_dict().items()}
+    tool.InitOverride("timm", ("qkv",)).on_fit_start(None, module)
+    changed = {name for name, tensor in module.model.state_dict().items() if not torch.equal(tensor, before[name])}
+    assert changed == {"blocks.0.attn.qkv.weight", "blocks.1.attn.qkv.weight"}
+
+
+def test_time_to_accuracy_adds_a_plain_vitkit_run_when_timm_cannot_match_the_recipe(
+    fmnist_root: Path, tmp_path: Path, load_tool
+) -> None:
+    tool = load_tool("time_to_accuracy")
+    recipe = mnist_recipe(fmnist_root, tmp_path)
+    assert list(tool.runs_to_make(load_recipe(recipe), ["vitkit", "timm"])) == ["vitkit", "timm"]
+    recipe["model"]["shifted_patches"] = True
+    runs = tool.runs_to_make(load_recipe(recipe), ["vitkit", "timm"])
+    assert list(runs) == ["vitkit", "vitkit (plain ViT)", "timm"]
+    assert "model.shifted_patches=false" in runs["timm"] and "model.shifted_patches=false" in runs["vitkit (plain ViT)"]
+    assert runs["vitkit"] == ["model.impl=vitkit"]

@@ -7,6 +7,9 @@ test accuracy as training goes; write the curves (CSV, PNG) and a table.
 
 Each run may be capped at --budget-minutes of training (Lightning's max_time); the table gives the
 time each model needs to reach every target accuracy and the accuracy each has at the budget.
+timm has no shifted patch tokenization or locality self-attention: when the recipe uses them, timm
+trains the plain ViT of the same shape, and so does a third run, "vitkit (plain ViT)", so that
+the architecture and the implementation can be told apart.
 Writes <out>/curves.csv, <out>/time_to_accuracy.png and <out>/summary.json.
 """
 
@@ -21,10 +24,27 @@ from pathlib import Path
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from vitkit.train import NonFiniteLossError, RecipeError, load_recipe, train  # noqa: E402
+from vitkit.data import DataFileError  # noqa: E402
+from vitkit.train import NonFiniteLossError, RecipeConfig, RecipeError, load_recipe, train  # noqa: E402
 from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise  # noqa: E402
 
 IMPLS = ("vitkit", "timm")
+#: Overrides that turn the recipe's model into what timm's VisionTransformer can be.
+PLAIN_VIT = ("model.shifted_patches=false", "model.locality_attention=false")
+
+
+def runs_to_make(config: RecipeConfig, impls: list[str]) -> dict[str, list[str]]:
+    """Label -> extra overrides of every training run the benchmark makes."""
+    plain = config.model.shifted_patches or config.model.locality_attention
+    runs: dict[str, list[str]] = {}
+    for impl in impls:
+        if impl == "vitkit":
+            runs["vitkit"] = ["model.impl=vitkit"]
+            if plain and "timm" in impls:
+                runs["vitkit (plain ViT)"] = ["model.impl=vitkit", *PLAIN_VIT]
+        else:
+            runs["timm"] = ["model.impl=timm", *(PLAIN_VIT if plain else ())]
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
             raise RecipeError(f"--eval-every must be >= 1, got {args.eval_every}.")
         config = load_recipe(args.recipe, args.overrides)  # fail before any training
         curves = {}
-        for impl in args.impls:
+        for label, extra in runs_to_make(config, args.impls).items():
             timer = TestAccuracyTimer(args.eval_every)
-            overrides = [*args.overrides, f"model.impl={impl}", f"output.dir={out / impl}"]
+            folder = label.replace(" ", "_").replace("(", "").replace(")", "")
+            overrides = [*args.overrides, *extra, f"output.dir={out / folder}"]
             if args.budget_minutes:
                 overrides.append(f"trainer.max_time_minutes={args.budget_minutes}")
             train(args.recipe, overrides, callbacks=[timer])
-            curves[impl] = timer.points
-    except (RecipeError, NonFiniteLossError, FileNotFoundError) as error:
+            curves[label] = timer.points
+    except (RecipeError, NonFiniteLossError, FileNotFoundError, DataFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2 if isinstance(error, RecipeError) else 1
     targets = tuple(args.targets)

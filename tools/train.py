@@ -18,6 +18,7 @@ import sys
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
+from vitkit.data import DataFileError  # noqa: E402
 from vitkit.train import NonFiniteLossError, RecipeError, UnsafeCheckpointError, train  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = train(args.recipe, args.overrides, resume=args.resume)
-    except (RecipeError, NonFiniteLossError, UnsafeCheckpointError, FileNotFoundError) as error:
+    except (RecipeError, NonFiniteLossError, UnsafeCheckpointError, FileNotFoundError, DataFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2 if isinstance(error, RecipeError) else 1
     print(json.dumps(result.summary, indent=2))

@@ -1,4 +1,4 @@
-"""Datasets, splits and augmentation: CIFAR-10/100, ImageNet-style folders, and two offline
+"""Datasets, splits and augmentation: CIFAR-10/100, (Fashion-)MNIST, ImageNet-style folders, and two offline
 datasets (scikit-learn's handwritten digits, generated shapes with bounding boxes)."""
 
 from .arrays import ArrayDataset, stratified_split
@@ -7,7 +7,8 @@ from .cifar import CifarFileError
 from .config import DATASET_NAMES, AugmentConfig, DataConfig
 from .imagefolder import ImageFolderDataset
 from .images import ImageReadError, load_image
-from .info import DataInfo, DatasetBundle
+from .info import DataFileError, DataInfo, DatasetBundle
+from .mnist import IdxFileError
 from .shapes import SHAPE_CLASSES, ShapesDataset, generate_shapes, shapes_info
 from .subset import make_subset
 from .transforms import build_eval_transform, build_train_transform, denormalize
@@ -18,10 +19,12 @@ __all__ = [
     "ArrayDataset",
     "AugmentConfig",
     "CifarFileError",
+    "DataFileError",
     "DataConfig",
     "DataInfo",
     "DatasetBundle",
     "ImageFolderDataset",
+    "IdxFileError",
     "ImageReadError",
     "ShapesDataset",
     "build_datasets",

@@ -17,6 +17,8 @@ import numpy as np
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import download_and_extract_archive
 
+from .info import DataFileError
+
 try:  # numpy >= 2
     from numpy._core import multiarray, numeric
 except ImportError:  # pragma: no cover - numpy 1.x
@@ -43,7 +45,7 @@ _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
-class CifarFileError(ValueError):
+class CifarFileError(DataFileError):
     """A CIFAR batch file that is not a plain pickle of numpy arrays and lists."""
 
 

@@ -13,6 +13,10 @@ IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
 
 
+class DataFileError(ValueError):
+    """A dataset file that cannot be read as its format says (the message names the file)."""
+
+
 @dataclass(frozen=True)
 class DataInfo:
     """Classes, image geometry and normalisation of a dataset.

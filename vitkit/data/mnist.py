@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 from torchvision.datasets import MNIST, FashionMNIST
 
+from .info import DataFileError
+
 #: IDX magic numbers: two zero bytes, the element type (0x08 = unsigned byte), the rank.
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
@@ -55,7 +57,7 @@ MNIST_SOURCES: dict[str, MnistSource] = {
 }
 
 
-class IdxFileError(ValueError):
+class IdxFileError(DataFileError):
     """An IDX file whose header or length is not what MNIST-format data needs."""
 
 

@@ -34,6 +34,12 @@ def _linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear
         return nn.Linear(in_features, out_features, bias=bias)
 
 
+def _without_diagonal(attn_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """``attn_mask`` (True = may attend) with every token's attention to itself removed."""
+    off_diagonal = ~torch.eye(num_tokens, dtype=torch.bool, device=device)
+    return off_diagonal if attn_mask is None else attn_mask & off_diagonal
+
+
 @dataclass
 class KVCache:
     """Keys and values of the positions decoded so far, each ``[B, H, T, d]``.
@@ -73,6 +79,11 @@ class MultiHeadSelfAttention(nn.Module):
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
             the seed articles' 0.5.
         norm_eps: epsilon of the q/k LayerNorms.
+        locality: Locality Self-Attention (Lee et al. 2021, "Vision Transformer for Small-Size
+            Datasets", https://arxiv.org/abs/2112.13492): a learnable softmax temperature (the
+            scale, initialised to ``1/sqrt(d)``, learned in log space) and, in self-attention, no
+            token attends to itself (the diagonal is masked), which sharpens attention on
+            small datasets.
     """
 
     def __init__(
@@ -88,6 +99,7 @@ class MultiHeadSelfAttention(nn.Module):
         attn_impl: AttnImpl = "auto",
         out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
         norm_eps: float = 1e-6,
+        locality: bool = False,
     ) -> None:
         super().__init__()
         if head_dim is None:
@@ -114,6 +126,8 @@ class MultiHeadSelfAttention(nn.Module):
         self.proj = _linear(num_heads * head_dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
         self.out_init_scale = out_init_scale
+        self.locality = locality
+        self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale))) if locality else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -132,9 +146,12 @@ class MultiHeadSelfAttention(nn.Module):
         if self.qkv.bias is not None:
             nn.init.zeros_(self.qkv.bias)
         nn.init.zeros_(self.proj.bias)
+        if self.log_scale is not None:
+            nn.init.constant_(self.log_scale, math.log(self.head_dim**-0.5))
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}"
+        locality = ", locality=True" if self.locality else ""
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}{locality}"
 
     def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """Queries from ``x``, keys and values from ``context`` (or ``x``); each ``[B, H, n, d]``."""
@@ -202,6 +219,12 @@ class MultiHeadSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.extend(k, v)
         shape = (batch, self.num_heads, num_queries, k.shape[-2])
+        scale: float = self.scale
+        if self.log_scale is not None:
+            # The learned temperature multiplies the queries, so both kernels take it unchanged.
+            q, scale = q * self.log_scale.exp().to(q.dtype), 1.0
+            if context is None and kv_cache is None:
+                attn_mask = _without_diagonal(attn_mask, num_queries, x.device)
         allowed, row_has_key = split_empty_rows(
             build_allowed_mask(shape, x.device, attn_mask, key_padding_mask, is_causal)
         )
@@ -209,9 +232,9 @@ class MultiHeadSelfAttention(nn.Module):
         impl = choose_attn_impl(self.attn_impl, q, return_attention)
         weights = None
         if impl == "sdpa":
-            out = sdpa_attention(q, k, v, allowed, dropout_p, self.scale)
+            out = sdpa_attention(q, k, v, allowed, dropout_p, scale)
         else:
-            out, weights = explicit_attention(q, k, v, allowed, dropout_p, self.scale)
+            out, weights = explicit_attention(q, k, v, allowed, dropout_p, scale)
         if row_has_key is not None:
             out = out * row_has_key
             weights = None if weights is None else weights * row_has_key

@@ -36,7 +36,7 @@ class EncoderBlock(nn.Module):
         num_heads: attention heads (may be 0 after pruning, with ``head_dim`` given).
         head_dim: per-head width; default ``dim // num_heads``.
         mlp_ratio: MLP hidden width / ``D``.
-        qkv_bias, qk_norm, attn_drop, attn_impl, out_init_scale: see ``MultiHeadSelfAttention``.
+        qkv_bias, qk_norm, attn_drop, attn_impl, out_init_scale, locality: see ``MultiHeadSelfAttention``.
         proj_drop: dropout after the attention output projection and inside the MLP.
         drop_path: stochastic-depth rate of both residual branches.
         init_values: LayerScale init; ``None`` disables LayerScale.
@@ -59,6 +59,7 @@ class EncoderBlock(nn.Module):
         attn_impl: AttnImpl = "auto",
         out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
         norm_eps: float = 1e-6,
+        locality: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -73,6 +74,7 @@ class EncoderBlock(nn.Module):
             attn_impl=attn_impl,
             out_init_scale=out_init_scale,
             norm_eps=norm_eps,
+            locality=locality,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()

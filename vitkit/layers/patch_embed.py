@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from einops.layers.torch import Rearrange
 from torch import nn
 
@@ -21,15 +22,24 @@ class PatchEmbed(nn.Module):
         in_chans: image channels ``C``.
         embed_dim: token width ``D``.
         norm: apply a LayerNorm to the tokens.
+        shifted: Shifted Patch Tokenization (Lee et al. 2021, https://arxiv.org/abs/2112.13492):
+            the image and four copies shifted by half a patch diagonally (zero-filled) are
+            stacked on the channels, so every token also sees its neighbours' borders; the
+            ``5 * C * p1 * p2`` patch vectors are LayerNormed before the projection.
     """
 
-    def __init__(self, patch_size: Pair = 16, in_chans: int = 3, embed_dim: int = 768, norm: bool = False) -> None:
+    def __init__(
+        self, patch_size: Pair = 16, in_chans: int = 3, embed_dim: int = 768, norm: bool = False, shifted: bool = False
+    ) -> None:
         super().__init__()
         self.patch_size = to_pair(patch_size)
         self.in_chans = in_chans
+        self.shifted = shifted
         p1, p2 = self.patch_size
+        patch_dim = p1 * p2 * in_chans * (1 + len(DIAGONAL_SHIFTS) if shifted else 1)
         self.to_patches = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p1, p2=p2)
-        self.proj = nn.Linear(p1 * p2 * in_chans, embed_dim)
+        self.patch_norm = nn.LayerNorm(patch_dim, eps=1e-6) if shifted else nn.Identity()
+        self.proj = nn.Linear(patch_dim, embed_dim)
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if norm else nn.Identity()
 
     def grid_size(self, height: int, width: int) -> tuple[int, int]:
@@ -52,4 +62,24 @@ class PatchEmbed(nn.Module):
                 f"{tuple(images.shape)}); convert the images or build the model with in_chans={images.shape[1]}."
             )
         self.grid_size(images.shape[2], images.shape[3])
-        return self.norm(self.proj(self.to_patches(images)))
+        if self.shifted:
+            images = torch.cat([images, *shift_diagonally(images, self.patch_size)], dim=1)
+        return self.norm(self.proj(self.patch_norm(self.to_patches(images))))
+
+
+#: The four diagonal directions of Shifted Patch Tokenization, as (down, right) signs.
+DIAGONAL_SHIFTS: tuple[tuple[int, int], ...] = ((-1, -1), (-1, 1), (1, -1), (1, 1))
+
+
+def shift_diagonally(images: torch.Tensor, patch_size: tuple[int, int]) -> list[torch.Tensor]:
+    """``[B, C, H, W]`` images moved by half a patch along each of :data:`DIAGONAL_SHIFTS`,
+    uncovered pixels zero: four ``[B, C, H, W]`` tensors."""
+    half_h, half_w = patch_size[0] // 2, patch_size[1] // 2
+    height, width = images.shape[-2:]
+    padded = F.pad(images, (half_w, half_w, half_h, half_h))
+    # Moving the content down by s rows means reading the padded image from row (half - s).
+    return [
+        padded[..., half_h - down * half_h : half_h - down * half_h + height,
+               half_w - right * half_w : half_w - right * half_w + width]
+        for down, right in DIAGONAL_SHIFTS
+    ]

@@ -17,8 +17,11 @@ class ViTConfig:
     ``num_heads`` is an int (every layer) or one count per layer (pruned models); ``head_dim``
     defaults to ``embed_dim // num_heads`` and is recorded explicitly once heads are pruned.
     ``out_init_scale`` defaults to ``1/sqrt(2 * depth)``, GPT-2's residual-projection scaling.
-    ``init`` names the weight initialisation scheme (:mod:`vitkit.models.init`): ``'vitkit'``,
-    ``'xavier'`` (every projection Xavier-uniform), ``'timm'`` or ``'jax'``.
+    ``shifted_patches`` and ``locality_attention`` are Lee et al. 2021's small-dataset techniques
+    (Shifted Patch Tokenization, Locality Self-Attention; https://arxiv.org/abs/2112.13492); timm
+    has no equal, so such models do not convert to timm.
+    ``init`` names the weight initialisation scheme (:mod:`vitkit.models.init`): ``'vitkit'``
+    (Xavier-uniform, scaled-down ``W_o``), ``'timm'`` or ``'jax'``.
     """
 
     img_size: tuple[int, int] = (224, 224)
@@ -44,6 +47,8 @@ class ViTConfig:
     attn_impl: AttnImpl = "auto"
     out_init_scale: float | None = None
     init: InitScheme = "vitkit"
+    shifted_patches: bool = False
+    locality_attention: bool = False
     norm_eps: float = 1e-6
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -6,9 +6,9 @@ A scheme assigns one rule to each part of the model (:data:`INIT_PARTS`):
 part      ``vitkit``                             ``timm`` (timm's default)   ``jax`` (big_vision/Flax)
 ========  =====================================  ==========================  =========================
 patch     Xavier-uniform                         torch's Conv2d default      LeCun-normal
-qkv       trunc. normal, std 0.02                trunc. normal, std 0.02     Xavier-uniform (fused)
+qkv       Xavier-uniform, per W_q, W_k, W_v      trunc. normal, std 0.02     Xavier-uniform (fused)
 proj      Xavier-uniform x ``out_init_scale``    trunc. normal, std 0.02     Xavier-uniform
-mlp       trunc. normal, std 0.02                trunc. normal, std 0.02     Xavier-uniform
+mlp       Xavier-uniform                         trunc. normal, std 0.02     Xavier-uniform
 head      trunc. normal, std 0.02                trunc. normal, std 0.02     zeros
 ========  =====================================  ==========================  =========================
 
@@ -16,12 +16,11 @@ Biases are zero except the patch projection's under ``timm`` (torch's default, u
 MLP's under ``jax`` (normal, std 1e-6). All schemes draw the learned position embedding from a
 truncated normal (std 0.02) and the class token from N(0, 1e-6), as timm does.
 
-``vitkit`` keeps the Xavier-uniform, scaled-down ``W_o`` the design asks of the attention block
-and the Xavier patch projection (MAE's choice); its qkv and MLP follow timm because measurement
-showed Xavier there slows learning (see the README's initialisation ablation: with AdamW every
-weight moves by about ``lr`` per step, so weights that start 3-4x larger than 0.02 change their
-function 3-4x more slowly early on). ``init_parts`` re-initialises chosen parts only, which is
-how that ablation swaps one part at a time.
+``vitkit`` is Xavier-uniform throughout with a scaled-down ``W_o`` (it writes into the residual
+stream; ``out_init_scale`` is ``1/sqrt(2 * depth)`` in models), and the Xavier patch projection
+of MAE. The README's initialisation ablation compares it with the other schemes and with timm's
+own model at equal steps. :func:`init_parts` re-initialises chosen parts only, which is how that
+ablation swaps one part at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from typing import Literal, get_args
 from timm.layers import lecun_normal_
 from torch import nn
 
-InitScheme = Literal["vitkit", "xavier", "timm", "jax"]
+InitScheme = Literal["vitkit", "timm", "jax"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
 InitPart = Literal["patch", "qkv", "proj", "mlp", "head"]
 INIT_PARTS: tuple[str, ...] = get_args(InitPart)
@@ -95,9 +94,7 @@ def _zero_bias(layer: nn.Linear) -> None:
 
 
 SCHEMES: dict[str, dict[str, LinearRule]] = {
-    "vitkit": {"patch": _xavier, "qkv": _trunc_normal, "proj": _xavier_scaled, "mlp": _trunc_normal,
-               "head": _trunc_normal},
-    "xavier": {"patch": _xavier, "qkv": _xavier_per_projection, "proj": _xavier_scaled, "mlp": _xavier,
+    "vitkit": {"patch": _xavier, "qkv": _xavier_per_projection, "proj": _xavier_scaled, "mlp": _xavier,
                "head": _trunc_normal},
     "timm": {"patch": _torch_default, "qkv": _trunc_normal, "proj": _trunc_normal, "mlp": _trunc_normal,
              "head": _trunc_normal},

@@ -148,6 +148,8 @@ def timm_twin(config: ViTConfig) -> nn.Module:
     with vitkit. Per-layer head counts (pruned models) have no timm equal and raise."""
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
+    if config.shifted_patches or config.locality_attention:
+        raise ValueError("timm's VisionTransformer has no shifted patch tokenization or locality self-attention.")
     heads = config.heads_per_layer()
     if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim:
         raise ValueError(f"timm's VisionTransformer needs one head count dividing embed_dim; this model has {heads}.")

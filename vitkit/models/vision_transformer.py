@@ -41,7 +41,7 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = 1 if config.class_token else 0
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim)
+        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim, shifted=config.shifted_patches)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         num_positions = config.grid_size[0] * config.grid_size[1] + self.num_prefix_tokens
         if config.pos_embed == "learn":
@@ -67,6 +67,7 @@ class VisionTransformer(nn.Module):
                 attn_impl=config.attn_impl,
                 out_init_scale=out_init_scale,
                 norm_eps=config.norm_eps,
+                locality=config.locality_attention,
             )
             for heads, rate in zip(config.heads_per_layer(), rates)
         )
@@ -217,7 +218,7 @@ def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
     d, dim = config.resolved_head_dim(), config.embed_dim
     n = config.grid_size[0] * config.grid_size[1] + (1 if config.class_token else 0)
-    patch_in = config.patch_size[0] * config.patch_size[1] * config.in_chans
+    patch_in = config.patch_size[0] * config.patch_size[1] * config.in_chans * (5 if config.shifted_patches else 1)
     hidden = int(dim * config.mlp_ratio)
     macs = (n - (1 if config.class_token else 0)) * patch_in * dim
     for h in heads:
