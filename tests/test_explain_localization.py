@@ -52,5 +52,38 @@ def test_evaluate_localization_scores_each_dataset_image_against_its_own_box(see
     boxes = torch.as_tensor(dataset.boxes[:5], dtype=torch.float32)
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / (32 * 32)
     torch.testing.assert_close(scores.box_area, areas)
-    maps = explain(model, torch.stack([dataset[i][0] for i in range(5)]), "grad_rollout")
+    images = torch.stack([dataset[i][0] for i in range(5)])
+    labels = torch.tensor([dataset[i][1] for i in range(5)])
+    maps = explain(model, images, "grad_rollout", target=labels)  # the pointing game cues the true class
     torch.testing.assert_close(scores.mass_in_box, localization_scores(maps, boxes).mass_in_box)
+
+
+def test_pointing_tolerance_counts_near_misses_by_euclidean_distance() -> None:
+    from vitkit.explain.localization import localization_scores, pointing_tolerance
+
+    maps = torch.zeros(3, 10, 10)
+    maps[0, 2, 7] = 1.0  # 2 px right of the box's last column (x = 5)
+    maps[1, 7, 7] = 1.0  # 2 px right and 2 px below: distance sqrt(8) = 2.83
+    maps[2, 4, 4] = 1.0  # inside
+    boxes = torch.tensor([[2, 2, 6, 6]] * 3)
+    assert localization_scores(maps, boxes).pointing.tolist() == [False, False, True]
+    assert localization_scores(maps, boxes, tolerance=2).pointing.tolist() == [True, False, True]
+    assert localization_scores(maps, boxes, tolerance=3).pointing.tolist() == [True, True, True]
+    assert pointing_tolerance((224, 224)) == 15 and pointing_tolerance((32, 32)) == 2
+
+
+def test_localization_explains_the_label_by_default(monkeypatch) -> None:
+    from vitkit.explain import localization
+
+    seen = []
+
+    def spy(model, images, method, target=None, **options):
+        seen.append(target)
+        return torch.ones(len(images), 32, 32)
+
+    monkeypatch.setattr(localization, "explain", spy)
+    dataset = torch.utils.data.TensorDataset(torch.zeros(4, 3, 32, 32), torch.tensor([3, 1, 4, 1]))
+    boxes = torch.tensor([[0, 0, 8, 8]] * 4)
+    localization.evaluate_localization(None, dataset, boxes, "grad_rollout")
+    localization.evaluate_localization(None, dataset, boxes, "grad_rollout", explain_class="predicted")
+    assert seen[0].tolist() == [3, 1, 4, 1] and seen[1] is None

@@ -59,9 +59,9 @@ def test_attention_maps_on_mixed_folder_writes_figures_and_names_the_broken_file
     assert code == 1
     written = sorted(p.name for p in out.iterdir())
     assert written == ["gray_jpg.png", "rgb_png.png", "rgba_png.png"]
-    # image + rollout + grad rollout in the first row, 3 heads in the second: 32 px images shown 4x
+    # image + rollout + grad rollout + Chefer in the first row, 3 heads in the second: 32 px shown 4x
     with Image.open(out / "rgb_png.png") as figure:
-        assert figure.mode == "RGB" and figure.width == 3 * (128 + 6) + 6 and figure.height > 2 * 128
+        assert figure.mode == "RGB" and figure.width == 4 * (128 + 6) + 6 and figure.height > 2 * 128
     err = capsys.readouterr().err
     assert "broken.png" in err and "1 file(s) could not be read" in err
 
@@ -130,8 +130,25 @@ def test_localization_tool_prints_trained_and_random_rows(checkpoint: Path, tmp_
     out = tmp_path / "loc"
     assert tool_main("localization")(["--checkpoint", str(checkpoint), "--num-images", "8", "--out", str(out)]) == 0
     table = (out / "localization.md").read_text()
-    assert table in capsys.readouterr().out
-    for row in ("| trained | rollout |", "| trained | grad_rollout |", "| random weights | rollout |"):
+    printed = capsys.readouterr().out
+    assert table in printed and "explaining the label class, pointing tolerance 2 px" in printed
+    for row in ("| trained | rollout |", "| trained | grad_rollout |", "| trained | chefer |",
+                "| random weights | rollout |"):
         assert row in table
     with open(out / "localization.csv") as handle:
-        assert len(list(csv.DictReader(handle))) == 4
+        assert len(list(csv.DictReader(handle))) == 6
+
+
+def test_attention_maps_tool_works_on_a_model_whose_last_block_lost_every_head(
+    mixed_folder: Path, tmp_path: Path
+) -> None:
+    model = tiny_shapes_model()
+    model.blocks[-1].attn.prune_heads(list(range(model.blocks[-1].attn.num_heads)))
+    checkpoint = save_tiny(model, tmp_path / "pruned.safetensors")
+    out = tmp_path / "maps"
+    image = str(mixed_folder / "rgb.png")
+    assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out)]) == 0
+    with Image.open(out / "rgb_png.png") as figure:  # one row: image, rollout, grad rollout, Chefer; no heads
+        assert figure.width == 4 * (128 + 6) + 6 and figure.height < 2 * 128
+    assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out), "--layer", "0",
+                                        "--method", "heads"]) == 0

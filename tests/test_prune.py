@@ -166,7 +166,8 @@ def test_least_scored_skips_gated_off_heads() -> None:
 def test_iterative_pruning_removes_heads_every_step_and_records_costs(seed: int) -> None:
     model = tiny_model()
     data = toy_batches()
-    records = iterative_pruning(model, data, step_fraction=0.3, speed_batch=data[0][0], progress=False)
+    records = iterative_pruning(model, data, step_fraction=0.3, eval_loader=data, speed_batch=data[0][0],
+                                progress=False)
     heads_left = [r.heads_left for r in records]
     assert heads_left[0] == DEPTH * HEADS and heads_left[-1] == 0
     assert all(a > b for a, b in zip(heads_left, heads_left[1:]))
@@ -179,9 +180,10 @@ def test_iterative_pruning_removes_heads_every_step_and_records_costs(seed: int)
 
 def test_iterative_pruning_stops_at_min_heads_and_follows_the_scorer(seed: int) -> None:
     model = tiny_model()
-    records = iterative_pruning(model, toy_batches(), scorer=random_scorer(0), min_heads=3, progress=False)
+    data = toy_batches()
+    records = iterative_pruning(model, data, eval_loader=data, scorer=random_scorer(0), min_heads=3, progress=False)
     assert records[-1].heads_left == 3
-    again = iterative_pruning(model, toy_batches(), scorer=random_scorer(0), min_heads=3, progress=False)
+    again = iterative_pruning(model, data, eval_loader=data, scorer=random_scorer(0), min_heads=3, progress=False)
     assert [r.pruned for r in again] == [r.pruned for r in records]
 
 
@@ -189,12 +191,30 @@ def test_within_budget_picks_the_most_pruned_step_inside_the_drop() -> None:
     def step(fraction: float, accuracy: float) -> PruningStep:
         return PruningStep(0, 0, fraction, accuracy, 0, 0, None, [])
 
-    records = [step(0.0, 90.0), step(0.2, 89.5), step(0.4, 88.5), step(0.6, 89.2), step(0.8, 80.0)]
+    records = [step(0.0, 90.0), step(0.2, 89.5), step(0.4, 89.1), step(0.6, 89.2), step(0.8, 80.0)]
     assert within_budget(records, 1.0).fraction_pruned == 0.6
 
 
+def test_within_budget_stops_at_the_first_step_over_the_drop() -> None:
+    def step(fraction: float, accuracy: float) -> PruningStep:
+        return PruningStep(0, 0, fraction, accuracy, 0, 0, None, [])
+
+    # 0.4 fails the budget; 0.6 passes again by luck and must not be chosen.
+    records = [step(0.0, 90.0), step(0.2, 89.5), step(0.4, 88.5), step(0.6, 89.2), step(0.8, 80.0)]
+    assert within_budget(records, 1.0).fraction_pruned == 0.2
+    assert within_budget(records[:1] + [step(0.2, 70.0)], 1.0).fraction_pruned == 0.0
+
+
+def test_scoring_data_is_never_the_default_evaluation_data() -> None:
+    import inspect
+
+    for function in (iterative_pruning, redundancy_test):
+        parameter = inspect.signature(function).parameters["eval_loader"]
+        assert parameter.default is inspect.Parameter.empty, function.__name__
+
+
 def test_redundancy_test_halves_every_layer(seed: int) -> None:
-    result = redundancy_test(tiny_model(), toy_batches())
+    result = redundancy_test(tiny_model(), toy_batches(), eval_loader=toy_batches())
     assert result.heads_before == DEPTH * HEADS and result.heads_after == DEPTH * HEADS // 2
     assert {layer: len(h) for layer, h in result.pruned.items()} == {0: 2, 1: 2}
     assert result.change == result.accuracy_pruned - result.accuracy_full

@@ -40,6 +40,15 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
     summary = json.loads((out / "summary.json").read_text())
     assert summary["heads"] == [4, 0]  # a 100-point budget allows pruning every head
     assert summary["speedup"] > 0 and summary["parameters"][1] < summary["parameters"][0]
+    assert (summary["scored_on"], summary["selected_on"], summary["reported_on"]) == ("train", "val", "test")
+    assert summary["max_drop"] == 100 and len(summary["val_acc"]) == 2 and len(summary["test_acc"]) == 2
+    # The reported test accuracy of the unpruned model is its accuracy on the digits test split.
+    from vitkit.prune.evaluate import eval_loaders, evaluate_accuracy
+    from vitkit.train.evaluate import data_config_for
+
+    splits = eval_loaders(data_config_for(extra, []))
+    assert summary["test_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.test))
+    assert summary["val_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.val))
     pruned, saved_extra = load_for_inference(out / "pruned.safetensors")
     assert pruned.heads_per_layer() == [0, 0]
     assert saved_extra["recipe"] == "tiny" and saved_extra["pruning"]["heads_per_layer"] == [0, 0]
@@ -99,3 +108,26 @@ def test_summarise_gives_mean_and_sample_std_per_head_count() -> None:
     assert [row["heads"] for row in rows] == [2, 4]
     assert rows[1]["test acc (%)"] == "91.00 ± 1.41" and rows[1]["seeds"] == 2
     assert markdown_table(rows).splitlines()[2].startswith("| 2 | 64 | 1 | 88.00 ± 0.00 |")
+
+
+@pytest.mark.slow
+def test_prune_heads_tool_reports_no_test_accuracy_without_a_test_split(tmp_path: Path, load_tool, capsys) -> None:
+    from PIL import Image
+
+    root = tmp_path / "folder"
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            (root / split / label).mkdir(parents=True)
+            for index in range(4):
+                Image.new("L", (8, 8), 60 * index + (100 if label == "a" else 0)).save(root / split / label / f"{index}.png")
+    model = vitkit.create_model("vit_cifar_tiny", img_size=8, in_chans=1, patch_size=4, embed_dim=16, depth=1,
+                                num_heads=2, num_classes=2)
+    data = {"name": "imagefolder", "root": str(root), "img_size": 8, "in_chans": 1, "num_workers": 0}
+    checkpoint = vitkit.save_model(model, tmp_path / "m.safetensors", extra={"dataset": "imagefolder", "data_config": data})
+    out = tmp_path / "prune"
+    code = load_tool("prune_heads").main(["--checkpoint", str(checkpoint), "--out", str(out), "--random-seeds", "1",
+                                          "--rounds", "1", "--step-fraction", "0.5"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["test_acc"] is None and summary["reported_on"] is None
+    assert "no held-out test split" in capsys.readouterr().err

@@ -6,7 +6,7 @@
 Every (head count, seed) pair trains the recipe with ``model.embed_dim=<--embed-dim>``,
 ``model.num_heads=h`` and ``trainer.seed=s`` on top of the given overrides, so the head width is
 ``embed_dim / h``. Each run is then put through the quick redundancy test: the least important
-half of every layer's heads (Michel et al. 2019 importance, on the validation split) is pruned
+half of every layer's heads (Michel et al. 2019 importance, scored on the training images) is pruned
 and the test accuracy compared with the full model's.
 
 Writes to --out: runs.csv (one row per run), summary.csv and summary.md (mean ± std over seeds per
@@ -53,13 +53,14 @@ def run(args: argparse.Namespace) -> list[SweepRun]:
             f"output.dir={out / 'runs'}", *args.overrides]
     # Fail on a bad recipe or head count before the first run trains.
     configs = [load_recipe(args.recipe, [*base, f"model.num_heads={heads}"]) for heads in args.heads]
-    val, test, _ = eval_loaders(configs[0].data)
+    splits = eval_loaders(configs[0].data)
+    held_out = splits.test if splits.test is not None else splits.val
     runs = []
     # Seed-major order: stopped early, runs.csv still covers every head count.
     jobs = [(heads, seed) for seed in range(args.seeds) for heads in args.heads]
     for heads, seed in tqdm(jobs, desc="head sweep"):
         result = train(args.recipe, [*base, f"model.num_heads={heads}", f"trainer.seed={seed}"])
-        redundancy = redundancy_test(result.model, val, eval_loader=test)
+        redundancy = redundancy_test(result.model, splits.train, eval_loader=held_out)
         runs.append(SweepRun(
             heads=heads,
             head_dim=result.model.config.resolved_head_dim(),

@@ -6,8 +6,9 @@
         cat.jpg dog.png --out maps/ --method all --layer -1 --discard-ratio 0.9
 
 Each PNG shows the image as the model saw it, the attention-rollout overlay, the gradient-rollout
-overlay for the predicted (or ``--target``) class and the per-head class-token attention of block
-``--layer``, titled with the predicted class and its probability. Unreadable files are reported by
+and Chefer et al. relevance overlays for the predicted (or ``--target``) class and the per-head
+attention of block ``--layer`` (left out when that block's heads were all pruned), titled with the
+predicted class and its probability. Maps are read out as the model pools (class token or average). Unreadable files are reported by
 name and skipped; the exit code is 1 if any failed.
 """
 
@@ -25,7 +26,7 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from vitkit import VisionTransformer  # noqa: E402
 from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image  # noqa: E402
-from vitkit.explain import HEAD_FUSIONS, capture_attention, maps_from_capture  # noqa: E402
+from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture  # noqa: E402
 from vitkit.explain.cli import add_model_arguments, display_image, find_images, load_explained_model  # noqa: E402
 from vitkit.explain.render import attention_figure  # noqa: E402
 from vitkit.train.evaluate import data_config_for  # noqa: E402
@@ -40,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also explain the first N test images of the dataset the checkpoint was trained on",
     )
     parser.add_argument("--out", required=True, help="output folder for the PNGs")
-    parser.add_argument("--method", choices=("rollout", "grad_rollout", "heads", "all"), default="all")
+    parser.add_argument("--method", choices=(*METHODS, "all"), default="all")
     parser.add_argument("--layer", type=int, default=-1, help="block shown in the per-head grid (default: last)")
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="rollout: how heads are combined")
     parser.add_argument(
@@ -75,10 +76,14 @@ def render_batch(
     out: Path,
 ) -> None:
     """Capture one batch of ``(path, preprocessed image)`` and write one figure per image."""
-    methods = ("rollout", "grad_rollout", "heads") if args.method == "all" else (args.method,)
+    methods = METHODS if args.method == "all" else (args.method,)
+    if args.method == "all" and model.heads_per_layer()[args.layer] == 0:
+        methods = tuple(m for m in methods if m != "heads")  # that block's heads were all pruned
     images = torch.stack([image for _, image in batch])
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-        capture = capture_attention(model, images, args.target, with_gradients="grad_rollout" in methods)
+        capture = capture_attention(
+            model, images, args.target, with_gradients=any(m in GRADIENT_METHODS for m in methods)
+        )
     options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
     maps = {method: maps_from_capture(capture, method, **options) for method in methods}
     probabilities = capture.logits.softmax(dim=-1)
@@ -90,8 +95,9 @@ def render_batch(
         panels = []
         if "rollout" in maps:
             panels.append(("attention rollout", maps["rollout"][index]))
-        if "grad_rollout" in maps:
-            panels.append((f"grad rollout: {names[int(capture.targets[index])]}", maps["grad_rollout"][index]))
+        for method, label in (("grad_rollout", "grad rollout"), ("chefer", "Chefer et al.")):
+            if method in maps:
+                panels.append((f"{label}: {names[int(capture.targets[index])]}", maps[method][index]))
         heads = maps["heads"][index] if "heads" in maps else None
         picture = display_image(image, info)
         attention_figure(picture, panels, heads, layer, title, out / f"{path.stem}_{path.suffix.lstrip('.')}.png")

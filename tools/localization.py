@@ -5,8 +5,11 @@
         model.patch_size=4 --out loc/              # trains first, then scores
 
 On the test split of the ``shapes`` dataset (each image's object box known), every method's map is
-scored with the pointing game (is the map's maximum inside the box) and the share of map mass in
-the box, for the trained model and for the same architecture with random weights. The chance
+scored with the pointing game (is the map's maximum within ``--tolerance`` pixels of the box; the
+gradient methods explain the ground-truth label, Zhang et al. 2016's protocol, or with
+``--explain predicted`` the prediction) and the share of map mass in the box, for the trained
+model and, as a model-randomisation sanity check (Adebayo et al. 2018, arXiv 1810.03292), for the
+same architecture with random weights. The chance
 level of the mass share is the box's share of the image. Prints a Markdown table and, with
 ``--out``, writes ``localization.csv`` and ``localization.md``.
 """
@@ -25,11 +28,12 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 from vitkit import VisionTransformer  # noqa: E402
 from vitkit.data import build_datasets  # noqa: E402
 from vitkit.explain import HEAD_FUSIONS, evaluate_localization  # noqa: E402
+from vitkit.explain.localization import pointing_tolerance  # noqa: E402
 from vitkit.prune.report import markdown_table, write_csv  # noqa: E402
 from vitkit.train import load_for_inference, train  # noqa: E402
 from vitkit.train.evaluate import data_config_for  # noqa: E402
 
-METHODS = ("rollout", "grad_rollout")
+METHODS = ("rollout", "grad_rollout", "chefer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,6 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     parser.add_argument("--discard-ratio", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-weight model")
+    parser.add_argument("--explain", choices=("label", "predicted"), default="label",
+                        help="class the gradient methods explain (the pointing game cues the true label)")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="pointing-game tolerance in pixels (default: TorchRay's 15 px at 224 px, scaled)")
     parser.add_argument("--out", help="folder for localization.csv / localization.md")
     return parser.parse_args(argv)
 
@@ -60,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(args.seed)
     models = {"trained": model, "random weights": VisionTransformer(model.config).eval()}
-    options = dict(head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
+    tolerance = args.tolerance if args.tolerance is not None else pointing_tolerance(tuple(extra["img_size"]))
+    options = dict(head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, explain_class=args.explain,
+                   tolerance=tolerance)
     rows: list[dict[str, object]] = []
     for name, candidate in models.items():
         for method in METHODS:
@@ -74,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                 "box area % (chance)": f"{summary['box_area']:.1f}",
             })
     table = markdown_table(rows)
-    print(f"{len(scores.pointing)} test images of {extra.get('dataset')!r}, model {checkpoint}\n\n{table}", end="")
+    print(f"{len(scores.pointing)} test images of {extra.get('dataset')!r}, model {checkpoint}, explaining the "
+          f"{args.explain} class, pointing tolerance {tolerance:g} px\n\n{table}", end="")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

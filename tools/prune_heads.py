@@ -9,15 +9,19 @@ and with the paper's per-layer L2 normalisation (which spreads the pruning evenl
 raw scores rank across layers better when layers differ a lot, as in the quickstart ViT);
 random (several seeds, mean ± std band); attention entropy, highest first (a near-uniform head
 only averages the image's values, which the residual stream and the other heads can stand in
-for; --entropy-order low prunes the focused heads first instead). Heads are scored on the
-validation split and accuracy is measured on the test split, on the physically pruned model.
-The data are rebuilt from the options saved with the model (--data overrides them).
+for; --entropy-order low prunes the focused heads first instead).
 
-Writes to --out: curves.csv, curves.png, pruned.safetensors (the model pruned in raw-importance
-order with the most heads removed whose test accuracy is within --max-drop points of the
-unpruned model's; its metadata are kept, with a "pruning" entry added) and summary.json
-(parameters, FLOPs, and the speed-up measured by timing both models on the same batch,
-interleaved, median of --rounds).
+Protocol: heads are scored on the training images (no augmentation), the curves are validation
+accuracy of the physically pruned model, the pruning depth is chosen on the validation split
+(the deepest step such that it and every shallower step stay within --max-drop points of the
+unpruned model), and accuracy is reported on the test split, which chose nothing. Without a
+held-out test split (an image folder without test/) the test accuracy is null, and the tool says
+so. The data are rebuilt from the options saved with the model (--data overrides them).
+
+Writes to --out: curves.csv, curves.png, pruned.safetensors (the chosen raw-importance step; the
+model's metadata are kept, with a "pruning" entry added) and summary.json (scored_on, selected_on,
+reported_on, val_acc and test_acc as [unpruned, pruned], parameters, FLOPs, and the speed-up
+measured by timing both models on the same batch, interleaved, median of --rounds).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from vitkit.prune import (  # noqa: E402
     time_forward,
     within_budget,
 )
-from vitkit.prune.evaluate import eval_loaders  # noqa: E402
+from vitkit.prune.evaluate import eval_loaders, evaluate_accuracy  # noqa: E402
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv  # noqa: E402
 from vitkit.train import RecipeError, UnsafeCheckpointError, load_for_inference  # noqa: E402
 from vitkit.train.artifacts import write_json  # noqa: E402
@@ -71,28 +75,35 @@ def run(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     model, extra = load_for_inference(args.checkpoint)
-    val, test, info = eval_loaders(data_config_for(extra, args.data), args.batch_size)
-    timing_batch = next(iter(test))[0]
-    common = dict(eval_loader=test, step_fraction=args.step_fraction, max_batches=args.max_batches)
-    raw = importance_scorer(val, normalize_layers=False, max_batches=args.max_batches)
-    importance = iterative_pruning(model, val, scorer=raw, speed_batch=timing_batch, **common)
+    splits = eval_loaders(data_config_for(extra, args.data), args.batch_size)
+    train, val, info = splits.train, splits.val, splits.info
+    if splits.test is None:
+        print(f"note: {info.name!r} has no held-out test split; test accuracy is not reported (null), "
+              "since the validation split already chose the pruning depth.", file=sys.stderr)
+    timing_batch = next(iter(val))[0]
+    common = dict(eval_loader=val, step_fraction=args.step_fraction, max_batches=args.max_batches)
+    raw = importance_scorer(train, normalize_layers=False, max_batches=args.max_batches)
+    importance = iterative_pruning(model, train, scorer=raw, speed_batch=timing_batch, **common)
     curves = {"importance": [importance]}
-    michel = importance_scorer(val, normalize_layers=True, max_batches=args.max_batches)
-    curves["importance, per-layer L2"] = [iterative_pruning(model, val, scorer=michel, **common)]
+    michel = importance_scorer(train, normalize_layers=True, max_batches=args.max_batches)
+    curves["importance, per-layer L2"] = [iterative_pruning(model, train, scorer=michel, **common)]
     seeds = range(args.random_seeds)
-    curves["random"] = [iterative_pruning(model, val, scorer=random_scorer(seed), **common) for seed in seeds]
-    entropy = entropy_scorer(val, highest_first=args.entropy_order == "high", max_batches=args.max_batches)
-    curves[f"entropy ({args.entropy_order}est first)"] = [iterative_pruning(model, val, scorer=entropy, **common)]
+    curves["random"] = [iterative_pruning(model, train, scorer=random_scorer(seed), **common) for seed in seeds]
+    entropy = entropy_scorer(train, highest_first=args.entropy_order == "high", max_batches=args.max_batches)
+    curves[f"entropy ({args.entropy_order}est first)"] = [iterative_pruning(model, train, scorer=entropy, **common)]
 
     out = Path(args.out)
     rows = [row for label, runs in curves.items() for seed, records in enumerate(runs)
             for row in curve_rows(label, seed if label == "random" else None, records)]
     write_csv(out / "curves.csv", rows)
-    title = f"{extra.get('recipe', 'model')} on {info.name}: {sum(model.heads_per_layer())} heads"
+    title = f"{extra.get('recipe', 'model')} on {info.name}: {sum(model.heads_per_layer())} heads (validation split)"
     plot_pruning_curves(curves, out / "curves.png", max_drop=args.max_drop, title=title)
 
     chosen = within_budget(importance, args.max_drop)
     pruned = prune_heads(copy.deepcopy(model), chosen.pruned)
+    test_acc = None
+    if splits.test is not None:
+        test_acc = [evaluate_accuracy(m, splits.test, max_batches=args.max_batches) for m in (model, pruned)]
     seconds_full, seconds_pruned = time_forward([model, pruned], timing_batch, rounds=args.rounds)
     pruning = {
         "source": str(args.checkpoint),
@@ -105,7 +116,11 @@ def run(args: argparse.Namespace) -> dict:
         **pruning,
         "heads": [sum(model.heads_per_layer()), chosen.heads_left],
         "fraction_pruned": round(chosen.fraction_pruned, 4),
-        "test_acc": [importance[0].accuracy, chosen.accuracy],
+        "scored_on": "train",
+        "selected_on": "val",
+        "reported_on": "test" if test_acc is not None else None,
+        "val_acc": [importance[0].accuracy, chosen.accuracy],
+        "test_acc": test_acc,
         "parameters": [count_parameters(model), count_parameters(pruned)],
         "flops": [vit_flops(model.config), vit_flops(pruned.config)],
         "timing_batch": len(timing_batch),
@@ -124,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, UnsafeCheckpointError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    (full, kept), (acc_full, acc_kept) = summary["heads"], summary["test_acc"]
-    print(f"pruned {full - kept}/{full} heads within {args.max_drop:g} pt: test accuracy {acc_full:.2f}% -> "
-          f"{acc_kept:.2f}%, parameters {summary['parameters'][0]:,} -> {summary['parameters'][1]:,}, "
+    (full, kept) = summary["heads"]
+    split, (acc_full, acc_kept) = ("test", summary["test_acc"]) if summary["test_acc"] else ("val", summary["val_acc"])
+    print(f"pruned {full - kept}/{full} heads within {args.max_drop:g} pt (chosen on val): {split} accuracy "
+          f"{acc_full:.2f}% -> {acc_kept:.2f}%, parameters {summary['parameters'][0]:,} -> {summary['parameters'][1]:,}, "
           f"speed-up x{summary['speedup']:.2f} (batch {summary['timing_batch']}, median of {args.rounds} rounds)")
     print(json.dumps(summary))
     print(f"wrote {Path(args.out) / 'curves.csv'}, curves.png, pruned.safetensors and summary.json")

@@ -1,5 +1,5 @@
-"""Explaining ViT predictions: attention rollout, gradient rollout, per-head maps, head
-diagnostics and localisation scores.
+"""Explaining ViT predictions: attention rollout, gradient rollout, Chefer et al. relevance,
+per-head maps, head diagnostics and localisation scores.
 
 Pure functions work on captured ``[B, H, N, N]`` attention tensors (:mod:`.rollout`,
 :mod:`.head_stats`, :mod:`.localization`); :mod:`.maps` runs a model to capture them and returns
@@ -8,12 +8,30 @@ maps at image resolution; :mod:`.render` draws figures.
 
 from .head_stats import HeadStats, HeadThresholds, attention_statistics, head_warnings, model_head_stats
 from .localization import LocalizationScores, evaluate_localization, localization_scores
-from .maps import METHODS, AttentionCapture, capture_attention, explain, maps_from_capture, to_image_grid
-from .rollout import HEAD_FUSIONS, attention_rollout, grad_rollout, per_head_maps
+from .maps import (
+    GRADIENT_METHODS,
+    METHODS,
+    AttentionCapture,
+    capture_attention,
+    explain,
+    maps_from_capture,
+    to_image_grid,
+)
+from .rollout import (
+    HEAD_FUSIONS,
+    POOLINGS,
+    attention_rollout,
+    chefer_relevance,
+    grad_rollout,
+    per_head_maps,
+    read_out,
+)
 
 __all__ = [
+    "GRADIENT_METHODS",
     "HEAD_FUSIONS",
     "METHODS",
+    "POOLINGS",
     "AttentionCapture",
     "HeadStats",
     "HeadThresholds",
@@ -21,6 +39,7 @@ __all__ = [
     "attention_rollout",
     "attention_statistics",
     "capture_attention",
+    "chefer_relevance",
     "evaluate_localization",
     "explain",
     "grad_rollout",
@@ -29,5 +48,6 @@ __all__ = [
     "maps_from_capture",
     "model_head_stats",
     "per_head_maps",
+    "read_out",
     "to_image_grid",
 ]

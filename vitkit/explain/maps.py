@@ -2,23 +2,27 @@
 
 ``capture_attention`` runs ``model(images, return_attention=True)`` once and, when asked, one
 backward pass from the target logits to the attention tensors; ``maps_from_capture`` turns the
-capture into rollout, gradient-rollout or per-head maps on the image's pixel grid, so the three
-kinds can share one forward pass. ``explain`` does both in one call.
+capture into rollout, gradient-rollout, Chefer et al. relevance or per-head maps on the image's
+pixel grid, so the kinds can share one forward pass. ``explain`` does both in one call. Every map
+is read out as the model pools (class token or average of the patch tokens, see
+:func:`~vitkit.explain.rollout.read_out`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
 from ..models import VisionTransformer
-from .rollout import HeadFusion, attention_rollout, grad_rollout, per_head_maps
+from .rollout import HeadFusion, Pooling, attention_rollout, chefer_relevance, grad_rollout, per_head_maps
 
-Method = Literal["rollout", "grad_rollout", "heads"]
-METHODS: tuple[str, ...] = ("rollout", "grad_rollout", "heads")
+Method = Literal["rollout", "grad_rollout", "chefer", "heads"]
+METHODS: tuple[str, ...] = get_args(Method)
+#: Methods that need the gradients of the target logit with respect to the attention.
+GRADIENT_METHODS: tuple[str, ...] = ("grad_rollout", "chefer")
 Target = int | torch.Tensor | None
 
 
@@ -34,6 +38,7 @@ class AttentionCapture:
         grid: patch grid ``(gh, gw)`` with ``gh * gw = N - num_prefix_tokens``.
         image_size: ``(H, W)`` of the input images.
         num_prefix_tokens: tokens before the patches.
+        pooling: the model's ``global_pool`` (``'token'`` or ``'avg'``), which decides the read-out.
     """
 
     logits: torch.Tensor
@@ -43,6 +48,7 @@ class AttentionCapture:
     grid: tuple[int, int]
     image_size: tuple[int, int]
     num_prefix_tokens: int
+    pooling: Pooling = "token"
 
     @property
     def probabilities(self) -> torch.Tensor:
@@ -87,7 +93,10 @@ def capture_attention(
         gradients = None
         if with_gradients:
             selected = logits.gather(1, targets[:, None]).sum()
-            gradients = [g.detach() for g in torch.autograd.grad(selected, attentions)]
+            # A block with every head pruned returns an empty tensor outside the graph: no gradient.
+            in_graph = [a for a in attentions if a.requires_grad]
+            grads = iter(torch.autograd.grad(selected, in_graph))
+            gradients = [next(grads).detach() if a.requires_grad else torch.zeros_like(a) for a in attentions]
     return AttentionCapture(
         logits=logits.detach().float(),
         targets=targets,
@@ -96,6 +105,7 @@ def capture_attention(
         grid=grid,
         image_size=(images.shape[2], images.shape[3]),
         num_prefix_tokens=model.num_prefix_tokens,
+        pooling=model.config.global_pool,
     )
 
 
@@ -115,19 +125,21 @@ def maps_from_capture(
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
 ) -> torch.Tensor:
-    """Maps at image resolution: ``[B, H, W]`` for ``rollout`` / ``grad_rollout`` (each in
-    ``[0, 1]``), ``[B, heads, H, W]`` raw class-token attention of block ``layer`` for ``heads``."""
-    prefix = capture.num_prefix_tokens
-    if method == "rollout":
-        maps = attention_rollout(capture.attentions, head_fusion, discard_ratio, prefix)
-    elif method == "grad_rollout":
-        if capture.gradients is None:
-            raise ValueError("grad_rollout needs gradients: capture with capture_attention(..., with_gradients=True).")
-        maps = grad_rollout(capture.attentions, capture.gradients, discard_ratio, prefix)
-    elif method == "heads":
-        maps = per_head_maps(capture.attentions, layer, prefix)
-    else:
+    """Maps at image resolution: ``[B, H, W]`` for ``rollout`` / ``grad_rollout`` / ``chefer``
+    (each in ``[0, 1]``), ``[B, heads, H, W]`` raw attention of block ``layer`` for ``heads``."""
+    prefix, pooling = capture.num_prefix_tokens, capture.pooling
+    if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+    if method in GRADIENT_METHODS and capture.gradients is None:
+        raise ValueError(f"{method} needs gradients: capture with capture_attention(..., with_gradients=True).")
+    if method == "rollout":
+        maps = attention_rollout(capture.attentions, head_fusion, discard_ratio, prefix, pooling)
+    elif method == "grad_rollout":
+        maps = grad_rollout(capture.attentions, capture.gradients, discard_ratio, prefix, pooling)
+    elif method == "chefer":
+        maps = chefer_relevance(capture.attentions, capture.gradients, prefix, pooling)
+    else:
+        maps = per_head_maps(capture.attentions, layer, prefix, pooling)
     return to_image_grid(maps, capture.grid, capture.image_size)
 
 
@@ -146,12 +158,12 @@ def explain(
     Args:
         model: a vitkit ``VisionTransformer`` in eval mode.
         images: ``[B, C, H, W]``, any size the model accepts (non-square grids included).
-        method: ``"rollout"``, ``"grad_rollout"`` (for class ``target``) or ``"heads"``.
-        target: ``grad_rollout``'s class: ``None`` = predicted, an int, or ``[B]`` indices.
+        method: ``"rollout"``, ``"grad_rollout"`` or ``"chefer"`` (both for class ``target``) or ``"heads"``.
+        target: the gradient methods' class: ``None`` = predicted, an int, or ``[B]`` indices.
         layer: block shown by ``heads``.
         head_fusion, discard_ratio: rollout options (see :func:`attention_rollout`).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    capture = capture_attention(model, images, target, with_gradients=method == "grad_rollout")
+    capture = capture_attention(model, images, target, with_gradients=method in GRADIENT_METHODS)
     return maps_from_capture(capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio)

@@ -3,13 +3,23 @@
 Rollout (Abnar & Zuidema 2020, https://arxiv.org/abs/2005.00928) treats each layer's head-fused
 attention, with the residual connection added as the identity, ``A_l = norm_rows((F_l + I) / 2)``,
 as a row-stochastic token-to-token mixing matrix (row ``i`` = query token ``i``). The joint
-attention after layer ``l`` is ``J_l = A_l · J_{l-1}`` with ``J_1 = A_1``; the class token's row of
-``J_L`` over the patch tokens is the map. Rows are normalised, not columns: vit-explain's column
-normalisation (``a / a.sum(dim=-1)`` broadcast over the wrong axis) is a known bug.
+attention after layer ``l`` is ``J_l = A_l · J_{l-1}`` with ``J_1 = A_1``. Rows are normalised,
+not columns: vit-explain's column normalisation (``a / a.sum(dim=-1)`` broadcast over the wrong
+axis) is a known bug.
 
-Gradient rollout (vit-explain's ``grad_rollout``, after Chefer et al. 2021,
-https://arxiv.org/abs/2012.09838) fuses the heads as ``mean_h(A ⊙ ∂y_c/∂A)`` with negatives
-clipped, so only attention that raises the target logit ``y_c`` counts.
+Gradient rollout is vit-explain's ``grad_rollout`` (jacobgil/vit-explain): the heads are fused as
+``relu(mean_h(A ⊙ ∂y_c/∂A))`` (head mean *before* the ReLU), then rolled out like attention
+(identity added, rows renormalised). Chefer et al. 2021 ("Generic Attention-model
+Explainability", https://arxiv.org/abs/2103.15679) instead take ``cam = mean_h(relu(∂y_c/∂A ⊙ A))``
+(ReLU *before* the head mean) and accumulate ``R = R + cam · R`` from ``R = I`` without
+renormalising (:func:`chefer_relevance`). The two differ when heads disagree: a head whose
+gradient-weighted attention is negative cancels a positive one in vit-explain's mean, while
+Chefer's ReLU drops it first.
+
+Read-out (:func:`read_out`) follows the classifier's pooling: the class token's row for token
+pooling, the mean of the patch tokens' rows for average pooling (and when there is no class
+token), each restricted to the patch columns. A block whose heads were all pruned is the identity
+(only its residual path remains): rollout uses ``I`` for it and the gradient methods skip it.
 
 All functions are pure: batched, computed in float32 whatever the input dtype (bf16 included),
 inputs never modified.
@@ -18,12 +28,14 @@ inputs never modified.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 HeadFusion = Literal["mean", "max", "min"]
-HEAD_FUSIONS: tuple[str, ...] = ("mean", "max", "min")
+HEAD_FUSIONS: tuple[str, ...] = get_args(HeadFusion)
+Pooling = Literal["token", "avg"]
+POOLINGS: tuple[str, ...] = get_args(Pooling)
 
 
 def fuse_heads(attention: torch.Tensor, head_fusion: HeadFusion = "mean") -> torch.Tensor:
@@ -70,23 +82,43 @@ def add_residual_and_normalize(fused: torch.Tensor) -> torch.Tensor:
     return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mixed.dtype).tiny)
 
 
-def chain_and_read_out(layers: Sequence[torch.Tensor], num_prefix_tokens: int) -> torch.Tensor:
-    """Multiply per-layer ``[B, N, N]`` mixing matrices first to last and read the map.
+def read_out(joint: torch.Tensor, num_prefix_tokens: int, pooling: Pooling) -> torch.Tensor:
+    """The rows of a ``[B, N, N]`` token-to-token matrix that the classifier reads, over the patches.
 
-    The joint matrix is ``A_L ··· A_2 · A_1``; the read-out is the class token's row over the
-    patch tokens (without prefix tokens, where the head averages all tokens, the mean of all
-    rows), divided by its maximum per image. A map with no mass on the patches is all zeros.
+    Token pooling reads the class token's row; average pooling the mean of the patch tokens'
+    rows (all rows when there is no prefix token). Each map is divided by its maximum; a map with
+    no mass on the patches is all zeros.
 
     Returns:
-        ``[B, N - num_prefix_tokens]`` float32 maps in ``[0, 1]``.
+        ``[B, N - num_prefix_tokens]`` float32.
     """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}.")
+    if pooling == "token" and num_prefix_tokens == 0:
+        raise ValueError("token pooling needs a class token (num_prefix_tokens >= 1); use pooling='avg'.")
+    rows = joint[:, 0] if pooling == "token" else joint[:, num_prefix_tokens:].mean(dim=1)
+    patches = rows[:, num_prefix_tokens:]
+    return patches / patches.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(patches.dtype).tiny)
+
+
+def chain_and_read_out(layers: Sequence[torch.Tensor], num_prefix_tokens: int, pooling: Pooling) -> torch.Tensor:
+    """Multiply per-layer ``[B, N, N]`` mixing matrices first to last (``A_L ··· A_2 · A_1``) and
+    :func:`read_out` the joint matrix: ``[B, N - num_prefix_tokens]`` maps in ``[0, 1]``."""
     joint = layers[0]
     with torch.autocast(joint.device.type, enabled=False):  # an enclosing autocast would use bf16
         for layer in layers[1:]:
             joint = layer @ joint
-    rows = joint[:, 0] if num_prefix_tokens > 0 else joint.mean(dim=1)
-    patches = rows[:, num_prefix_tokens:]
-    return patches / patches.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(patches.dtype).tiny)
+    return read_out(joint, num_prefix_tokens, pooling)
+
+
+def _identity_like(attention: torch.Tensor) -> torch.Tensor:
+    """``[B, N, N]`` float32 identities for a ``[B, H, N, N]`` attention tensor."""
+    batch, _, n, _ = attention.shape
+    return torch.eye(n, device=attention.device).expand(batch, n, n)
+
+
+def _pooling_for(num_prefix_tokens: int, pooling: Pooling | None) -> Pooling:
+    return pooling if pooling is not None else ("token" if num_prefix_tokens > 0 else "avg")
 
 
 def _check_stack(attentions: Sequence[torch.Tensor], num_prefix_tokens: int, name: str = "attentions") -> None:
@@ -109,6 +141,7 @@ def attention_rollout(
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
     num_prefix_tokens: int = 1,
+    pooling: Pooling | None = None,
 ) -> torch.Tensor:
     """Attention rollout of a stack of post-softmax attention weights.
 
@@ -119,16 +152,20 @@ def attention_rollout(
         discard_ratio: zero this share of each fused matrix's smallest entries (the class token's
             attention to itself is always kept) before adding the identity.
         num_prefix_tokens: tokens before the patches (1 for a class token, 0 for none).
+        pooling: the model's ``global_pool`` (see :func:`read_out`); ``None``: token pooling
+            with a class token, average pooling without.
 
     Returns:
-        ``[B, N - num_prefix_tokens]`` maps, float32, each divided by its own maximum.
+        ``[B, N - num_prefix_tokens]`` maps, float32, each divided by its own maximum. Blocks
+        without heads (all pruned) count as the identity.
     """
     _check_stack(attentions, num_prefix_tokens)
     layers = [
+        _identity_like(a) if a.shape[1] == 0 else
         add_residual_and_normalize(discard_smallest(fuse_heads(a, head_fusion), discard_ratio, num_prefix_tokens > 0))
         for a in attentions
     ]
-    return chain_and_read_out(layers, num_prefix_tokens)
+    return chain_and_read_out(layers, num_prefix_tokens, _pooling_for(num_prefix_tokens, pooling))
 
 
 def grad_rollout(
@@ -136,18 +173,64 @@ def grad_rollout(
     gradients: Sequence[torch.Tensor],
     discard_ratio: float = 0.0,
     num_prefix_tokens: int = 1,
+    pooling: Pooling | None = None,
 ) -> torch.Tensor:
-    """Gradient-weighted rollout: per layer ``F = relu(mean_h(A ⊙ G))``, then as rollout.
+    """vit-explain's gradient rollout: per layer ``F = relu(mean_h(A ⊙ G))``, then as rollout.
 
     Args:
         attentions: one ``[B, H, N, N]`` tensor per block, in forward order.
         gradients: ``gradients[l]`` = ∂(target logit)/∂``attentions[l]``, same shapes.
         discard_ratio: zero this share of each fused matrix's smallest entries (no exemption).
         num_prefix_tokens: tokens before the patches.
+        pooling: the model's ``global_pool`` (see :func:`attention_rollout`).
 
     Returns:
-        ``[B, N - num_prefix_tokens]`` maps, float32, each divided by its own maximum.
+        ``[B, N - num_prefix_tokens]`` maps, float32, each divided by its own maximum. Blocks
+        without heads count as the identity (the same as skipping them).
     """
+    _check_pairs(attentions, gradients, num_prefix_tokens)
+    layers = [
+        _identity_like(a) if a.shape[1] == 0 else add_residual_and_normalize(
+            discard_smallest((a.float() * g.float()).mean(dim=1).clamp_min(0.0), discard_ratio, keep_cls_self=False)
+        )
+        for a, g in zip(attentions, gradients)
+    ]
+    return chain_and_read_out(layers, num_prefix_tokens, _pooling_for(num_prefix_tokens, pooling))
+
+
+def chefer_relevance(
+    attentions: Sequence[torch.Tensor],
+    gradients: Sequence[torch.Tensor],
+    num_prefix_tokens: int = 1,
+    pooling: Pooling | None = None,
+) -> torch.Tensor:
+    """Chefer et al. 2021 relevance (arXiv 2103.15679, Eq. 5-6 for self-attention encoders).
+
+    For each block in forward order: ``cam = mean_h(relu(G ⊙ A))`` and ``R = R + cam · R``,
+    from ``R = I``, with no row renormalisation; then :func:`read_out` by ``pooling``.
+
+    Args:
+        attentions: one ``[B, H, N, N]`` tensor per block, in forward order.
+        gradients: ∂(target logit)/∂``attentions[l]``, same shapes.
+        num_prefix_tokens: tokens before the patches.
+        pooling: the model's ``global_pool`` (see :func:`attention_rollout`).
+
+    Returns:
+        ``[B, N - num_prefix_tokens]`` maps, float32, each divided by its own maximum. Blocks
+        without heads leave ``R`` unchanged.
+    """
+    _check_pairs(attentions, gradients, num_prefix_tokens)
+    relevance = _identity_like(attentions[0]).clone()
+    with torch.autocast(relevance.device.type, enabled=False):
+        for attention, gradient in zip(attentions, gradients):
+            if attention.shape[1] == 0:
+                continue
+            cam = (gradient.float() * attention.float()).clamp_min(0.0).mean(dim=1)
+            relevance = relevance + cam @ relevance
+    return read_out(relevance, num_prefix_tokens, _pooling_for(num_prefix_tokens, pooling))
+
+
+def _check_pairs(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor], num_prefix_tokens: int) -> None:
     _check_stack(attentions, num_prefix_tokens)
     _check_stack(gradients, num_prefix_tokens, "gradients")
     if len(gradients) != len(attentions):
@@ -158,18 +241,19 @@ def grad_rollout(
                 f"gradients[{index}] has shape {tuple(gradient.shape)} but attentions[{index}] has "
                 f"{tuple(attention.shape)}; each gradient must belong to its own block's attention."
             )
-    fused = [(a.float() * g.float()).mean(dim=1).clamp_min(0.0) for a, g in zip(attentions, gradients)]
-    layers = [add_residual_and_normalize(discard_smallest(f, discard_ratio, keep_cls_self=False)) for f in fused]
-    return chain_and_read_out(layers, num_prefix_tokens)
 
 
-def per_head_maps(attentions: Sequence[torch.Tensor], layer: int, num_prefix_tokens: int = 1) -> torch.Tensor:
-    """Each head's class-token attention over the patch tokens in block ``layer``.
+def per_head_maps(
+    attentions: Sequence[torch.Tensor], layer: int, num_prefix_tokens: int = 1, pooling: Pooling | None = None
+) -> torch.Tensor:
+    """Each head's attention over the patch tokens in block ``layer``, read as the classifier
+    pools: the class token's row (token pooling) or the mean of the patch tokens' rows.
 
     Args:
         attentions: one ``[B, H, N, N]`` tensor per block.
         layer: block index (negative counts from the end).
-        num_prefix_tokens: tokens before the patches; with none, the mean of all query rows.
+        num_prefix_tokens: tokens before the patches.
+        pooling: the model's ``global_pool`` (see :func:`attention_rollout`).
 
     Returns:
         ``[B, H, N - num_prefix_tokens]`` float32 raw attention weights.
@@ -178,5 +262,8 @@ def per_head_maps(attentions: Sequence[torch.Tensor], layer: int, num_prefix_tok
     if not -len(attentions) <= layer < len(attentions):
         raise ValueError(f"layer {layer} is out of range for a model with {len(attentions)} blocks.")
     attention = attentions[layer].float()
-    rows = attention[:, :, 0] if num_prefix_tokens > 0 else attention.mean(dim=2)
+    if attention.shape[1] == 0:
+        raise ValueError(f"block {layer % len(attentions)} has no heads left (all pruned): it has no attention to show.")
+    pooling = _pooling_for(num_prefix_tokens, pooling)
+    rows = attention[:, :, 0] if pooling == "token" else attention[:, :, num_prefix_tokens:].mean(dim=2)
     return rows[:, :, num_prefix_tokens:].clone()

@@ -1,8 +1,11 @@
 """Turn the user-facing mask arguments of attention into one boolean "allowed" mask.
 
-Conventions (the same as :func:`torch.nn.functional.scaled_dot_product_attention`):
-``attn_mask`` True = may attend; ``key_padding_mask`` True = padding (may not be attended);
-``is_causal`` aligns the last query with the last key, so it also works with a KV cache.
+Conventions: ``attn_mask`` True = may attend, as in
+:func:`torch.nn.functional.scaled_dot_product_attention`; ``key_padding_mask`` True = padding (may
+not be attended), as in :class:`torch.nn.MultiheadAttention`. ``is_causal`` differs from SDPA's
+when there are more keys than queries: here the mask is aligned bottom-right (the last query sees
+every key, right for decoding with a KV cache), while SDPA's ``is_causal`` is aligned top-left
+(query ``i`` sees keys ``0..i``). With as many keys as queries the two agree.
 """
 
 from __future__ import annotations

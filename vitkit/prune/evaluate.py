@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from ..bench import interleaved_times
@@ -50,17 +52,31 @@ def batches(loader: Iterable[Batch], max_batches: int | None, desc: str, progres
         yield batch
 
 
-def eval_loaders(config: DataConfig, batch_size: int = 256) -> tuple[DataLoader, DataLoader, DataInfo]:
-    """``(val, test)`` loaders (eval transform, fixed order) and the :class:`DataInfo` of ``config``.
+@dataclass
+class EvalSplits:
+    """Loaders of the three splits, all through the eval transform (no augmentation), fixed order.
 
-    The pruning tools score heads on ``val`` and report accuracy on ``test``, so the heads are
-    not chosen on the images they are judged by.
+    The pruning protocol: heads are scored on ``train``, a pruning depth is chosen on ``val``,
+    and accuracy is reported on ``test``, so no image both chooses and judges. ``test`` is
+    ``None`` when the dataset has no held-out test split (an image folder without ``test/``,
+    whose ``val/`` would otherwise serve twice).
     """
-    bundle = build_datasets(config)
-    val, test = (
-        DataLoader(split, batch_size=batch_size, num_workers=config.num_workers) for split in (bundle.val, bundle.test)
-    )
-    return val, test, bundle.info
+
+    train: DataLoader
+    val: DataLoader
+    test: DataLoader | None
+    info: DataInfo
+
+
+def eval_loaders(config: DataConfig, batch_size: int = 256) -> EvalSplits:
+    """:class:`EvalSplits` of ``config``'s dataset (its augmentation switched off)."""
+    bundle = build_datasets(dataclasses.replace(config, augment=dataclasses.replace(config.augment, enabled=False)))
+
+    def loader(split: Dataset) -> DataLoader:
+        return DataLoader(split, batch_size=batch_size, num_workers=config.num_workers)
+
+    test = None if bundle.test is bundle.val else loader(bundle.test)
+    return EvalSplits(train=loader(bundle.train), val=loader(bundle.val), test=test, info=bundle.info)
 
 
 @torch.no_grad()

@@ -51,7 +51,9 @@ def head_importance(
         model: a :class:`VisionTransformer` (its device is used).
         dataloader: yields ``(images [B, C, H, W], labels [B])``.
         gates: current per-block ``[H_l]`` 0/1 gates; heads gated to 0 get importance 0.
-        normalize_layers: divide each layer's scores by their L2 norm (the paper's code default).
+        normalize_layers: divide each layer's scores by their L2 norm. In Michel et al.'s code
+            this is an opt-in flag (``--normalize_pruning_by_layer``), which their README and
+            Hugging Face's bertology example turn on.
             It equalises the layers, so a global ranking takes about as many heads from each
             layer; when layers differ a lot (the trained quickstart ViT's first-layer heads score
             5-20x its last layer's), raw scores (``False``) rank across layers far better.

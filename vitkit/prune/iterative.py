@@ -122,7 +122,7 @@ def iterative_pruning(
     dataloader: Iterable[Batch],
     step_fraction: float = 0.1,
     *,
-    eval_loader: Iterable[Batch] | None = None,
+    eval_loader: Iterable[Batch],
     scorer: Scorer | None = None,
     min_heads: int = 0,
     speed_batch: torch.Tensor | None = None,
@@ -132,14 +132,20 @@ def iterative_pruning(
     """Gate off the lowest-scoring ``step_fraction`` of the remaining heads, again and again.
 
     Every step removes ``max(1, round(step_fraction * heads_on))`` heads (at least one, so the
-    loop ends) until ``min_heads`` are left, re-scoring under the current gates first. ``model``
+    loop ends) until ``min_heads`` are left, re-scoring under the current gates first: a share of
+    the *remaining* heads, so steps shrink geometrically. Michel et al. and Hugging Face's
+    bertology script remove a share of the *total* heads per step instead (equal steps); pass a
+    larger ``step_fraction`` late, or call this function again, to approximate that. ``model``
     itself is not modified.
 
     Args:
         model: the trained model.
-        dataloader: data the default scorer estimates importance on (``(images, labels)``).
+        dataloader: data the default scorer estimates importance on (``(images, labels)``):
+            training images without augmentation, so heads are not chosen on judged images.
         step_fraction: share of the remaining heads removed per step, in ``(0, 1]``.
-        eval_loader: data for the accuracies (default ``dataloader``).
+        eval_loader: data for the accuracies: held-out images (the validation split when a step
+            is then chosen by accuracy, so the test split stays unseen). Never defaulted to
+            ``dataloader``.
         scorer: head order, default :func:`importance_scorer` on ``dataloader`` with the paper's
             per-layer normalisation; ``importance_scorer(loader, normalize_layers=False)`` ranks
             across layers better when their heads differ a lot in importance.
@@ -155,7 +161,6 @@ def iterative_pruning(
     if not 0.0 < step_fraction <= 1.0:
         raise ValueError(f"step_fraction must lie in (0, 1], got {step_fraction}.")
     scorer = scorer or importance_scorer(dataloader, max_batches=max_batches)
-    eval_loader = dataloader if eval_loader is None else eval_loader
     gates = check_gates(model, full_gates(model))
     total = sum(len(g) for g in gates)
 
@@ -176,7 +181,13 @@ def iterative_pruning(
 
 
 def within_budget(records: Sequence[PruningStep], max_drop: float) -> PruningStep:
-    """The step with the most heads pruned whose accuracy is at most ``max_drop`` percentage
-    points below the unpruned model's (``records[0]``)."""
+    """The deepest step such that it and every shallower step are at most ``max_drop``
+    percentage points below the unpruned model's accuracy (``records[0]``): a step that
+    recovers after a failing one is not taken, since its pass would be luck on that data."""
     floor = records[0].accuracy - max_drop
-    return max((r for r in records if r.accuracy >= floor), key=lambda r: (r.fraction_pruned, r.accuracy))
+    chosen = records[0]
+    for record in records[1:]:
+        if record.accuracy < floor:
+            break
+        chosen = record
+    return chosen

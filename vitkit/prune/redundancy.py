@@ -37,7 +37,7 @@ def redundancy_test(
     model: VisionTransformer,
     dataloader: Iterable[Batch],
     *,
-    eval_loader: Iterable[Batch] | None = None,
+    eval_loader: Iterable[Batch],
     fraction: float = 0.5,
     max_batches: int | None = None,
 ) -> RedundancyResult:
@@ -45,14 +45,13 @@ def redundancy_test(
 
     Args:
         model: trained model (not modified).
-        dataloader: data for the importance scores.
-        eval_loader: data for the accuracies (default ``dataloader``).
+        dataloader: data for the importance scores (training images without augmentation).
+        eval_loader: held-out data for the accuracies; never defaulted to ``dataloader``.
         fraction: share of each layer's heads to remove, in ``[0, 1]``.
         max_batches: cap on the batches of each pass.
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must lie in [0, 1], got {fraction}.")
-    eval_loader = dataloader if eval_loader is None else eval_loader
     scores = head_importance(model, dataloader, max_batches=max_batches)
     gates = full_gates(model)
     for layer, layer_gates in enumerate(gates):
