@@ -135,7 +135,7 @@ def test_init_ablation_tool_trains_every_variant_per_seed(fmnist_root: Path, tmp
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(mnist_recipe(fmnist_root, tmp_path / "runs", limit_train_batches=2)))
     out = tmp_path / "ablation"
-    assert tool.main([str(recipe), "--seeds", "0", "1", "--out", str(out)]) == 0
+    assert tool.main([str(recipe), "--seeds", "0", "1", "--out", str(out), "trainer.log_every=2"]) == 0
     rows = list(csv.DictReader(open(out / "runs.csv")))
     labels = [label for label, _, _ in tool.variants(with_parts=True)]
     assert [row["variant"] for row in rows] == labels * 2 and len(labels) == 4 + 4

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="trainer.seed values")
     parser.add_argument("--no-parts", action="store_true", help="skip the one-part-at-a-time variants")
     parser.add_argument("--out", default="runs/init_ablation", help="output folder")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     results: list[dict[str, Any]] = []
     try:

@@ -22,6 +22,7 @@ from torch import nn
 
 from .attention_kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, sdpa_attention
 from .attention_masks import build_allowed_mask, split_empty_rows
+from .init_rules import xavier_per_projection, xavier_scaled
 
 #: The seed articles' scale for W_o's Xavier init when the depth is unknown (see ``out_init_scale``).
 DEFAULT_OUT_INIT_SCALE = 0.5
@@ -136,16 +137,13 @@ class MultiHeadSelfAttention(nn.Module):
 
         This is the standalone module's init; a :class:`~vitkit.models.VisionTransformer`
         re-initialises its blocks by its ``init`` scheme (see :mod:`vitkit.models.init`)."""
-        inner = self.num_heads * self.head_dim
-        if inner > 0:
-            bound = math.sqrt(6.0 / (inner + self.dim))
-            nn.init.uniform_(self.qkv.weight, -bound, bound)
-            nn.init.xavier_uniform_(self.proj.weight)
-            with torch.no_grad():
-                self.proj.weight.mul_(self.out_init_scale)
-        if self.qkv.bias is not None:
-            nn.init.zeros_(self.qkv.bias)
-        nn.init.zeros_(self.proj.bias)
+        if self.num_heads * self.head_dim > 0:
+            xavier_per_projection(self.qkv, self.out_init_scale)
+            xavier_scaled(self.proj, self.out_init_scale)
+        else:  # every head pruned: only the biases have elements
+            for bias in (self.qkv.bias, self.proj.bias):
+                if bias is not None:
+                    nn.init.zeros_(bias)
         if self.log_scale is not None:
             nn.init.constant_(self.log_scale, math.log(self.head_dim**-0.5))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .init_rules import xavier
+
 
 class Mlp(nn.Module):
     """``Linear(D, hidden) -> GELU (exact) -> Dropout -> Linear(hidden, D) -> Dropout``.
@@ -23,8 +25,7 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop2 = nn.Dropout(drop) if drop > 0 else nn.Identity()
         for fc in (self.fc1, self.fc2):
-            nn.init.xavier_uniform_(fc.weight)
-            nn.init.zeros_(fc.bias)
+            xavier(fc, 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., D] -> [..., D]``."""

@@ -25,80 +25,34 @@ ablation swaps one part at a time.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Literal, get_args
 
-from timm.layers import lecun_normal_
 from torch import nn
+
+from ..layers.init_rules import (
+    LinearRule,
+    lecun_normal,
+    torch_default,
+    trunc_normal,
+    xavier,
+    xavier_mlp,
+    xavier_per_projection,
+    xavier_scaled,
+    zeros,
+)
 
 InitScheme = Literal["vitkit", "timm", "jax"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
 InitPart = Literal["patch", "qkv", "proj", "mlp", "head"]
 INIT_PARTS: tuple[str, ...] = get_args(InitPart)
 
-#: Rule for one Linear: ``(layer, out_init_scale) -> None``.
-LinearRule = Callable[[nn.Linear, float], None]
-
-
-def _trunc_normal(layer: nn.Linear, _: float) -> None:
-    nn.init.trunc_normal_(layer.weight, std=0.02)
-    _zero_bias(layer)
-
-
-def _xavier(layer: nn.Linear, _: float) -> None:
-    nn.init.xavier_uniform_(layer.weight)
-    _zero_bias(layer)
-
-
-def _xavier_scaled(layer: nn.Linear, scale: float) -> None:
-    _xavier(layer, scale)
-    layer.weight.data.mul_(scale)
-
-
-def _xavier_per_projection(layer: nn.Linear, _: float) -> None:
-    # Xavier-uniform on each of W_q, W_k, W_v ([inner, D]) rather than on the fused [3 inner, D].
-    inner, dim = layer.weight.shape[0] // 3, layer.weight.shape[1]
-    bound = math.sqrt(6.0 / (inner + dim))
-    nn.init.uniform_(layer.weight, -bound, bound)
-    _zero_bias(layer)
-
-
-def _xavier_mlp(layer: nn.Linear, _: float) -> None:
-    nn.init.xavier_uniform_(layer.weight)
-    if layer.bias is not None:
-        nn.init.normal_(layer.bias, std=1e-6)
-
-
-def _torch_default(layer: nn.Linear, _: float) -> None:
-    # What nn.Linear / nn.Conv2d.reset_parameters do: kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)).
-    bound = 1.0 / math.sqrt(layer.weight.shape[1])
-    nn.init.uniform_(layer.weight, -bound, bound)
-    if layer.bias is not None:
-        nn.init.uniform_(layer.bias, -bound, bound)
-
-
-def _lecun_normal(layer: nn.Linear, _: float) -> None:
-    lecun_normal_(layer.weight)
-    _zero_bias(layer)
-
-
-def _zeros(layer: nn.Linear, _: float) -> None:
-    nn.init.zeros_(layer.weight)
-    _zero_bias(layer)
-
-
-def _zero_bias(layer: nn.Linear) -> None:
-    if layer.bias is not None:
-        nn.init.zeros_(layer.bias)
-
-
 SCHEMES: dict[str, dict[str, LinearRule]] = {
-    "vitkit": {"patch": _xavier, "qkv": _xavier_per_projection, "proj": _xavier_scaled, "mlp": _xavier,
-               "head": _trunc_normal},
-    "timm": {"patch": _torch_default, "qkv": _trunc_normal, "proj": _trunc_normal, "mlp": _trunc_normal,
-             "head": _trunc_normal},
-    "jax": {"patch": _lecun_normal, "qkv": _xavier, "proj": _xavier, "mlp": _xavier_mlp, "head": _zeros},
+    "vitkit": {"patch": xavier, "qkv": xavier_per_projection, "proj": xavier_scaled, "mlp": xavier,
+               "head": trunc_normal},
+    "timm": {"patch": torch_default, "qkv": trunc_normal, "proj": trunc_normal, "mlp": trunc_normal,
+             "head": trunc_normal},
+    "jax": {"patch": lecun_normal, "qkv": xavier, "proj": xavier, "mlp": xavier_mlp, "head": zeros},
 }
 
 
