@@ -172,3 +172,18 @@ def test_heads_of_an_empty_block_say_so() -> None:
     with pytest.raises(ValueError, match="block 2 has no heads left"):
         explain(model, torch.randn(1, 3, 16, 16), "heads", layer=-1)
     assert explain(model, torch.randn(1, 3, 16, 16), "heads", layer=0).shape == (1, 1, 16, 16)
+
+
+@pytest.mark.parametrize("pool", ["token", "avg"])
+@pytest.mark.parametrize("method", ["rollout", "grad_rollout", "chefer"])
+def test_a_model_without_any_head_gives_finite_maps(method: str, pool: str) -> None:
+    model = vitkit.VisionTransformer(img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=32, depth=2,
+                                     num_heads=2, global_pool=pool).eval()
+    for block in model.blocks:
+        block.attn.prune_heads([0, 1])
+    maps = explain(model, torch.randn(2, 3, 16, 16), method)
+    assert torch.isfinite(maps).all()
+    # Only residual paths remain: token pooling reads the class token's own row (no patch mass),
+    # average pooling the patch rows of the identity (uniform).
+    expected = 0.0 if pool == "token" else 1.0
+    torch.testing.assert_close(maps, torch.full_like(maps, expected))

@@ -95,7 +95,7 @@ def capture_attention(
             selected = logits.gather(1, targets[:, None]).sum()
             # A block with every head pruned returns an empty tensor outside the graph: no gradient.
             in_graph = [a for a in attentions if a.requires_grad]
-            grads = iter(torch.autograd.grad(selected, in_graph))
+            grads = iter(torch.autograd.grad(selected, in_graph) if in_graph else ())
             gradients = [next(grads).detach() if a.requires_grad else torch.zeros_like(a) for a in attentions]
     return AttentionCapture(
         logits=logits.detach().float(),
