@@ -1,0 +1,154 @@
+"""Each training option takes effect: a test here fails when the option is silently ignored.
+
+Expected values are derived here from the options' definitions (the EMA recurrence, the cosine
+formula, the Mixup convex combination), not read back from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from vitkit.data import AugmentConfig, build_train_transform
+from vitkit.data.info import DataInfo
+from vitkit.models import vision_transformer as vit_module
+from vitkit.train import OptimConfig, train
+from vitkit.train.module import build_criterion
+
+from test_train_run import SHORT, tiny_recipe
+
+pytestmark = pytest.mark.slow
+
+
+class Recorder(L.Callback):
+    """Records, for every training batch, what the options should have changed."""
+
+    def __init__(self) -> None:
+        self.activation_dtypes: list[torch.dtype] = []
+        self.weights: list[torch.Tensor] = []
+        self.ema_weights: list[torch.Tensor] = []
+        self.lrs: list[float] = []
+        self._handle: Any = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        def hook(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> None:
+            if module.training:
+                self.activation_dtypes.append(output.dtype)
+
+        self._handle = pl_module.model.blocks[0].attn.qkv.register_forward_hook(hook)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        # Callbacks run before the module's own hook, which updates the EMA: record the weights
+        # the EMA is about to average in.
+        self.weights.append(pl_module.model.head.weight.detach().clone())
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._handle.remove()
+        if pl_module.ema is not None:
+            self.ema_weights.append(pl_module.ema.module.head.weight.detach().clone())
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
+def test_precision_sets_the_dtype_of_the_training_matmuls(tmp_path: Path, precision: str, dtype: torch.dtype) -> None:
+    recorder = Recorder()
+    train(tiny_recipe(tmp_path, precision=precision, **SHORT), callbacks=[recorder])
+    assert recorder.activation_dtypes and set(recorder.activation_dtypes) == {dtype}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_grad_checkpointing_switch_reaches_the_trained_blocks(tmp_path: Path, monkeypatch, enabled: bool) -> None:
+    calls = []
+    real_checkpoint = vit_module.checkpoint
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(vit_module, "checkpoint", counting)
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["model"]["grad_checkpointing"] = enabled
+    train(recipe)
+    depth, steps = 2, 4
+    assert len(calls) == (depth * steps if enabled else 0)  # once per block per training step, never in eval
+
+
+def test_ema_follows_its_recurrence_with_the_configured_decay(tmp_path: Path) -> None:
+    decay = 0.6
+    recorder = Recorder()
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["optim"].update(ema=True, ema_decay=decay)
+    train(recipe, callbacks=[recorder])
+    # timm's ModelEmaV3 copies the weights at its first update, then EMA_k = d EMA_{k-1} + (1 - d) theta_k.
+    expected = recorder.weights[0]
+    for weights in recorder.weights[1:]:
+        expected = decay * expected + (1 - decay) * weights
+    torch.testing.assert_close(recorder.ema_weights[-1], expected, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(recorder.ema_weights[-1], recorder.weights[-1])
+
+
+def test_learning_rate_follows_linear_warmup_then_cosine(tmp_path: Path) -> None:
+    recorder = Recorder()
+    recipe = tiny_recipe(tmp_path, max_epochs=2, limit_train_batches=10, limit_val_batches=1, limit_test_batches=1)
+    recipe["optim"].update(lr=0.01, min_lr=0.001, warmup_epochs=0.5)
+    train(recipe, callbacks=[recorder])
+    total, warmup = 20, 5
+    expected = [0.01 * (t + 1) / warmup if t < warmup else
+                0.001 + (0.01 - 0.001) * 0.5 * (1 + math.cos(math.pi * (t - warmup) / (total - warmup)))
+                for t in range(total)]
+    assert recorder.lrs == pytest.approx(expected, rel=1e-6)
+    assert recorder.lrs[12] == pytest.approx(0.001 + 0.009 * 0.5 * (1 + math.cos(math.pi * 7 / 15)))
+
+
+def test_mixup_mixes_pairs_convexly_and_cutmix_pastes_boxes() -> None:
+    torch.manual_seed(0)
+    images = torch.randn(8, 1, 8, 8)
+    labels = torch.arange(8) % 4
+    mixup, _ = build_criterion(OptimConfig(mixup=0.8, cutmix=0.0, label_smoothing=0.0), num_classes=4)
+    mixed, targets = mixup(images.clone(), labels)
+    lam = targets[0, labels[0]].item()  # timm mixes image i with image B-1-i with weight lam
+    torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.flip(0))
+    assert 0 < lam < 1 and torch.allclose(targets.sum(1), torch.ones(8))
+    cutmix, _ = build_criterion(OptimConfig(mixup=0.0, cutmix=1.0, label_smoothing=0.0), num_classes=4)
+    cut, _ = cutmix(images.clone(), labels)
+    from_self = torch.isclose(cut, images)
+    from_partner = torch.isclose(cut, images.flip(0))
+    assert bool((from_self | from_partner).all()) and bool(from_partner.any()) and bool(from_self.any())
+
+
+def _info() -> DataInfo:
+    return DataInfo(10, tuple("abcdefghij"), (16, 16), 3, (0.5,) * 3, (0.25,) * 3, "test")
+
+
+def test_rand_augment_policy_changes_images_and_its_absence_does_not() -> None:
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)
+    plain = AugmentConfig(crop="resize", hflip=0.0)
+    policy = AugmentConfig(crop="resize", hflip=0.0, rand_augment="rand-m9-n2-mstd0")
+    reference = build_train_transform(plain, _info())(image)
+    with_policy = build_train_transform(policy, _info())
+    changed = sum(not torch.equal(with_policy(image), reference) for _ in range(200))
+    # timm's RandAugment fires each of its n=2 ops with probability 0.5: at least one fires in 75%
+    # of draws (150 of 200, binomial std 6); a dropped policy would change none.
+    assert 120 <= changed <= 180
+    assert all(torch.equal(build_train_transform(plain, _info())(image), reference) for _ in range(5))
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.5])
+def test_flip_and_jitter_are_applied_at_their_rates(rate: float) -> None:
+    image = np.tile(np.arange(16, dtype=np.uint8)[None, :, None] * 10, (16, 1, 3))
+    transform = build_train_transform(AugmentConfig(crop="resize", hflip=rate), _info())
+    outputs = [transform(image) for _ in range(400)]
+    flipped = sum(bool(out[0, 0, 0] > out[0, 0, -1]) for out in outputs)
+    assert abs(flipped / 400 - rate) < 0.08  # binomial std at n=400 is <= 0.025
+    jitter = build_train_transform(AugmentConfig(crop="resize", hflip=0.0, color_jitter=0.4), _info())
+    base = build_train_transform(AugmentConfig(crop="resize", hflip=0.0), _info())(image)
+    assert sum(not torch.allclose(jitter(image), base) for _ in range(20)) >= 19
