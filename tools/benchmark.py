@@ -1,4 +1,5 @@
-"""vitkit vs timm, side by side on this machine: throughput, attention kernels, training memory.
+"""vitkit vs timm, side by side on this machine: throughput, attention kernels, training memory,
+and the input pipeline on its own.
 
     python tools/benchmark.py                      # everything, Markdown tables on stdout
     python tools/benchmark.py --sections models --models vit_cifar_small:128 --repeats 3
@@ -179,9 +180,44 @@ def bench_memory(spec: str, repeats: int) -> list[str]:
     return rows
 
 
+def bench_data(repeats: int) -> list[str]:
+    """Input pipeline alone: in-memory images per second through the batched transform and through
+    the per-image albumentations pipeline (same pad-crop + flip + Normalize), and shapes generation."""
+    from torch.utils.data import DataLoader
+
+    from vitkit.data import ArrayDataset, AugmentConfig, build_train_transform, generate_shapes
+    from vitkit.data.batch_transforms import build_batch_transform
+    from vitkit.data.info import DataInfo
+
+    info = DataInfo(10, tuple("abcdefghij"), (28, 28), 1, (0.5,), (0.25,), "bench")
+    augment = AugmentConfig(crop="pad", padding=2, hflip=0.5)
+    images = torch.randint(0, 256, (8192, 28, 28, 1), dtype=torch.uint8).numpy()
+    labels = torch.randint(0, 10, (8192,)).numpy()
+    datasets = {
+        "batched (torch)": ArrayDataset(images, labels, build_train_transform(augment, info),
+                                        build_batch_transform(augment, info, (28, 28))),
+        "per image (albumentations)": ArrayDataset(images, labels, build_train_transform(augment, info)),
+    }
+
+    def epoch(dataset: ArrayDataset) -> Callable[[], None]:
+        def run() -> None:
+            for _ in DataLoader(dataset, batch_size=128, shuffle=True, drop_last=True):
+                pass
+
+        return run
+
+    times = interleaved_times({name: epoch(d) for name, d in datasets.items()}, repeats=repeats, warmup=1)
+    rows = ["| input pipeline (28x28x1, pad-crop + flip + Normalize, 1 process) | images/s |", "|---|---|"]
+    rows += [f"| {name} | {8064 / statistics.median(times[name]):,.0f} |" for name in datasets]
+    shapes = interleaved_times({"shapes": lambda: generate_shapes(6000, 32, seed=0)}, repeats=repeats, warmup=0)
+    rows.append(f"| generate_shapes, 6000 images of 32x32 | {statistics.median(shapes['shapes']):.2f} s |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", nargs="+", default=["kernels", "models", "memory"], choices=["kernels", "models", "memory"])
+    parser.add_argument("--sections", nargs="+", default=["kernels", "models", "memory", "data"],
+                        choices=["kernels", "models", "memory", "data"])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="NAME:BATCH pairs")
     parser.add_argument("--memory-model", default="vit_small_patch16_224:32", help="NAME:BATCH for the memory section")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs per cell (medians are reported)")
@@ -200,7 +236,9 @@ def main() -> None:
     if "models" in args.sections:
         print("\n".join(["vitkit vs timm, same weights (images/s, medians of interleaved pairs):", ""] + bench_models(args.models, args.repeats)) + "\n")
     if "memory" in args.sections:
-        print("\n".join(bench_memory(args.memory_model, args.repeats)))
+        print("\n".join(bench_memory(args.memory_model, args.repeats)) + "\n")
+    if "data" in args.sections:
+        print("\n".join(bench_data(args.repeats)))
 
 
 if __name__ == "__main__":
