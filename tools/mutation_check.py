@@ -1,0 +1,155 @@
+"""Do the tests catch one-line bugs? Apply each mutation of a list to a copy of the repository, run
+the tests that should catch it, and report which mutations survive.
+
+    python tools/mutation_check.py                  # every mutation (~10-15 min on 2 cores)
+    python tools/mutation_check.py --only layers train
+    python tools/mutation_check.py --list           # the mutations, without running anything
+
+Each mutation replaces one exact source fragment (it must occur exactly once in its file, so the
+list fails loudly when the code moves) and names the test files to run. "killed" means those
+tests failed, as they should; "survived" means the bug went unnoticed. Exit code 1 if any
+mutation survived or no longer applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One deliberate bug: replace ``old`` by ``new`` in ``path``; ``tests`` should catch it."""
+
+    package: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    what: str
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation("layers", "vitkit/layers/attention.py", "self.scale = head_dim**-0.5", "self.scale = head_dim**-1.0",
+             ("tests/test_attention.py",), "attention scale 1/d instead of 1/sqrt(d)"),
+    Mutation("layers", "vitkit/layers/attention_kernels.py", "weights = scores.softmax(dim=-1)",
+             "weights = scores.softmax(dim=-2)", ("tests/test_attention.py",), "softmax over queries"),
+    Mutation("layers", "vitkit/layers/attention.py", "off_diagonal = ~torch.eye(", "off_diagonal = torch.eye(",
+             ("tests/test_attention.py",), "locality attention keeps only the diagonal"),
+    Mutation("layers", "vitkit/layers/drop_path.py", "keep_prob = 1.0 - self.drop_prob", "keep_prob = self.drop_prob",
+             ("tests/test_layers.py",), "DropPath keeps p instead of 1 - p"),
+    Mutation("layers", "vitkit/layers/block.py", "x = x + self.drop_path1(self.ls1(attended))",
+             "x = self.drop_path1(self.ls1(attended))", ("tests/test_layers.py", "tests/test_timm_interop.py"),
+             "attention residual dropped"),
+    Mutation("layers", "vitkit/layers/init_rules.py", "layer.weight.data.mul_(scale)", "layer.weight.data.mul_(1.0)",
+             ("tests/test_init_schemes.py", "tests/test_attention.py"), "W_o init not scaled down"),
+    Mutation("models", "vitkit/models/init.py", '"qkv": xavier_per_projection', '"qkv": xavier',
+             ("tests/test_init_schemes.py",), "qkv Xavier over the fused matrix"),
+    Mutation("data", "vitkit/data/batch_transforms.py", "flip = torch.rand(batch.shape[0]) < self.hflip",
+             "flip = torch.rand(batch.shape[0]) < 0.5", ("tests/test_data_mnist.py",), "batched flip rate ignored"),
+    Mutation("data", "vitkit/data/batch_transforms.py", "top = torch.randint(0, 2 * padding + 1",
+             "top = torch.randint(0, padding + 1", ("tests/test_data_mnist.py",), "crop offsets only one way"),
+    Mutation("data", "vitkit/data/mnist.py", 'labels = read_idx(paths[(split, "labels")], LABELS_MAGIC)',
+             'labels = read_idx(paths[("train", "labels")], LABELS_MAGIC)', ("tests/test_data_mnist.py",),
+             "test split reads the training labels"),
+    Mutation("train", "vitkit/train/optim.py", "1.0 + math.cos(math.pi * progress)", "2.0 - 2.0 * progress",
+             ("tests/test_train_config.py", "tests/test_train_options_effect.py"), "linear decay instead of cosine"),
+    Mutation("train", "vitkit/train/module.py", "self.ema.update(self.model, step=self.global_step)", "pass",
+             ("tests/test_train_options_effect.py",), "EMA never updates"),
+    Mutation("train", "vitkit/train/run.py", "precision=options.precision,", 'precision="32-true",',
+             ("tests/test_train_options_effect.py",), "precision forced to 32-true"),
+    Mutation("train", "vitkit/train/module.py",
+             'self.model.set_grad_checkpointing(bool(model_section.get("grad_checkpointing", False)))',
+             "self.model.set_grad_checkpointing(False)", ("tests/test_train_options_effect.py",),
+             "grad checkpointing switch ignored"),
+    Mutation("train", "vitkit/train/optim.py", "(no_decay if param.ndim <= 1 or name in skip else decay)",
+             "(no_decay if param.ndim <= 1 else decay)", ("tests/test_train_config.py",),
+             "pos_embed / cls_token weight-decayed"),
+    Mutation("explain", "vitkit/explain/rollout.py", "mixed = (fused + eye) / 2", "mixed = fused",
+             ("tests/test_explain_rollout.py", "tests/test_explain_readout.py"), "rollout without the residual"),
+    Mutation("explain", "vitkit/explain/rollout.py",
+             'rows = joint[:, 0] if pooling == "token" else joint[:, num_prefix_tokens:].mean(dim=1)',
+             "rows = joint[:, 0]", ("tests/test_explain_readout.py",), "read-out ignores average pooling"),
+    Mutation("explain", "vitkit/explain/rollout.py", "relevance = relevance + cam @ relevance",
+             "relevance = cam @ relevance", ("tests/test_explain_readout.py",), "Chefer without the identity term"),
+    Mutation("prune", "vitkit/prune/importance.py", "total += grad.abs().sum(0).cpu()",
+             "total += grad.sum(0).abs().cpu()", ("tests/test_prune.py", "tests/test_prune_results.py"),
+             "importance of batch gradients"),
+    Mutation("prune", "vitkit/prune/iterative.py", "if record.accuracy < floor:", "if False:",
+             ("tests/test_prune.py",), "budget ignores failing steps"),
+    Mutation("io", "vitkit/train/checkpoint.py", "return torch.load(path, map_location=map_location, weights_only=True)",
+             "return torch.load(path, map_location=map_location, weights_only=False)",
+             ("tests/test_train_config.py",), "checkpoints unpickled"),
+)
+
+
+def _env(work: Path) -> dict[str, str]:
+    return {"NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"}
+
+
+def imports_the_copy(work: Path) -> bool:
+    """Whether ``import vitkit`` inside ``work`` loads the copy (not an installed checkout)."""
+    done = subprocess.run([sys.executable, "-c", "import vitkit; print(vitkit.__file__)"], cwd=work,
+                          capture_output=True, text=True, env=_env(work))
+    return done.returncode == 0 and Path(done.stdout.strip()).resolve().is_relative_to(work.resolve())
+
+
+def run_mutation(mutation: Mutation, work: Path) -> str:
+    """Apply ``mutation`` inside the copy ``work``, run its tests, restore the file: the verdict."""
+    target = work / mutation.path
+    source = target.read_text()
+    if source.count(mutation.old) != 1:
+        return "stale"  # the fragment moved or changed: the list needs updating
+    target.write_text(source.replace(mutation.old, mutation.new))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests],
+            cwd=work, capture_output=True, text=True, timeout=900, env=_env(work),
+        )
+    finally:
+        target.write_text(source)
+    return "killed" if done.returncode != 0 else "survived"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="PACKAGE", help="mutations of these packages only")
+    parser.add_argument("--list", action="store_true", help="print the mutations and exit")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.package in args.only]
+    if args.list:
+        for mutation in chosen:
+            print(f"{mutation.package:8} {mutation.path}: {mutation.what}")
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory(prefix="vitkit-mutants-") as tmp:
+        work = Path(tmp) / "repo"
+        shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__", "data"))
+        if not imports_the_copy(work):
+            print("error: 'import vitkit' in the copy does not load the copy; run from the repository's venv.",
+                  file=sys.stderr)
+            return 2
+        for index, mutation in enumerate(chosen, 1):
+            started = time.perf_counter()
+            verdict = run_mutation(mutation, work)
+            results.append((mutation, verdict))
+            print(f"[{index}/{len(chosen)}] {verdict:8} {mutation.package:8} {mutation.what} "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+    survivors = [m for m, v in results if v != "killed"]
+    print(f"\n{len(results) - len(survivors)} of {len(results)} mutations killed")
+    for mutation, verdict in results:
+        if verdict != "killed":
+            print(f"{verdict}: {mutation.path}: {mutation.what}")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
