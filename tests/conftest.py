@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,7 @@ def load_tool() -> Callable[[str], ModuleType]:
     def load(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(f"{name}_tool", TOOLS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
         return module
 
