@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerow(["model", "seconds", "step", "test_acc"])
         for impl, points in curves.items():
             writer.writerows([impl, p.seconds, p.step, p.accuracy] for p in points)
-    title = f"{config.name}: {config.data.name}, {config.trainer.precision}"
+    title = f"recipe {config.name} ({config.data.name} test split), {config.trainer.precision}"
     plot_time_to_accuracy(curves, targets, out / "time_to_accuracy.png", title)
     (out / "summary.json").write_text(json.dumps({"budget_s": budget_s, "rows": rows}, indent=2))
     print(format_table(rows, targets, budget_s))
