@@ -107,6 +107,12 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+def _ignored(folder: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: caches everywhere; the venv, runs and datasets at the top."""
+    top = Path(folder).resolve() == ROOT
+    return {n for n in names if n == "__pycache__" or (top and n in (".git", ".venv", "runs", "data"))}
+
+
 def _env(work: Path) -> dict[str, str]:
     return {"NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"}
 
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="vitkit-mutants-") as tmp:
         work = Path(tmp) / "repo"
-        shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__", "data"))
+        shutil.copytree(ROOT, work, ignore=_ignored)
         if not imports_the_copy(work):
             print("error: 'import vitkit' in the copy does not load the copy; run from the repository's venv.",
                   file=sys.stderr)
