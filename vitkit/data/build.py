@@ -63,20 +63,28 @@ def _array_bundle(cfg: DataConfig, info: DataInfo, parts: list[tuple[np.ndarray,
     return DatasetBundle(train=train, val=val, test=test, info=info)
 
 
+def _official_test_bundle(
+    cfg: DataConfig, info: DataInfo, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]
+) -> DatasetBundle:
+    """A stratified ``val_fraction`` of the training set held out for validation (by ``seed``),
+    the dataset's own test set as test."""
+    (images, labels) = train
+    train_idx, val_idx = stratified_split(labels, (cfg.val_fraction,), cfg.seed)
+    return _array_bundle(cfg, info, [(images[train_idx], labels[train_idx]), (images[val_idx], labels[val_idx]), test])
+
+
 def _build_cifar(cfg: DataConfig) -> DatasetBundle:
     images, labels, test_images, test_labels, names = load_cifar(cfg.name, cfg.root, cfg.download)
-    train_idx, val_idx = stratified_split(labels, (cfg.val_fraction,), cfg.seed)
-    parts = [(images[train_idx], labels[train_idx]), (images[val_idx], labels[val_idx]), (test_images, test_labels)]
-    return _array_bundle(cfg, data_info(cfg, names, *CIFAR_STATS[cfg.name]), parts)
+    info = data_info(cfg, names, *CIFAR_STATS[cfg.name])
+    return _official_test_bundle(cfg, info, (images, labels), (test_images, test_labels))
 
 
 def _build_mnist(cfg: DataConfig) -> DatasetBundle:
     images, labels, test_images, test_labels, names = load_mnist(cfg.name, cfg.root, cfg.download)
     source = MNIST_SOURCES[cfg.name]
     images, test_images = (resize_images(array, cfg.resolved_img_size()) for array in (images, test_images))
-    train_idx, val_idx = stratified_split(labels, (cfg.val_fraction,), cfg.seed)
-    parts = [(images[train_idx], labels[train_idx]), (images[val_idx], labels[val_idx]), (test_images, test_labels)]
-    return _array_bundle(cfg, data_info(cfg, names, source.mean, source.std), parts)
+    info = data_info(cfg, names, source.mean, source.std)
+    return _official_test_bundle(cfg, info, (images, labels), (test_images, test_labels))
 
 
 def _build_digits(cfg: DataConfig) -> DatasetBundle:

@@ -102,7 +102,9 @@ def evaluate_accuracy(
     correct = total = 0
     with eval_mode(model):
         for images, labels in batches(loader, max_batches, "accuracy", progress):
-            logits = model(images.to(device), head_mask=head_mask)
+            images = images.to(device)
+            # Models without head gates (timm's, during training) are called without the argument.
+            logits = model(images) if head_mask is None else model(images, head_mask=head_mask)
             correct += int((logits.argmax(-1).cpu() == labels).sum())
             total += len(labels)
     if total == 0:

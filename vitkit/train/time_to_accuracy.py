@@ -18,6 +18,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ..prune.evaluate import evaluate_accuracy
+
 
 @dataclass
 class AccuracyPoint:
@@ -60,25 +62,10 @@ class TestAccuracyTimer(Callback):
     def _record(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         paused_at = time.perf_counter()
         seconds = paused_at - self._start - self._paused
-        accuracy = evaluate_accuracy(pl_module, trainer.datamodule.test_dataloader())
+        with torch.no_grad(), trainer.precision_plugin.forward_context():  # the run's own autocast
+            accuracy = evaluate_accuracy(pl_module.inference_model, trainer.datamodule.test_dataloader())
         self.points.append(AccuracyPoint(round(seconds, 2), trainer.global_step, round(accuracy, 3)))
         self._paused += time.perf_counter() - paused_at
-
-
-def evaluate_accuracy(pl_module: L.LightningModule, loader: Any) -> float:
-    """Top-1 accuracy (percent) of ``pl_module.inference_model`` over ``loader``, in eval mode
-    under the trainer's precision (autocast), restoring train mode afterwards."""
-    model = pl_module.inference_model
-    was_training = model.training
-    model.eval()
-    correct = total = 0
-    with torch.no_grad(), pl_module.trainer.precision_plugin.forward_context():
-        for images, labels in loader:
-            images, labels = images.to(pl_module.device), labels.to(pl_module.device)
-            correct += int((model(images).argmax(dim=1) == labels).sum())
-            total += len(labels)
-    model.train(was_training)
-    return 100.0 * correct / max(total, 1)
 
 
 def time_to_reach(points: list[AccuracyPoint], target: float) -> float | None:
