@@ -166,3 +166,12 @@ def test_time_to_accuracy_adds_a_plain_vitkit_run_when_timm_cannot_match_the_rec
     assert list(runs) == ["vitkit", "vitkit (plain ViT)", "timm"]
     assert "model.shifted_patches=false" in runs["timm"] and "model.shifted_patches=false" in runs["vitkit (plain ViT)"]
     assert runs["vitkit"] == ["model.impl=vitkit"]
+
+
+def test_timm_reference_with_options_timm_lacks_is_refused_before_training() -> None:
+    from vitkit.train import RecipeError
+
+    with pytest.raises(RecipeError, match="also set model.shifted_patches=false model.locality_attention=false"):
+        load_recipe("recipes/fashion_mnist.yaml", ["model.impl=timm"])
+    load_recipe("recipes/fashion_mnist.yaml", ["model.impl=timm", "model.shifted_patches=false",
+                                              "model.locality_attention=false"])

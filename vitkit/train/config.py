@@ -221,9 +221,14 @@ def load_recipe(
     values = merge(values, updates)
     config = build(RecipeConfig, values, source=source, all_keys=dotted_keys(RecipeConfig), override_keys=override_keys)
     try:
-        config.vit_config(img_size=config.data.resolved_img_size(), in_chans=config.data.resolved_in_chans())
+        vit_config = config.vit_config(img_size=config.data.resolved_img_size(), in_chans=config.data.resolved_in_chans())
     except ValueError as error:
         raise RecipeError(f"invalid model section in {source}: {error}") from None
+    if config.model.impl == "timm" and (vit_config.shifted_patches or vit_config.locality_attention):
+        raise RecipeError(
+            f"model.impl=timm in {source}: timm's VisionTransformer has no shifted patch tokenization or locality "
+            "self-attention; also set model.shifted_patches=false model.locality_attention=false."
+        )
     return config
 
 
