@@ -8,11 +8,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..errors import VitkitError
+
 #: Exceptions PIL raises for unreadable, truncated or malicious (decompression-bomb) files.
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
-class ImageReadError(OSError):
+class ImageReadError(VitkitError, OSError):
     """An image file that cannot be read; ``path`` names it."""
 
     def __init__(self, path: str | os.PathLike, reason: str) -> None:

@@ -8,12 +8,14 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from ..errors import VitkitError
+
 #: ImageNet statistics, the default for image folders.
 IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
 
 
-class DataFileError(ValueError):
+class DataFileError(VitkitError, ValueError):
     """A dataset file that cannot be read as its format says (the message names the file)."""
 
 

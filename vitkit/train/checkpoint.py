@@ -17,12 +17,13 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ..errors import VitkitError
 from ..io import atomic_write, read_model_file
 from ..models import ViTConfig, VisionTransformer
 from .module import EMA_PREFIX, MODEL_PREFIX
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(VitkitError, pickle.UnpicklingError):
     """A checkpoint holds pickled objects that could run code; it is not loaded."""
 
 

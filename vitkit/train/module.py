@@ -14,6 +14,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 from torch import nn
 
+from ..errors import VitkitError
 from ..models import ViTConfig, VisionTransformer, from_timm, timm_twin
 from .config import OptimConfig
 from .optim import build_optimizer, warmup_cosine
@@ -26,7 +27,7 @@ EMA_PREFIX = "ema.module."
 LOSS_HISTORY = 8
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(VitkitError, RuntimeError):
     """The training loss became NaN or infinite; the run stops, its last good checkpoint stays."""
 
 

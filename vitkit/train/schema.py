@@ -18,8 +18,10 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from ..errors import VitkitError
 
-class RecipeError(ValueError):
+
+class RecipeError(VitkitError, ValueError):
     """A recipe (or an override) is invalid; the message says which key, where, and how to fix it."""
 
 

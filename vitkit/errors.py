@@ -1,0 +1,48 @@
+"""The base class of every error vitkit raises for a user's mistake (a bad recipe, file, image or
+argument), and :func:`cli_errors`, which turns those errors into one ``error: ...`` line in the tools.
+
+A :class:`VitkitError` message says what was wrong, where, and how to fix it; anything else that
+escapes a tool is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from collections.abc import Callable, Sequence
+
+#: Exit status of a tool stopped by a user's mistake.
+USER_ERROR_EXIT = 2
+
+
+class VitkitError(Exception):
+    """A user-facing error: bad input, not a bug. The message is one complete sentence or more."""
+
+
+def describe_os_error(error: OSError) -> str:
+    """``error`` as one line naming the path and the reason ("No space left on device" as such)."""
+    where = f"{error.filename}: " if error.filename else ""
+    if error.errno == errno.ENOSPC:
+        return f"{where}no space left on device; free some space or choose another output folder."
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{where}not writable ({error.strerror}); choose a folder you can write to."
+    if error.errno == errno.EISDIR:
+        return f"{where}is a directory where a file was expected."
+    return f"{where}{error.strerror or error}"
+
+
+def cli_errors(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run a tool's ``main(argv)``; a :class:`VitkitError` or ``OSError`` becomes ``error: ...`` on
+    stderr and exit status 2 (a traceback too with ``--debug``). Returns ``main``'s status otherwise."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        return main(args)
+    except (VitkitError, OSError) as error:
+        if debug:
+            raise
+        message = describe_os_error(error) if isinstance(error, OSError) and error.errno else str(error)
+        print(f"error: {message}", file=sys.stderr)
+        return USER_ERROR_EXIT
