@@ -56,6 +56,17 @@ def test_from_timm_state_dict_with_variant_name_matches_timm() -> None:
         torch.testing.assert_close(model(x), source(x), **PARITY)
 
 
+@pytest.mark.parametrize("num_classes", [7, 0])
+def test_from_timm_with_new_num_classes_keeps_the_backbone_and_a_fresh_head(num_classes: int) -> None:
+    source = randomise_(TimmViT(**SMALL)).eval()
+    model = from_timm(source.state_dict(), num_heads=4, num_classes=num_classes).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = source.forward_head(source.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(model.forward_head(model.forward_features(x), pre_logits=True), expected, **PARITY)
+        assert model(x).shape == (2, num_classes or SMALL["embed_dim"])
+
+
 def test_from_timm_state_dict_accepts_num_heads_instead_of_a_name() -> None:
     source = randomise_(TimmViT(**SMALL)).eval()
     model = from_timm(source.state_dict(), num_heads=4).eval()

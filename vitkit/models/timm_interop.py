@@ -107,7 +107,9 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
         name: variant name, needed with a state dict unless ``num_heads`` is in ``overrides``.
         overrides: :class:`ViTConfig` fields; ``img_size`` resamples the position embedding
             (bicubic) to the new grid, except for a state dict with a non-square grid, whose own
-            size it then gives.
+            size it then gives. A ``num_classes`` other than the source's keeps a freshly
+            initialised classifier (fine-tuning), as ``timm.create_model(pretrained=True,
+            num_classes=...)`` does.
     """
     if isinstance(source, nn.Module):
         values, state = _config_from_timm_model(source), source.state_dict()
@@ -123,6 +125,9 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
     model = VisionTransformer(source_config.replace(**overrides))
     weight = state[PATCH_WEIGHT]
     state[PATCH_WEIGHT] = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+    if model.config.num_classes != source_config.num_classes:
+        state = {key: value for key, value in state.items() if not key.startswith("head.")}
+        state.update({key: value for key, value in model.state_dict().items() if key.startswith("head.")})
     model.load_weights(state, source_grid=source_config.grid_size)
     return model
 
