@@ -1,4 +1,4 @@
-"""Per-head attention diagnostics: the seed article's checklist (000 §5.2) as numbers.
+"""Per-head attention diagnostics: a checklist of attention pathologies, as numbers.
 
 For every layer and head, averaged over images and query tokens:
 

@@ -1,4 +1,4 @@
-"""Head-count sweep at fixed width: the seed article's experiment, summarised.
+"""Head-count sweep at fixed width (Vaswani et al. 2017, arXiv 1706.03762, Table 3 (A)), summarised.
 
 At fixed ``d_model`` more heads mean narrower heads (``head_dim = d_model / h``). Each run is
 summarised by its test accuracy, its training-loss oscillation (:func:`loss_oscillation`), its

@@ -1,6 +1,6 @@
-"""The seed article's quick redundancy test: halve every layer's heads, see if accuracy holds.
+"""A quick redundancy test: halve every layer's heads, see if accuracy holds.
 
-"Halve the heads; if the score holds, the model is redundant and can be compressed." Here the
+If accuracy holds with half the heads, the model is redundant and can be compressed. Here the
 least important half of each layer (by :func:`head_importance`, so the choice is per layer and
 no layer loses all its heads) is pruned and the accuracy compared with the full model's.
 """
