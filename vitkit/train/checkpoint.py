@@ -73,7 +73,8 @@ def _first_line(error: BaseException) -> str:
 def check_resumable(path: str | os.PathLike, vit_config: dict[str, Any], dataset: str) -> None:
     """Refuse to resume from ``path`` unless it is a readable vitkit training checkpoint whose model
     is the one the recipe builds (``vit_config``: architecture, image size, channels, classes) on the
-    same ``dataset``. Reads only; removes orphan temporary files beside it.
+    same ``dataset``. Changes nothing unless it can resume: then it removes the orphan temporary
+    files of a killed save beside it.
 
     Raises:
         FileNotFoundError, UnsafeCheckpointError, CheckpointError: the message names each difference.
@@ -92,7 +93,6 @@ def check_resumable(path: str | os.PathLike, vit_config: dict[str, Any], dataset
             f"--resume {path}: not a vitkit training checkpoint (no Lightning training state or model config); "
             "give the run's checkpoints/last.ckpt."
         )
-    remove_orphan_temp_files(path.parent)
     saved = {**_plain(hparams["vit_config"]), "dataset": hparams.get("extra", {}).get("dataset")}
     wanted = {**_plain(vit_config), "dataset": dataset}
     differences = [
@@ -106,6 +106,7 @@ def check_resumable(path: str | os.PathLike, vit_config: dict[str, Any], dataset
             f"builds: {'; '.join(differences)}. Resume with the run's own config.yaml (beside checkpoints/), "
             "or start a new run."
         )
+    remove_orphan_temp_files(path.parent)
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

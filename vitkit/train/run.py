@@ -34,7 +34,7 @@ from ..io import save_model
 from ..models import VisionTransformer, count_parameters
 from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, point_latest, resolve_run_dir, write_json
 from .callbacks import LastCheckpoint, Throughput
-from .checkpoint import AtomicCheckpointIO, check_resumable, newest_finite_checkpoint
+from .checkpoint import AtomicCheckpointIO, CheckpointError, check_resumable, newest_finite_checkpoint
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .module import NonFiniteLossError, ViTClassifier
@@ -90,6 +90,8 @@ def train(
     started = time.perf_counter()
     config = load_recipe(recipe, overrides)
     check_precision(config.trainer)
+    if resume is not None and Path(resume).is_dir():
+        raise CheckpointError(f"checkpoint to resume {resume} is a directory; give its checkpoints/last.ckpt.")
     if resume is not None and not Path(resume).is_file():
         raise FileNotFoundError(f"checkpoint to resume {resume} does not exist.")
     if config.trainer.num_threads is not None:
