@@ -77,7 +77,10 @@ def test_run_directory_holds_every_artefact(fitted: RunResult) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary == fitted.summary
     assert summary["epochs"] == 3 and summary["wall_time_s"] > 0 and summary["train_images_per_s"] > 0
-    assert {"val/acc1", "val/loss", "train/loss", "lr"} <= set(read_rows(run / "metrics.csv")[0])
+    rows = read_rows(run / "metrics.csv")
+    assert {"val/acc1", "val/loss", "train/loss", "lr/pg1", "lr/pg2"} <= set(rows[0])  # LearningRateMonitor
+    lrs = [float(row["lr/pg1"]) for row in rows if row["lr/pg1"]]
+    assert lrs[0] < max(lrs) <= 5e-3 and lrs[-1] < max(lrs)  # warmup to optim.lr, then cosine decay
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("best.ckpt", "last.ckpt"):
         checkpoint = load_checkpoint(run / "checkpoints" / name)  # weights_only=True

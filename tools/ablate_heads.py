@@ -28,21 +28,22 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from tqdm import tqdm  # noqa: E402
 
+from vitkit.errors import cli_errors, positive_int  # noqa: E402
 from vitkit.prune import redundancy_test  # noqa: E402
 from vitkit.prune.evaluate import eval_loaders  # noqa: E402
 from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise  # noqa: E402
 from vitkit.prune.report import markdown_table, plot_sweep, write_csv  # noqa: E402
-from vitkit.train import NonFiniteLossError, RecipeError, load_recipe, train  # noqa: E402
+from vitkit.train import RUN_EXIT_STATUSES, load_recipe, train  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="recipe YAML file")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for every run")
-    parser.add_argument("--heads", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="head counts to train")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per head count (0, 1, ...)")
-    parser.add_argument("--embed-dim", type=int, default=128, help="fixed model width d_model")
-    parser.add_argument("--last-epochs", type=int, default=3, help="epochs whose steps the oscillation covers")
+    parser.add_argument("--heads", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16], help="head counts to train")
+    parser.add_argument("--seeds", type=positive_int, default=3, help="seeds per head count (0, 1, ...)")
+    parser.add_argument("--embed-dim", type=positive_int, default=128, help="fixed model width d_model")
+    parser.add_argument("--last-epochs", type=positive_int, default=3, help="epochs whose steps the oscillation covers")
     parser.add_argument("--out", default="runs/ablate_heads", help="output folder")
     return parser.parse_intermixed_args(argv)
 
@@ -80,12 +81,14 @@ def run(args: argparse.Namespace) -> list[SweepRun]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0; with one ``error: ...`` line: 2 for a bad recipe, 1 for other errors (data,
+    divergence, output folder), 143 when a training run was stopped by SIGTERM."""
+    return cli_errors(_main, argv, status=1, statuses=RUN_EXIT_STATUSES)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    try:
-        runs = run(args)
-    except (RecipeError, NonFiniteLossError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    runs = run(args)
     print(markdown_table(summarise(runs)), end="")
     print(f"wrote {Path(args.out) / 'summary.md'}, summary.csv, runs.csv and head_sweep.png")
     return 0

@@ -25,6 +25,7 @@ import torch
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from vitkit import VisionTransformer  # noqa: E402
+from vitkit.errors import UsageError, cli_errors, positive_int  # noqa: E402
 from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image  # noqa: E402
 from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture  # noqa: E402
 from vitkit.explain.cli import add_model_arguments, display_image, find_images, load_explained_model  # noqa: E402
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--discard-ratio", type=float, default=0.0, help="both rollouts: share of each layer's weakest entries zeroed"
     )
     parser.add_argument("--target", type=int, default=None, help="class for gradient rollout (default: predicted)")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=positive_int, default=16)
     parser.add_argument(
         "--precision", choices=("fp32", "bf16"), default="fp32",
         help="bf16: run the model under bfloat16 autocast (~2.5x faster on CPUs with AMX; maps still in float32)",
@@ -114,18 +115,19 @@ def test_samples(extra: dict, info: DataInfo, count: int) -> list[tuple[Path, to
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0; 1 when an image could not be read or none was found; 2 with one ``error: ...``
+    line for a bad argument, model file or output folder."""
+    return cli_errors(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    try:
-        model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
     info = DataInfo.from_extra(extra)
     transform = build_eval_transform(info)
     problems = option_problems(args, info.num_classes, len(model.blocks))
     if problems:
-        print(f"error: {'; '.join(problems)}.", file=sys.stderr)
-        return 2
+        raise UsageError(f"{'; '.join(problems)}.")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     paths = find_images(args.images)
@@ -133,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     written = 0
     start = time.perf_counter()
     if args.test_images:
-        try:
-            samples = test_samples(extra, info, args.test_images)
-        except (ValueError, OSError) as error:
-            print(f"error: --test-images: {error}", file=sys.stderr)
-            return 2
+        samples = test_samples(extra, info, args.test_images)
         for first in range(0, len(samples), args.batch_size):
             render_batch(model, samples[first : first + args.batch_size], args, info, out)
         written += len(samples)

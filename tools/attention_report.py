@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from vitkit.data import build_datasets  # noqa: E402
+from vitkit.errors import cli_errors, positive_int  # noqa: E402
 from vitkit.explain import HeadThresholds, head_warnings, model_head_stats  # noqa: E402
 from vitkit.explain.cli import add_model_arguments, load_explained_model  # noqa: E402
 from vitkit.explain.render import head_grid_figure  # noqa: E402
@@ -41,8 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--data", nargs="*", default=[], metavar="KEY=VALUE", help="changes to the saved data options (DataConfig)"
     )
     parser.add_argument("--split", choices=("test", "val"), default="test")
-    parser.add_argument("--num-images", type=int, default=128, help="images averaged over")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--num-images", type=positive_int, default=128, help="images averaged over")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--uniform-entropy", type=float, default=DEFAULTS.uniform_entropy)
     parser.add_argument("--self-attention", type=float, default=DEFAULTS.self_attention)
@@ -52,13 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0, or 2 with one ``error: ...`` line for a bad argument, model file, data or output folder."""
+    return cli_errors(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    try:
-        model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
-        dataset = getattr(build_datasets(data_config_for(extra, args.data)), args.split)
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
+    dataset = getattr(build_datasets(data_config_for(extra, args.data)), args.split)
     batches = (images for images, _ in DataLoader(dataset, batch_size=args.batch_size))
     stats = model_head_stats(model, batches, max_images=args.num_images)
     thresholds = HeadThresholds(args.uniform_entropy, args.self_attention, args.cls_sink, args.collapse_similarity)

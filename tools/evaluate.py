@@ -16,10 +16,16 @@ from pathlib import Path
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from vitkit.train import UnsafeCheckpointError, evaluate  # noqa: E402
+from vitkit.errors import cli_errors  # noqa: E402
+from vitkit.train import evaluate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0, or 1 with one ``error: ...`` line for a bad model file, data option or output folder."""
+    return cli_errors(_main, argv, status=1)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="model.safetensors or a training .ckpt")
     parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE",
@@ -28,11 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
-    try:
-        report = evaluate(args.model, args.data, out_dir=out, split=args.split)
-    except (UnsafeCheckpointError, FileNotFoundError, ValueError) as error:  # RecipeError is a ValueError
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    report = evaluate(args.model, args.data, out_dir=out, split=args.split)
     per_class = "  ".join(f"{name}: {acc:.1f}" for name, acc in report["per_class"].items())
     print(f"{report['dataset']} {report['split']} ({report['num_images']} images): "
           f"top-1 {report['top1']:.2f}%  top-5 {report['top5']:.2f}%")

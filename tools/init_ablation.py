@@ -22,11 +22,11 @@ from typing import Any
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from vitkit.data import DataFileError  # noqa: E402
 import lightning as L  # noqa: E402
 
 from vitkit.models.init import init_parts  # noqa: E402
-from vitkit.train import NonFiniteLossError, RecipeError, load_recipe, train  # noqa: E402
+from vitkit.errors import cli_errors  # noqa: E402
+from vitkit.train import RUN_EXIT_STATUSES, load_recipe, train  # noqa: E402
 
 #: Parts whose vitkit and timm rules differ (both draw the head from N(0, 0.02)).
 SWAPPABLE_PARTS = ("patch", "qkv", "proj", "mlp")
@@ -57,6 +57,12 @@ def variants(with_parts: bool) -> list[tuple[str, list[str], list[L.Callback]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0; with one ``error: ...`` line: 2 for a bad recipe, 1 for other errors (data,
+    divergence, output folder), 143 when a training run was stopped by SIGTERM."""
+    return cli_errors(_main, argv, status=1, statuses=RUN_EXIT_STATUSES)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="recipe YAML file")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for every run")
@@ -66,18 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     results: list[dict[str, Any]] = []
-    try:
-        load_recipe(args.recipe, args.overrides)  # fail before any training
-        for seed in args.seeds:
-            for label, overrides, callbacks in variants(not args.no_parts):
-                run_overrides = [*args.overrides, *overrides, f"trainer.seed={seed}", f"output.dir={out / 'runs'}"]
-                summary = train(args.recipe, run_overrides, callbacks=callbacks).summary
-                results.append({"variant": label, "seed": seed, "test_acc": summary["test_acc"],
-                                "val_acc": summary["val_acc"], "steps": summary["global_steps"]})
-                print(f"{label} seed {seed}: test {summary['test_acc']}%", flush=True)
-    except (RecipeError, NonFiniteLossError, FileNotFoundError, DataFileError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, RecipeError) else 1
+    load_recipe(args.recipe, args.overrides)  # fail before any training
+    for seed in args.seeds:
+        for label, overrides, callbacks in variants(not args.no_parts):
+            run_overrides = [*args.overrides, *overrides, f"trainer.seed={seed}", f"output.dir={out / 'runs'}"]
+            summary = train(args.recipe, run_overrides, callbacks=callbacks).summary
+            results.append({"variant": label, "seed": seed, "test_acc": summary["test_acc"],
+                            "val_acc": summary["val_acc"], "steps": summary["global_steps"]})
+            print(f"{label} seed {seed}: test {summary['test_acc']}%", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "runs.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(results[0]))

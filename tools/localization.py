@@ -27,6 +27,7 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from vitkit import VisionTransformer  # noqa: E402
 from vitkit.data import build_datasets  # noqa: E402
+from vitkit.errors import UsageError, cli_errors, positive_int  # noqa: E402
 from vitkit.explain import HEAD_FUSIONS, evaluate_localization  # noqa: E402
 from vitkit.explain.localization import pointing_tolerance  # noqa: E402
 from vitkit.prune.report import markdown_table, write_csv  # noqa: E402
@@ -43,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--recipe", help="train this recipe first (with the dotted overrides given after it)")
     parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. data.name=shapes trainer.max_epochs=10")
     parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE", help="data option changes")
-    parser.add_argument("--num-images", type=int, default=500)
+    parser.add_argument("--num-images", type=positive_int, default=500)
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     parser.add_argument("--discard-ratio", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-weight model")
@@ -56,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0, or 2 with one ``error: ...`` line for a bad argument, model, recipe or output folder."""
+    return cli_errors(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     checkpoint = args.checkpoint or train(args.recipe, args.overrides).run_dir / "model.safetensors"
     model, extra = load_for_inference(checkpoint)
@@ -63,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     boxes = getattr(dataset, "boxes", None)
     if boxes is None:
         dataset_name = extra.get("dataset")
-        message = f"the test split of {dataset_name!r} has no object boxes; use a model trained on shapes"
-        print(f"error: {message}.", file=sys.stderr)
-        return 2
+        raise UsageError(f"the test split of {dataset_name!r} has no object boxes; use a model trained on shapes.")
     torch.manual_seed(args.seed)
     models = {"trained": model, "random weights": VisionTransformer(model.config).eval()}
     tolerance = args.tolerance if args.tolerance is not None else pointing_tolerance(tuple(extra["img_size"]))

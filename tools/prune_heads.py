@@ -38,6 +38,7 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 import torch  # noqa: E402
 
 from vitkit import save_model  # noqa: E402
+from vitkit.errors import cli_errors, positive_int  # noqa: E402
 from vitkit.models import count_parameters, vit_flops  # noqa: E402
 from vitkit.prune import (  # noqa: E402
     entropy_scorer,
@@ -50,7 +51,7 @@ from vitkit.prune import (  # noqa: E402
 )
 from vitkit.prune.evaluate import eval_loaders, evaluate_accuracy  # noqa: E402
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv  # noqa: E402
-from vitkit.train import RecipeError, UnsafeCheckpointError, load_for_inference  # noqa: E402
+from vitkit.train import load_for_inference  # noqa: E402
 from vitkit.train.artifacts import write_json  # noqa: E402
 from vitkit.train.evaluate import data_config_for  # noqa: E402
 
@@ -62,12 +63,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--max-drop", type=float, default=1.0, help="accuracy budget in percentage points")
     parser.add_argument("--step-fraction", type=float, default=0.1, help="share of remaining heads pruned per step")
-    parser.add_argument("--random-seeds", type=int, default=5, help="random orders to average")
+    parser.add_argument("--random-seeds", type=positive_int, default=5, help="random orders to average")
     parser.add_argument("--entropy-order", choices=("high", "low"), default="high", help="entropy heads pruned first")
-    parser.add_argument("--batch-size", type=int, default=256, help="batch size of scoring, evaluation and timing")
-    parser.add_argument("--max-batches", type=int, help="cap on the batches of every pass (quick runs)")
-    parser.add_argument("--rounds", type=int, default=50, help="interleaved timing rounds for the speed-up")
-    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's); 1 on a busy machine")
+    parser.add_argument("--batch-size", type=positive_int, default=256,
+                        help="batch size of scoring, evaluation and timing")
+    parser.add_argument("--max-batches", type=positive_int, help="cap on the batches of every pass (quick runs)")
+    parser.add_argument("--rounds", type=positive_int, default=50, help="interleaved timing rounds for the speed-up")
+    parser.add_argument("--num-threads", type=positive_int,
+                        help="torch CPU threads (default: torch's); 1 on a busy machine")
     return parser.parse_args(argv)
 
 
@@ -133,12 +136,13 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0, or 1 with one ``error: ...`` line for a bad argument, model file, data or output folder."""
+    return cli_errors(_main, argv, status=1)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    try:
-        summary = run(args)
-    except (RecipeError, UnsafeCheckpointError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    summary = run(args)
     (full, kept) = summary["heads"]
     split, (acc_full, acc_kept) = ("test", summary["test_acc"]) if summary["test_acc"] else ("val", summary["val_acc"])
     print(f"pruned {full - kept}/{full} heads within {args.max_drop:g} pt (chosen on val): {split} accuracy "

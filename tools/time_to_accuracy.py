@@ -24,8 +24,8 @@ from pathlib import Path
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from vitkit.data import DataFileError  # noqa: E402
-from vitkit.train import NonFiniteLossError, RecipeConfig, RecipeError, load_recipe, train  # noqa: E402
+from vitkit.errors import cli_errors, positive_int  # noqa: E402
+from vitkit.train import RUN_EXIT_STATUSES, RecipeConfig, load_recipe, train  # noqa: E402
 from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise  # noqa: E402
 
 IMPLS = ("vitkit", "timm")
@@ -48,32 +48,32 @@ def runs_to_make(config: RecipeConfig, impls: list[str]) -> dict[str, list[str]]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0; with one ``error: ...`` line: 2 for a bad recipe or argument, 1 for other errors
+    (data, divergence, output folder), 143 when a training run was stopped by SIGTERM."""
+    return cli_errors(_main, argv, status=1, statuses=RUN_EXIT_STATUSES)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="recipe YAML file")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to both runs")
-    parser.add_argument("--eval-every", type=int, default=211, metavar="STEPS", help="test every N steps")
+    parser.add_argument("--eval-every", type=positive_int, default=211, metavar="STEPS", help="test every N steps")
     parser.add_argument("--budget-minutes", type=float, default=None, help="cap each run's training time")
     parser.add_argument("--targets", type=float, nargs="+", default=[80.0, 85.0, 88.0], help="accuracies (%%)")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="models to train")
     parser.add_argument("--out", default="runs/time_to_accuracy", help="output folder")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    try:
-        if args.eval_every < 1:
-            raise RecipeError(f"--eval-every must be >= 1, got {args.eval_every}.")
-        config = load_recipe(args.recipe, args.overrides)  # fail before any training
-        curves = {}
-        for label, extra in runs_to_make(config, args.impls).items():
-            timer = TestAccuracyTimer(args.eval_every)
-            folder = label.replace(" ", "_").replace("(", "").replace(")", "")
-            overrides = [*args.overrides, *extra, f"output.dir={out / folder}"]
-            if args.budget_minutes:
-                overrides.append(f"trainer.max_time_minutes={args.budget_minutes}")
-            train(args.recipe, overrides, callbacks=[timer])
-            curves[label] = timer.points
-    except (RecipeError, NonFiniteLossError, FileNotFoundError, DataFileError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, RecipeError) else 1
+    config = load_recipe(args.recipe, args.overrides)  # fail before any training
+    curves = {}
+    for label, extra in runs_to_make(config, args.impls).items():
+        timer = TestAccuracyTimer(args.eval_every)
+        folder = label.replace(" ", "_").replace("(", "").replace(")", "")
+        overrides = [*args.overrides, *extra, f"output.dir={out / folder}"]
+        if args.budget_minutes:
+            overrides.append(f"trainer.max_time_minutes={args.budget_minutes}")
+        train(args.recipe, overrides, callbacks=[timer])
+        curves[label] = timer.points
     targets = tuple(args.targets)
     budget_s = 60 * args.budget_minutes if args.budget_minutes else max(p.seconds for c in curves.values() for p in c)
     rows = summarise(curves, targets, budget_s)

@@ -7,6 +7,10 @@
 Writes runs/<recipe>/<timestamp>/ (config.yaml, metrics.csv, checkpoints/, curves.png,
 summary.json, model.safetensors). Multi-GPU / multi-node: set trainer.devices, trainer.num_nodes
 and trainer.strategy=ddp; Lightning launches the other processes.
+
+Exit status: 0 done, 2 bad recipe or arguments, 1 any other error (data, checkpoint, divergence,
+disk), 143 stopped by SIGTERM (last.ckpt saved; the message says how to resume). --debug shows
+the traceback of an error.
 """
 
 from __future__ import annotations
@@ -18,21 +22,21 @@ import sys
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from vitkit.data import DataFileError  # noqa: E402
-from vitkit.train import NonFiniteLossError, RecipeError, UnsafeCheckpointError, train  # noqa: E402
+from vitkit.errors import cli_errors  # noqa: E402
+from vitkit.train import RUN_EXIT_STATUSES, train  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    return cli_errors(_main, argv, status=1, statuses=RUN_EXIT_STATUSES)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="recipe YAML file (recipes/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5")
     parser.add_argument("--resume", metavar="CKPT", help="checkpoint to continue from (e.g. .../checkpoints/last.ckpt)")
     args = parser.parse_args(argv)
-    try:
-        result = train(args.recipe, args.overrides, resume=args.resume)
-    except (RecipeError, NonFiniteLossError, UnsafeCheckpointError, FileNotFoundError, DataFileError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, RecipeError) else 1
+    result = train(args.recipe, args.overrides, resume=args.resume)
     print(json.dumps(result.summary, indent=2))
     print(f"run directory: {result.run_dir}")
     return 0

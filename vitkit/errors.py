@@ -7,6 +7,7 @@ escapes a tool is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import sys
 from collections.abc import Callable, Sequence
@@ -17,6 +18,21 @@ USER_ERROR_EXIT = 2
 
 class VitkitError(Exception):
     """A user-facing error: bad input, not a bug. The message is one complete sentence or more."""
+
+
+class UsageError(VitkitError):
+    """A command-line argument a tool cannot use (a class or layer out of range, ...)."""
+
+
+def positive_int(text: str) -> int:
+    """``argparse`` type of counts and sizes (``--batch-size``): an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def describe_os_error(error: OSError) -> str:
@@ -31,9 +47,15 @@ def describe_os_error(error: OSError) -> str:
     return f"{where}{error.strerror or error}"
 
 
-def cli_errors(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+def cli_errors(
+    main: Callable[[Sequence[str] | None], int],
+    argv: Sequence[str] | None = None,
+    status: int = USER_ERROR_EXIT,
+    statuses: Sequence[tuple[type[BaseException], int]] = (),
+) -> int:
     """Run a tool's ``main(argv)``; a :class:`VitkitError` or ``OSError`` becomes ``error: ...`` on
-    stderr and exit status 2 (a traceback too with ``--debug``). Returns ``main``'s status otherwise."""
+    stderr and exit ``status``, or the status of the first ``(error type, status)`` of ``statuses``
+    it is an instance of (a traceback too with ``--debug``). Returns ``main``'s status otherwise."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     if debug:
@@ -45,4 +67,4 @@ def cli_errors(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] 
             raise
         message = describe_os_error(error) if isinstance(error, OSError) and error.errno else str(error)
         print(f"error: {message}", file=sys.stderr)
-        return USER_ERROR_EXIT
+        return next((code for kind, code in statuses if isinstance(error, kind)), status)

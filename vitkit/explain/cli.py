@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..data import DataInfo, denormalize
+from ..errors import UsageError
 from ..models import VisionTransformer, from_timm
 from ..train import load_for_inference
 
@@ -48,7 +49,7 @@ def load_explained_model(
     if checkpoint is not None:
         return load_for_inference(checkpoint)
     if model_name is None or timm_weights is None:
-        raise ValueError("give either a vitkit checkpoint, or a model name together with a timm weights file.")
+        raise UsageError("give either a vitkit checkpoint, or a model name together with a timm weights file.")
     path = Path(timm_weights)
     if not path.is_file():
         raise FileNotFoundError(f"timm weights file {path} does not exist.")
@@ -57,7 +58,7 @@ def load_explained_model(
     else:
         state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "patch_embed.proj.weight" not in state:
-        raise ValueError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
+        raise UsageError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
     model = from_timm(state, name=model_name).eval()
     config = model.config
     info = DataInfo(

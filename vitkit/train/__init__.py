@@ -5,16 +5,18 @@ checkpoints, run directories with metrics, curves and an exported model, and eva
 model from ``model.safetensors`` or a ``.ckpt``; ``evaluate(path)`` measures its accuracy.
 """
 
-from .checkpoint import AtomicCheckpointIO, UnsafeCheckpointError, load_checkpoint, load_for_inference
+from .checkpoint import AtomicCheckpointIO, CheckpointError, UnsafeCheckpointError, load_checkpoint, load_for_inference
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
 from .evaluate import evaluate
 from .module import NonFiniteLossError, ViTClassifier
-from .run import RunResult, train
+from .run import RUN_EXIT_STATUSES, RunResult, RunStoppedError, train
 from .schema import RecipeError
 
 __all__ = [
+    "RUN_EXIT_STATUSES",
     "AtomicCheckpointIO",
+    "CheckpointError",
     "ModelConfig",
     "NonFiniteLossError",
     "OptimConfig",
@@ -22,6 +24,7 @@ __all__ = [
     "RecipeConfig",
     "RecipeError",
     "RunResult",
+    "RunStoppedError",
     "TrainerConfig",
     "UnsafeCheckpointError",
     "ViTClassifier",

@@ -5,6 +5,10 @@ Layout of ``<output.dir>/<recipe name>/<timestamp>/``: ``config.yaml`` (resolved
 ``metrics.csv`` (the attempts merged), ``checkpoints/{best,last}.ckpt``, ``curves.png``,
 ``summary.json`` and ``model.safetensors``. ``<output.dir>/<recipe name>/latest`` links to the
 last finished run.
+
+Lightning has no equal for these: its ``default_root_dir`` gets ``lightning_logs/version_<k>``
+folders, not one directory per run claimed atomically, with the resolved recipe, the exported model
+file and a ``latest`` link beside it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from ..errors import VitkitError
 from ..io import atomic_write
 from .config import RecipeConfig
 
@@ -24,10 +31,15 @@ RUN_DIR_ENV = "VITKIT_RUN_DIR"
 CONFIG_FILE = "config.yaml"
 
 
+class RunDirError(VitkitError):
+    """The run directory or its ``latest`` link cannot be used as it is."""
+
+
 def resolve_run_dir(config: RecipeConfig, resume: str | os.PathLike | None) -> Path:
-    """The run directory: inherited from the launching rank, the directory of the checkpoint to
-    resume (when it is a run directory), or a new ``<output.dir>/<name>/<timestamp>`` (not yet
-    created: rank 0 creates it)."""
+    """The run directory, created: inherited from the launching rank, the directory of the
+    checkpoint to resume (when it is a run directory), or a new ``<output.dir>/<name>/<timestamp>``
+    claimed by rank 0 (:func:`claim_run_dir`; other ranks of an externally launched job get the
+    path without creating anything, they write nothing there)."""
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited:
         return Path(inherited)
@@ -36,11 +48,36 @@ def resolve_run_dir(config: RecipeConfig, resume: str | os.PathLike | None) -> P
         if (candidate / CONFIG_FILE).is_file():
             return candidate
     base = Path(config.output.dir) / config.name
+    check_latest_link(base)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if rank_zero_only.rank != 0 or int(os.environ.get("NODE_RANK", "0")) != 0:
+        return base / stamp
+    return claim_run_dir(base, stamp)
+
+
+def claim_run_dir(base: Path, stamp: str) -> Path:
+    """Create ``base/stamp`` exclusively (``base/stamp-1``, ``-2``, ... when another run holds
+    it): ``os.mkdir`` either creates the directory or fails, so two runs started in the same second
+    never share one."""
+    base.mkdir(parents=True, exist_ok=True)
     run_dir, suffix = base / stamp, 1
-    while run_dir.exists():
-        run_dir, suffix = base / f"{stamp}-{suffix}", suffix + 1
-    return run_dir
+    while True:
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            run_dir, suffix = base / f"{stamp}-{suffix}", suffix + 1
+
+
+def check_latest_link(base: Path) -> None:
+    """Refuse to start when ``base/latest``, the link to the last finished run, is a real file
+    or folder (replacing it at the end would lose it)."""
+    link = base / "latest"
+    if link.exists() and not link.is_symlink():
+        raise RunDirError(
+            f"{link} is a real {'folder' if link.is_dir() else 'file'}, not the link to the last finished run "
+            "that vitkit keeps there; move or rename it, then start the run again."
+        )
 
 
 def merge_metrics(run_dir: Path) -> list[dict[str, str]]:
@@ -76,6 +113,7 @@ def write_json(path: Path, values: dict[str, Any]) -> Path:
 
 def point_latest(run_dir: Path) -> None:
     """Make ``run_dir.parent / "latest"`` a relative symlink to ``run_dir`` (replaced atomically)."""
+    check_latest_link(run_dir.parent)
     link = run_dir.parent / "latest"
     tmp = run_dir.parent / f".latest.{os.getpid()}"
     if tmp.is_symlink():

@@ -1,4 +1,8 @@
-"""Callbacks: ``last.ckpt`` every N steps and at every epoch end, and training throughput."""
+"""Callbacks: ``last.ckpt`` every N steps, at every epoch end and on SIGTERM, and training throughput.
+
+Lightning's ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` only when it saves a monitored
+or periodic checkpoint, and its ``OnExceptionCheckpoint`` saves on any exception (a diverged run
+too); :class:`LastCheckpoint` saves on its own step schedule and on a stop signal only."""
 
 from __future__ import annotations
 
@@ -8,12 +12,14 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 class LastCheckpoint(Callback):
     """Keep ``path`` (``last.ckpt``) current: rewritten every ``every_n_steps`` optimiser steps
-    (0: never mid-epoch) and after every epoch (after validation), so a killed run resumes losing
-    at most the steps since the last save. Writes go through the trainer's (atomic) checkpoint IO."""
+    (0: never mid-epoch), after every epoch (after validation) and when the run is stopped by
+    SIGTERM, so a killed run resumes losing at most the steps since the last save. Writes go
+    through the trainer's (atomic) checkpoint IO."""
 
     def __init__(self, path: str | Path, every_n_steps: int) -> None:
         self.path = str(path)
@@ -27,6 +33,10 @@ class LastCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._save(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):
+            self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:
         if trainer.sanity_checking or trainer.global_step == self._last_saved_step:

@@ -1,14 +1,17 @@
 """Checkpoints written atomically and read without unpickling code.
 
 :class:`AtomicCheckpointIO` is Lightning's checkpoint plugin: every save goes to a temporary file
-that replaces the target only once complete (a crash mid-save keeps the previous good file), and
+beside the target that replaces it only once complete and synced (a crash mid-save keeps the previous
+good file; the orphan temporary files of a killed save are removed at the next save or resume), and
 every load uses ``torch.load(weights_only=True)``, which refuses pickled objects other than tensors
-and plain containers. :func:`load_for_inference` rebuilds the model from a ``.ckpt`` or an exported
-``.safetensors`` file.
+and plain containers. :func:`check_resumable` refuses a checkpoint that cannot continue a recipe
+before anything is written; :func:`load_for_inference` rebuilds the model from a ``.ckpt`` or an
+exported ``.safetensors`` file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -20,11 +23,20 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from ..errors import VitkitError
 from ..io import atomic_write, read_model_file
 from ..models import ViTConfig, VisionTransformer
-from .module import EMA_PREFIX, MODEL_PREFIX
+from .module import EMA_PREFIX, MODEL_PREFIX, non_finite_tensors
+
+#: Key Lightning writes into every training checkpoint.
+LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
+#: Glob of the temporary files :func:`~vitkit.io.atomic_write` leaves behind when killed mid-save.
+ORPHAN_GLOB = ".*.ckpt.*.tmp"
 
 
 class UnsafeCheckpointError(VitkitError, pickle.UnpicklingError):
     """A checkpoint holds pickled objects that could run code; it is not loaded."""
+
+
+class CheckpointError(VitkitError, ValueError):
+    """A checkpoint is unreadable (truncated, not a checkpoint) or does not fit the recipe."""
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
@@ -33,6 +45,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     Raises:
         FileNotFoundError: no file at ``path``.
         UnsafeCheckpointError: the file pickles something other than tensors and plain containers.
+        CheckpointError: the file is truncated or not a PyTorch checkpoint.
     """
     path = Path(path)
     if not path.is_file():
@@ -40,18 +53,100 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UnsafeCheckpointError(
             f"refusing to load {path}: it contains pickled objects other than tensors and plain Python "
-            f"containers ({reason}). vitkit checkpoints never do, so the file was not written by vitkit "
-            "or has been tampered with; it is not loaded because unpickling it could run arbitrary code."
+            f"containers ({_first_line(error)}). vitkit checkpoints never do, so the file was not written by "
+            "vitkit or has been tampered with; it is not loaded because unpickling it could run arbitrary code."
+        ) from None
+    except (RuntimeError, EOFError, KeyError, ValueError) as error:
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch checkpoint: it is truncated or corrupt ({_first_line(error)}); "
+            "use another checkpoint of the run (checkpoints/last.ckpt or best.ckpt)."
         ) from None
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def check_resumable(path: str | os.PathLike, vit_config: dict[str, Any], dataset: str) -> None:
+    """Refuse to resume from ``path`` unless it is a readable vitkit training checkpoint whose model
+    is the one the recipe builds (``vit_config``: architecture, image size, channels, classes) on the
+    same ``dataset``. Changes nothing unless it can resume: then it removes the orphan temporary
+    files of a killed save beside it.
+
+    Raises:
+        FileNotFoundError, UnsafeCheckpointError, CheckpointError: the message names each difference.
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        raise CheckpointError(
+            f"--resume {path}: a .safetensors model file holds the weights only, without the optimiser and "
+            "schedule state a run continues from; give the run's checkpoints/last.ckpt instead."
+        )
+    checkpoint = load_checkpoint(path)
+    is_dict = isinstance(checkpoint, dict)
+    hparams = checkpoint.get("hyper_parameters", {}) if is_dict else {}
+    if not is_dict or LIGHTNING_VERSION_KEY not in checkpoint or "vit_config" not in hparams:
+        raise CheckpointError(
+            f"--resume {path}: not a vitkit training checkpoint (no Lightning training state or model config); "
+            "give the run's checkpoints/last.ckpt."
+        )
+    saved = {**_plain(hparams["vit_config"]), "dataset": hparams.get("extra", {}).get("dataset")}
+    wanted = {**_plain(vit_config), "dataset": dataset}
+    differences = [
+        f"{key} (checkpoint {saved.get(key)!r}, recipe {wanted.get(key)!r})"
+        for key in sorted(set(saved) | set(wanted))
+        if saved.get(key) != wanted.get(key)
+    ]
+    if differences:
+        raise CheckpointError(
+            f"--resume {path}: the checkpoint was trained with a different model or data than this recipe "
+            f"builds: {'; '.join(differences)}. Resume with the run's own config.yaml (beside checkpoints/), "
+            "or start a new run."
+        )
+    remove_orphan_temp_files(path.parent)
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as JSON would give them back (tuples as lists), for comparison."""
+    return json.loads(json.dumps(values))
+
+
+def remove_orphan_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Delete the ``.<name>.ckpt.<random>.tmp`` files a save killed mid-write left in ``folder``."""
+    orphans = list(Path(folder).glob(ORPHAN_GLOB))
+    for orphan in orphans:
+        orphan.unlink(missing_ok=True)
+    return orphans
+
+
+def newest_finite_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The most recently written ``*.ckpt`` in ``folder`` whose weights and optimiser state are all
+    finite (loaded to check), or ``None``."""
+    for candidate in sorted(Path(folder).glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            checkpoint = load_checkpoint(candidate)
+        except VitkitError:
+            continue
+        if not non_finite_tensors(checkpoint):
+            return candidate
+    return None
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoint IO: atomic saves (temp file + ``os.replace``), ``weights_only`` loads."""
+    """Lightning checkpoint IO: atomic saves (temp file beside the target, fsync, ``os.replace``),
+    ``weights_only`` loads.
+
+    Kept instead of Lightning's own save (2.6: ``_atomic_save``): that one serialises the whole
+    checkpoint into memory, then commits an fsspec transaction whose temporary file is made in the
+    system temp folder and moved with ``shutil.move``; when that folder is another filesystem (a
+    tmpfs ``/tmp``), the move copies into the target in place, so a kill mid-copy leaves a truncated
+    checkpoint, and nothing is fsynced."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        remove_orphan_temp_files(Path(path).parent)
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
 
     def load_checkpoint(
@@ -69,7 +164,7 @@ def load_for_inference(path: str | os.PathLike) -> tuple[VisionTransformer, dict
     elif path.suffix == ".ckpt":
         config, state, extra = _read_training_checkpoint(path)
     else:
-        raise ValueError(f"{path}: expected a .safetensors model file or a training .ckpt checkpoint.")
+        raise CheckpointError(f"{path}: expected a .safetensors model file or a training .ckpt checkpoint.")
     model = VisionTransformer(config)
     model.load_weights(state, source_grid=config.grid_size)
     return model.eval(), extra
@@ -79,7 +174,7 @@ def _read_training_checkpoint(path: Path) -> tuple[ViTConfig, dict[str, torch.Te
     checkpoint = load_checkpoint(path)
     hparams = checkpoint.get("hyper_parameters", {})
     if "vit_config" not in hparams or "state_dict" not in checkpoint:
-        raise ValueError(f"{path} is not a vitkit training checkpoint (no model config in its hyper-parameters).")
+        raise CheckpointError(f"{path} is not a vitkit training checkpoint (no model config in its hyper-parameters).")
     weights = checkpoint["state_dict"]
     prefix = EMA_PREFIX if any(key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
     state = {key[len(prefix):]: value for key, value in weights.items() if key.startswith(prefix)}

@@ -5,6 +5,7 @@ metrics and a stop on a non-finite loss."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -88,7 +89,6 @@ class ViTClassifier(L.LightningModule):
         loss = self.train_criterion(logits, soft_targets)
         self._check_finite(loss)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(targets))
-        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=len(targets))
         if self.mixup is None:
             self.log("train/acc1", topk_accuracy(logits.detach(), targets, (1,))[0], batch_size=len(targets))
         return loss
@@ -114,7 +114,18 @@ class ViTClassifier(L.LightningModule):
             lr=self.optim_config.lr,
             min_lr=self.optim_config.min_lr,
         )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to write a checkpoint with non-finite weights or optimiser state (the weights can
+        diverge a step before the loss does). Runs on every rank, so DDP processes stop together."""
+        bad = non_finite_tensors(checkpoint)
+        if bad:
+            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise NonFiniteLossError(
+                f"the weights or optimiser state became non-finite at step {self.global_step} (epoch "
+                f"{self.current_epoch}; {shown}), so no checkpoint was written for this step."
+            )
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
         images, targets = batch
@@ -130,9 +141,27 @@ class ViTClassifier(L.LightningModule):
             history = ", ".join(f"{value:.4g}" for value in torch.stack(list(self._recent_losses)).float().tolist())
             raise NonFiniteLossError(
                 f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
-                f"last {len(self._recent_losses)} losses: [{history}]. Lower optim.lr, lengthen "
-                "optim.warmup_epochs, set optim.clip_grad, or train with trainer.precision=32-true."
+                f"last {len(self._recent_losses)} losses: [{history}]."
             )
+
+
+def non_finite_tensors(checkpoint: dict[str, Any]) -> list[str]:
+    """Names (``state_dict/model.head.weight``, ``optimizer_states/0/state/3/exp_avg``) of the
+    floating-point tensors with a NaN or infinite entry in a checkpoint's weights and optimiser state."""
+    sections = {key: checkpoint[key] for key in ("state_dict", "optimizer_states") if key in checkpoint}
+    tensors = _tensors(sections, "")
+    return [name for name, tensor in tensors if tensor.is_floating_point() and not tensor.isfinite().all()]
+
+
+def _tensors(tree: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _tensors(value, f"{prefix}/{key}" if prefix else str(key))
+    elif isinstance(tree, (list, tuple)):
+        for index, value in enumerate(tree):
+            yield from _tensors(value, f"{prefix}/{index}")
 
 
 def build_criterion(config: OptimConfig, num_classes: int) -> tuple[Mixup | None, nn.Module]:

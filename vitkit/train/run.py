@@ -3,7 +3,11 @@
 Validates the recipe, builds data, model and Lightning ``Trainer``, fits (resuming from a
 checkpoint if asked), tests the best checkpoint, then writes the run directory's artefacts
 (see :mod:`.artifacts`). Works unchanged under multi-GPU / multi-node DDP: every process runs this
-function, rank 0 writes the files.
+function, rank 0 claims the run directory and writes the files; the processes Lightning launches
+learn the directory from the environment.
+
+Nothing is written before the recipe and a checkpoint to resume are checked; a diverged run names
+its newest finite checkpoint; a run stopped by SIGTERM saves ``last.ckpt`` and says how to resume.
 """
 
 from __future__ import annotations
@@ -20,20 +24,34 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..data import DataInfo
+from ..errors import VitkitError
 from ..io import save_model
 from ..models import VisionTransformer, count_parameters
 from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, point_latest, resolve_run_dir, write_json
 from .callbacks import LastCheckpoint, Throughput
-from .checkpoint import AtomicCheckpointIO
+from .checkpoint import AtomicCheckpointIO, CheckpointError, check_resumable, newest_finite_checkpoint
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .module import NonFiniteLossError, ViTClassifier
 from .plots import plot_curves
 from .schema import RecipeError
+
+#: Exit status of a run stopped by SIGTERM (128 + the signal's number, as shells report it).
+SIGTERM_EXIT = 143
+
+
+class RunStoppedError(VitkitError):
+    """The run was stopped by SIGTERM; ``last.ckpt`` holds its last step."""
+
+
+#: Exit statuses of the tools that train, for ``cli_errors`` (any other error: 1).
+RUN_EXIT_STATUSES = ((RunStoppedError, SIGTERM_EXIT), (RecipeError, 2))
+
 
 @dataclass
 class RunResult:
@@ -63,36 +81,49 @@ def train(
 
     Raises:
         RecipeError: invalid recipe or overrides (before any work starts).
-        NonFiniteLossError: the loss diverged; the last good ``last.ckpt`` is kept.
+        NonFiniteLossError: the loss, weights or optimiser state diverged; the message names the
+            newest finite checkpoint (none with non-finite values is ever written).
         UnsafeCheckpointError: ``resume`` holds pickled code.
+        CheckpointError: ``resume`` is unreadable or was trained with another model or data.
+        RunStoppedError: SIGTERM stopped the run; ``last.ckpt`` was saved.
     """
     started = time.perf_counter()
     config = load_recipe(recipe, overrides)
     check_precision(config.trainer)
+    if resume is not None and Path(resume).is_dir():
+        raise CheckpointError(f"checkpoint to resume {resume} is a directory; give its checkpoints/last.ckpt.")
     if resume is not None and not Path(resume).is_file():
         raise FileNotFoundError(f"checkpoint to resume {resume} does not exist.")
-    run_dir = resolve_run_dir(config, resume)
     if config.trainer.num_threads is not None:
         torch.set_num_threads(config.trainer.num_threads)
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
     module = build_module(config, datamodule.info)
+    if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
+        check_resumable(resume, module.hparams["vit_config"], datamodule.info.name)
+    run_dir = resolve_run_dir(config, resume)
     best, last, throughput = _callbacks(config, run_dir)
-    trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput, *callbacks])
+    monitor_lr = LearningRateMonitor(logging_interval="step")
+    trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput, monitor_lr, *callbacks])
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
-        run_dir.mkdir(parents=True, exist_ok=True)
         save_recipe(config, run_dir / CONFIG_FILE)
 
     with _shared_run_dir(run_dir):
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+            best_path = best.best_model_path or None
+            tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
+            validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
         except NonFiniteLossError as error:
-            kept = last.path if Path(last.path).is_file() else None
-            note = f" The last good checkpoint is {kept}." if kept else " No checkpoint had been written yet."
-            raise NonFiniteLossError(f"{error}{note}") from None
-    best_path = best.best_model_path or None
-    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
-    validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
+            kept = newest_finite_checkpoint(Path(last.path).parent)
+            note = f" The last good checkpoint is {kept}." if kept else " No finite checkpoint had been written yet."
+            raise NonFiniteLossError(f"{error} {divergence_advice(config)}{note}") from None
+        except SIGTERMException:
+            saved = f"{last.path} holds step {trainer.global_step}" if Path(last.path).is_file() else "no checkpoint"
+            raise RunStoppedError(
+                f"stopped by SIGTERM at step {trainer.global_step} (epoch {trainer.current_epoch}); {saved}. "
+                f"Resume with: python tools/train.py {run_dir / CONFIG_FILE} --resume {last.path}"
+            ) from None
 
     model = module.export_model()
     summary = {
@@ -132,6 +163,16 @@ def build_module(config: RecipeConfig, info: DataInfo) -> ViTClassifier:
         # Module.compile() compiles forward in place: parameter names (checkpoints) stay as they are.
         module.model.compile()
     return module
+
+
+def divergence_advice(config: RecipeConfig) -> str:
+    """What to change against a diverged run, leaving out what the recipe already does."""
+    changes = ["lower optim.lr", "lengthen optim.warmup_epochs"]
+    if config.optim.clip_grad is None:
+        changes.append("set optim.clip_grad (e.g. 1.0)")
+    if config.trainer.precision != "32-true":
+        changes.append("train with trainer.precision=32-true")
+    return f"To fix it: {', '.join(changes[:-1])} or {changes[-1]}."
 
 
 def check_precision(config: TrainerConfig) -> None:
