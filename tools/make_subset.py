@@ -16,7 +16,7 @@ from vitkit.data.subset import make_subset
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", help="ImageNet-style folder: SRC/train/<class>/*, SRC/val/<class>/*")
-    parser.add_argument("dst", help="new or empty output folder")
+    parser.add_argument("dst", help="new or empty output folder, outside SRC (and SRC not inside it)")
     parser.add_argument("--classes", type=int, required=True, help="number of classes to keep")
     parser.add_argument("--images", type=int, required=True, help="training images per class")
     parser.add_argument("--val-images", type=int, default=None, help="val/test images per class (default: all)")
