@@ -20,12 +20,20 @@ from matplotlib import colormaps
 from PIL import Image
 
 import vitkit
-from vitkit.data import CifarFileError, DataConfig, DataInfo, ImageReadError, build_datasets, load_image
-from vitkit.data.imagefolder import ImageFolderError
+from vitkit.data import (
+    CifarFileError,
+    DataConfig,
+    DataInfo,
+    ImageFolderError,
+    ImageReadError,
+    SubsetError,
+    build_datasets,
+    load_image,
+    make_subset,
+)
 from vitkit.data.images import check_image
-from vitkit.data.subset import SubsetError, make_subset
 from vitkit.data.transforms import build_eval_transform
-from vitkit.explain.cli import figure_names
+from vitkit.explain.cli import FigureNameError, figure_names
 from vitkit.train import load_for_inference
 
 from cifar_files import dump, fabricate_cifar10
@@ -226,6 +234,8 @@ def test_figure_names_keep_folders_and_never_collide() -> None:
         Path("a/img.png.png"), Path("b/img.png"), Path("a/img.jpg.png"), Path("a/img.jpg.png.png"), Path("c.bmp.png")
     ]
     assert figure_names([Path("/data/cat.jpg")]) == [Path("cat.png")]
+    with pytest.raises(FigureNameError, match="test_000_a would be named test_000_a.png, like another figure"):
+        figure_names([Path("test_000_a")], reserved={Path("test_000_a.png")})  # no suffix to tell it apart
 
 
 @pytest.fixture

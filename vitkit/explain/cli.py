@@ -18,9 +18,14 @@ from safetensors.torch import load_file
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..data import DataInfo, denormalize
+from ..errors import VitkitError
 from ..data.images import describe_conversion
 from ..models import VisionTransformer, from_timm
 from ..train import load_for_inference
+
+class FigureNameError(VitkitError, ValueError):
+    """Two figures that the naming rules of :func:`figure_names` cannot tell apart."""
+
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 
@@ -101,7 +106,7 @@ def figure_names(files: Sequence[Path], reserved: Collection[Path] = ()) -> list
     suffix (``img.png.png``, ``img.jpg.png``).
 
     Raises:
-        ValueError: two figures cannot be told apart by these rules (a file without suffix named
+        FigureNameError: two figures cannot be told apart by these rules (a file without suffix named
             like a reserved figure).
     """
     if not files:
@@ -121,8 +126,9 @@ def figure_names(files: Sequence[Path], reserved: Collection[Path] = ()) -> list
             moved |= names[i] != with_suffix
             names[i] = with_suffix
         if not moved:
-            raise ValueError(
-                f"cannot name the figure of {files[clashing[0]]} apart from {names[clashing[0]]}; rename the file."
+            raise FigureNameError(
+                f"the figure of {files[clashing[0]]} would be named {names[clashing[0]]}, like another figure; "
+                "rename the image."
             )
 
 
