@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 from pathlib import Path
 from urllib.error import URLError
 
@@ -31,29 +30,12 @@ from vitkit.data import (
 )
 from vitkit.data import cifar as cifar_module
 
-CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-PER_BATCH = 20  # 2 images per class
-
-
-def _dump(path: Path, content: object) -> None:
-    path.write_bytes(pickle.dumps(content, protocol=2))
-
-
-def _cifar_batch(index: int) -> dict:
-    """A batch in the official layout: ``data`` [n, 3072] uint8 (R, G, B planes), ``labels``."""
-    data = np.zeros((PER_BATCH, 3072), dtype=np.uint8)
-    data[:, :1024], data[:, 1024:2048], data[:, 2048:] = 10, 20, 30 + index
-    return {"batch_label": f"batch {index}", "labels": [i % 10 for i in range(PER_BATCH)], "data": data}
+from cifar_files import PER_BATCH, dump, fabricate_cifar10
 
 
 @pytest.fixture
 def cifar10_root(tmp_path: Path) -> Path:
-    folder = tmp_path / "cifar-10-batches-py"
-    folder.mkdir()
-    for index, name in enumerate(CIFAR10_FILES):
-        _dump(folder / name, _cifar_batch(index))
-    _dump(folder / "batches.meta", {"label_names": [f"class{i}" for i in range(10)], "num_vis": 3072})
-    return tmp_path
+    return fabricate_cifar10(tmp_path)
 
 
 def _save_image(path: Path, size: tuple[int, int] = (12, 10), mode: str = "RGB", value: int = 128) -> Path:
@@ -100,8 +82,8 @@ def test_cifar100_reads_fine_labels(tmp_path: Path) -> None:
     folder.mkdir()
     for name in ("train", "test"):
         data = np.full((200, 3072), 7, dtype=np.uint8)
-        _dump(folder / name, {"data": data, "fine_labels": [i % 100 for i in range(200)], "coarse_labels": [0] * 200})
-    _dump(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)], "coarse_label_names": ["c"]})
+        dump(folder / name, {"data": data, "fine_labels": [i % 100 for i in range(200)], "coarse_labels": [0] * 200})
+    dump(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)], "coarse_label_names": ["c"]})
     bundle = build_datasets(DataConfig(name="cifar100", root=str(tmp_path), val_fraction=0.5))
     assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (100, 100, 200)
     assert bundle.info.class_names[99] == "f99"
@@ -132,7 +114,7 @@ class _Exploit:
 
 def test_tampered_cifar_pickle_is_refused_without_running_code(cifar10_root: Path) -> None:
     marker = cifar10_root / "pwned"
-    _dump(cifar10_root / "cifar-10-batches-py" / "data_batch_3", {"data": _Exploit(marker), "labels": []})
+    dump(cifar10_root / "cifar-10-batches-py" / "data_batch_3", {"data": _Exploit(marker), "labels": []})
     with pytest.raises(CifarFileError, match="data_batch_3.*refusing to load global"):
         build_datasets(DataConfig(name="cifar10", root=str(cifar10_root)))
     assert not marker.exists()

@@ -58,9 +58,9 @@ def test_attention_maps_on_mixed_folder_writes_figures_and_names_the_broken_file
     code = tool_main("attention_maps")(["--checkpoint", str(checkpoint), str(mixed_folder), "--out", str(out)])
     assert code == 1
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["gray_jpg.png", "rgb_png.png", "rgba_png.png"]
+    assert written == ["gray.png", "rgb.png", "rgba.png"]
     # image + rollout + grad rollout + Chefer in the first row, 3 heads in the second: 32 px shown 4x
-    with Image.open(out / "rgb_png.png") as figure:
+    with Image.open(out / "rgb.png") as figure:
         assert figure.mode == "RGB" and figure.width == 4 * (128 + 6) + 6 and figure.height > 2 * 128
     err = capsys.readouterr().err
     assert "broken.png" in err and "1 file(s) could not be read" in err
@@ -73,7 +73,7 @@ def test_attention_maps_single_method_and_bad_target_or_layer(
     out = tmp_path / "maps"
     image = str(mixed_folder / "rgb.png")
     assert main(["--checkpoint", str(checkpoint), image, "--out", str(out), "--method", "rollout"]) == 0
-    with Image.open(out / "rgb_png.png") as figure:
+    with Image.open(out / "rgb.png") as figure:
         assert figure.width == 2 * (128 + 6) + 6  # image and rollout only
     bf16 = ["--precision", "bf16", "--target", "5"]
     assert main(["--checkpoint", str(checkpoint), image, "--out", str(out), *bf16]) == 0
@@ -89,7 +89,7 @@ def test_attention_maps_loads_timm_weights(seed: int, mixed_folder: Path, tmp_pa
     image = str(mixed_folder / "gray.jpg")
     argv = ["--model", "vit_tiny_patch16_224", "--timm-weights", str(weights), image, "--out", str(out)]
     assert tool_main("attention_maps")(argv) == 0
-    assert (out / "gray_jpg.png").is_file()
+    assert (out / "gray.png").is_file()
 
 
 def collapse_heads(model: vitkit.VisionTransformer, layer: int, heads: tuple[int, int], sharpen: float) -> None:
@@ -148,7 +148,7 @@ def test_attention_maps_tool_works_on_a_model_whose_last_block_lost_every_head(
     out = tmp_path / "maps"
     image = str(mixed_folder / "rgb.png")
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out)]) == 0
-    with Image.open(out / "rgb_png.png") as figure:  # one row: image, rollout, grad rollout, Chefer; no heads
+    with Image.open(out / "rgb.png") as figure:  # one row: image, rollout, grad rollout, Chefer; no heads
         assert figure.width == 4 * (128 + 6) + 6 and figure.height < 2 * 128
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out), "--layer", "0",
                                         "--method", "heads"]) == 0

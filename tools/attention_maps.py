@@ -7,9 +7,19 @@
 
 Each PNG shows the image as the model saw it, the attention-rollout overlay, the gradient-rollout
 and Chefer et al. relevance overlays for the predicted (or ``--target``) class and the per-head
-attention of block ``--layer`` (left out when that block's heads were all pruned), titled with the
-predicted class and its probability. Maps are read out as the model pools (class token or average). Unreadable files are reported by
-name and skipped; the exit code is 1 if any failed.
+attention of block ``--layer`` (left out when that block's heads were all pruned; layers and heads
+count from 0), with a colour bar. The title gives the predicted class and its probability, and the
+true class for --test-images. Maps are read out as the model pools (class token or average).
+
+Figure names keep the images' folders: each figure mirrors its image's path below the images'
+deepest common folder, with the suffix .png (images/a/img.jpg and images/b/img.jpg give
+OUT/a/img.png and OUT/b/img.png); images that would share a name (img.png and img.jpg in one
+folder) keep their suffix (img.png.png, img.jpg.png). --test-images N writes
+OUT/test_000_<class>.png and on. --out may not lie inside an input folder.
+
+Images are converted to the model's channels and size (one note says what was converted and how).
+Unreadable files (and FIFOs or other non-regular files) are reported by name and skipped; the exit
+code is 1 if any failed.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,10 +38,28 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 from vitkit import VisionTransformer  # noqa: E402
 from vitkit.errors import UsageError, cli_errors, positive_int  # noqa: E402
 from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image  # noqa: E402
+from vitkit.data.images import convert_channels  # noqa: E402
 from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture  # noqa: E402
-from vitkit.explain.cli import add_model_arguments, display_image, find_images, load_explained_model  # noqa: E402
+from vitkit.explain.cli import (  # noqa: E402
+    ConversionNote,
+    add_model_arguments,
+    display_image,
+    figure_names,
+    find_images,
+    load_explained_model,
+    output_clashes,
+)
 from vitkit.explain.render import attention_figure  # noqa: E402
 from vitkit.train.evaluate import data_config_for  # noqa: E402
+
+
+class Sample(NamedTuple):
+    """One image to explain and where its figure goes."""
+
+    name: str  # shown in the title
+    image: torch.Tensor  # preprocessed [C, H, W]
+    label: int | None  # the true class, when known
+    figure: Path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,18 +98,12 @@ def option_problems(args: argparse.Namespace, num_classes: int, depth: int) -> l
     return problems
 
 
-def render_batch(
-    model: VisionTransformer,
-    batch: list[tuple[Path, torch.Tensor]],
-    args: argparse.Namespace,
-    info: DataInfo,
-    out: Path,
-) -> None:
-    """Capture one batch of ``(path, preprocessed image)`` and write one figure per image."""
+def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.Namespace, info: DataInfo) -> None:
+    """Capture one batch and write one figure per sample."""
     methods = METHODS if args.method == "all" else (args.method,)
     if args.method == "all" and model.heads_per_layer()[args.layer] == 0:
         methods = tuple(m for m in methods if m != "heads")  # that block's heads were all pruned
-    images = torch.stack([image for _, image in batch])
+    images = torch.stack([sample.image for sample in batch])
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
         capture = capture_attention(
             model, images, args.target, with_gradients=any(m in GRADIENT_METHODS for m in methods)
@@ -88,11 +111,13 @@ def render_batch(
     options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
     maps = {method: maps_from_capture(capture, method, **options) for method in methods}
     probabilities = capture.logits.softmax(dim=-1)
-    layer = args.layer % len(capture.attentions)
+    num_layers = len(capture.attentions)
     names = info.class_names
-    for index, (path, image) in enumerate(batch):
+    for index, sample in enumerate(batch):
         predicted = int(probabilities[index].argmax())
-        title = f"{path.name}: {names[predicted]} ({probabilities[index, predicted]:.1%})"
+        title = f"{sample.name}: predicted {names[predicted]} ({probabilities[index, predicted]:.1%})"
+        if sample.label is not None:
+            title += f", true {names[sample.label]}"
         panels = []
         if "rollout" in maps:
             panels.append(("attention rollout", maps["rollout"][index]))
@@ -100,18 +125,39 @@ def render_batch(
             if method in maps:
                 panels.append((f"{label}: {names[int(capture.targets[index])]}", maps[method][index]))
         heads = maps["heads"][index] if "heads" in maps else None
-        picture = display_image(image, info)
-        attention_figure(picture, panels, heads, layer, title, out / f"{path.stem}_{path.suffix.lstrip('.')}.png")
+        sample.figure.parent.mkdir(parents=True, exist_ok=True)
+        picture = display_image(sample.image, info)
+        attention_figure(picture, panels, heads, args.layer % num_layers, num_layers, title, sample.figure)
 
 
-def test_samples(extra: dict, info: DataInfo, count: int) -> list[tuple[Path, torch.Tensor]]:
-    """The first ``count`` preprocessed test images of the model's dataset, named after their label."""
+def test_samples(extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
+    """The first ``count`` preprocessed test images of the model's dataset, figures named after their label."""
     test_set = build_datasets(data_config_for(extra)).test
     samples = []
     for index in range(min(count, len(test_set))):
         image, label = test_set[index]
-        samples.append((Path(f"test_{index:03d}_{info.class_names[label]}.png"), image))
+        name = f"test_{index:03d}_{info.class_names[label]}"
+        samples.append(Sample(f"test image {index}", image, label, out / f"{name}.png"))
     return samples
+
+
+def read_samples(
+    paths: list[Path], figures: list[Path], info: DataInfo, note: ConversionNote
+) -> tuple[list[Sample], list[str]]:
+    """``paths`` read and preprocessed for the model (conversions recorded in ``note``), and the
+    files that could not be read (reported on stderr)."""
+    transform = build_eval_transform(info)
+    samples, failed = [], []
+    for path, figure in zip(paths, figures):
+        try:
+            image = load_image(path)
+        except ImageReadError as error:
+            print(f"error: {error}; skipped.", file=sys.stderr)
+            failed.append(str(path))
+            continue
+        note.add(path, image)
+        samples.append(Sample(str(path), transform(convert_channels(image, info.in_chans)), None, figure))
+    return samples, failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,32 +170,36 @@ def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
     info = DataInfo.from_extra(extra)
-    transform = build_eval_transform(info)
     problems = option_problems(args, info.num_classes, len(model.blocks))
     if problems:
         raise UsageError(f"{'; '.join(problems)}.")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     paths = find_images(args.images)
+    start = time.perf_counter()
+    samples: list[Sample] = []
+    if args.test_images:
+        samples = test_samples(extra, info, args.test_images, out)
+    figures = [out / name for name in figure_names(paths, {s.figure.relative_to(out) for s in samples})]
+    clashes = output_clashes(out, args.images, paths, [*figures, *(s.figure for s in samples)])
+    if clashes:
+        raise UsageError(f"{'; '.join(clashes)}.")
+    out.mkdir(parents=True, exist_ok=True)
+    note = ConversionNote(info)
     failed: list[str] = []
     written = 0
-    start = time.perf_counter()
-    if args.test_images:
-        samples = test_samples(extra, info, args.test_images)
-        for first in range(0, len(samples), args.batch_size):
-            render_batch(model, samples[first : first + args.batch_size], args, info, out)
-        written += len(samples)
+    for first in range(0, len(samples), args.batch_size):
+        render_batch(model, samples[first : first + args.batch_size], args, info)
+    written += len(samples)
     for first in range(0, len(paths), args.batch_size):
-        batch = []
-        for path in paths[first : first + args.batch_size]:
-            try:
-                batch.append((path, transform(load_image(path, info.in_chans))))
-            except ImageReadError as error:
-                print(f"error: {error}; skipped.", file=sys.stderr)
-                failed.append(str(path))
+        batch, unread = read_samples(
+            paths[first : first + args.batch_size], figures[first : first + args.batch_size], info, note
+        )
+        failed += unread
         if batch:
-            render_batch(model, batch, args, info, out)
+            render_batch(model, batch, args, info)
             written += len(batch)
+    if (message := note.message()) is not None:
+        print(message)
     seconds = time.perf_counter() - start
     per_image = seconds / max(written, 1)
     print(f"wrote {written} figure(s) to {out} in {seconds:.1f} s ({per_image:.2f} s/image).")

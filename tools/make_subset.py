@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", help="ImageNet-style folder: SRC/train/<class>/*, SRC/val/<class>/*")
-    parser.add_argument("dst", help="new or empty output folder")
+    parser.add_argument("dst", help="new or empty output folder, outside SRC (and SRC not inside it)")
     parser.add_argument("--classes", type=positive_int, required=True, help="number of classes to keep")
     parser.add_argument("--images", type=positive_int, required=True, help="training images per class")
     parser.add_argument("--val-images", type=positive_int, default=None,

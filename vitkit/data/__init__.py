@@ -5,12 +5,12 @@ from .arrays import ArrayDataset, stratified_split
 from .build import build_datasets, data_info
 from .cifar import CifarFileError
 from .config import DATASET_NAMES, AugmentConfig, DataConfig
-from .imagefolder import ImageFolderDataset
+from .imagefolder import ImageFolderDataset, ImageFolderError
 from .images import ImageReadError, load_image
 from .info import DataFileError, DataInfo, DatasetBundle
 from .mnist import IdxFileError
 from .shapes import SHAPE_CLASSES, ShapesDataset, generate_shapes, shapes_info
-from .subset import make_subset
+from .subset import SubsetError, make_subset
 from .transforms import build_eval_transform, build_train_transform, denormalize
 
 __all__ = [
@@ -24,9 +24,11 @@ __all__ = [
     "DataInfo",
     "DatasetBundle",
     "ImageFolderDataset",
+    "ImageFolderError",
     "IdxFileError",
     "ImageReadError",
     "ShapesDataset",
+    "SubsetError",
     "build_datasets",
     "build_eval_transform",
     "build_train_transform",

@@ -18,7 +18,7 @@ from .batch_transforms import build_batch_transform
 from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
 from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
-from .imagefolder import ImageFolderDataset, drop_unreadable, find_classes, scan_split
+from .imagefolder import ImageFolderDataset, scan_image_folder
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataInfo, DatasetBundle
 from .mnist import MNIST_SOURCES, load_mnist
 from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
@@ -111,19 +111,14 @@ def _build_shapes(cfg: DataConfig) -> DatasetBundle:
 
 
 def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
-    root = Path(cfg.root)
-    classes = find_classes(root / "train")
+    classes, scanned = scan_image_folder(Path(cfg.root), cfg.verify_images, cfg.skip_corrupt)
     info = data_info(cfg, classes, IMAGENET_MEAN, IMAGENET_STD)
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
-    splits: dict[str, ImageFolderDataset] = {}
-    for split, transform in (("train", train_tf), ("val", eval_tf), ("test", eval_tf)):
-        if split == "test" and not (root / split).is_dir():
-            continue
-        files, labels = scan_split(root / split, classes)
-        skipped: list[Path] = []
-        if cfg.verify_images:
-            files, labels, skipped = drop_unreadable(files, labels, cfg.skip_corrupt)
-        splits[split] = ImageFolderDataset(files, labels, transform, info.in_chans, skipped)
+    transforms = {"train": train_tf, "val": eval_tf, "test": eval_tf}
+    splits = {
+        split: ImageFolderDataset(part.files, part.labels, transforms[split], info.in_chans, part.skipped)
+        for split, part in scanned.items()
+    }
     return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info)
 
 

@@ -80,6 +80,7 @@ def load_cifar(name: str, root: str | Path, download: bool) -> CifarArrays:
 
     Raises:
         FileNotFoundError: the files are absent and ``download`` is off or failed; says where to put them.
+        CifarFileError: a file is not a CIFAR batch, or holds labels outside ``0 .. len(class_names) - 1``.
     """
     source, label_key = _SOURCES[name]
     folder = Path(root) / source.base_folder
@@ -92,9 +93,9 @@ def load_cifar(name: str, root: str | Path, download: bool) -> CifarArrays:
             f"{name} not found: {folder} lacks {', '.join(missing)}. Put the extracted '{source.base_folder}' "
             f"folder (from {source.url}) inside {Path(root)}, or set data.download=true on a machine with internet."
         )
-    train = [_read_batch(folder / entry[0], label_key) for entry in source.train_list]
-    test_images, test_labels = _read_batch(folder / source.test_list[0][0], label_key)
     names = [str(n) for n in read_pickle(folder / source.meta["filename"])[source.meta["key"]]]
+    train = [_read_batch(folder / entry[0], label_key, len(names)) for entry in source.train_list]
+    test_images, test_labels = _read_batch(folder / source.test_list[0][0], label_key, len(names))
     return (
         np.concatenate([images for images, _ in train]),
         np.concatenate([labels for _, labels in train]),
@@ -104,7 +105,8 @@ def load_cifar(name: str, root: str | Path, download: bool) -> CifarArrays:
     )
 
 
-def _read_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_batch(path: Path, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(images [n, 32, 32, 3] uint8, labels [n])`` of one batch file, labels checked against ``num_classes``."""
     batch = read_pickle(path)
     if "data" not in batch or label_key not in batch:
         raise CifarFileError(f"{path} lacks 'data' or {label_key!r}; keys found: {sorted(batch)}.")
@@ -112,6 +114,12 @@ def _read_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(batch[label_key], dtype=np.int64)
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) != len(labels):
         raise CifarFileError(f"{path}: expected data [n, 3072] and n labels, got {list(data.shape)} and {len(labels)}.")
+    outside = np.flatnonzero((labels < 0) | (labels >= num_classes))
+    if outside.size:
+        raise CifarFileError(
+            f"{path}: {outside.size} label(s) lie outside 0..{num_classes - 1}, the {num_classes} classes of the "
+            f"meta file (e.g. {labels[outside[0]]} at index {outside[0]}); the file is damaged or from another dataset."
+        )
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), labels
 
 

@@ -5,11 +5,18 @@ Unreadable files are found when the dataset is built (one fast decode pass, see
 :func:`~vitkit.data.images.check_image`) and raise :class:`ImageReadError` naming them, or
 with ``skip_corrupt`` are dropped, logged and counted (``dataset.skipped``). A file that breaks
 after that pass (or with verification off) raises :class:`ImageReadError` naming it when loaded.
+
+A layout that would train a misleading model is refused before training (:class:`ImageFolderError`):
+fewer than two classes, a training class folder without (readable) images, or a val/test class
+that training lacks. A val/test split missing some training classes is logged as a warning, as
+its accuracy does not cover them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +24,29 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from ..errors import VitkitError
 from .arrays import Transform
 from .images import ImageReadError, check_image, load_image
 
 log = logging.getLogger(__name__)
 
 LAYOUT = "root/train/<class>/<image>, root/val/<class>/<image> and optionally root/test/<class>/<image>"
+
+#: Class names quoted in a message before the rest are only counted.
+_NAMES_SHOWN = 8
+
+
+class ImageFolderError(VitkitError, ValueError):
+    """An image folder whose class folders would train or evaluate a misleading model."""
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """The image files of one split, their labels, and the unreadable files left out."""
+
+    files: list[Path]
+    labels: list[int]
+    skipped: list[Path]
 
 
 class ImageFolderDataset(Dataset):
@@ -78,12 +102,51 @@ def image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
 
 
+def scan_image_folder(
+    root: Path, verify: bool = True, skip_corrupt: bool = False
+) -> tuple[list[str], dict[str, SplitFiles]]:
+    """The classes (``root/train``'s folders) and the files of ``train``, ``val`` and ``test``
+    (when present), checked before training.
+
+    Args:
+        root: the dataset folder (see :data:`LAYOUT`).
+        verify: decode every file once (see :func:`drop_unreadable`).
+        skip_corrupt: drop unreadable files instead of raising.
+
+    Raises:
+        ImageFolderError: fewer than two classes, a training class without readable images, or
+            a val/test class folder that training lacks.
+        FileNotFoundError: a split is missing or holds no images.
+        ImageReadError: an unreadable file (unless ``skip_corrupt``).
+    """
+    classes = find_classes(root / "train")
+    if len(classes) < 2:
+        raise ImageFolderError(
+            f"{root / 'train'} has a single class folder, {classes[0]!r}; a classifier needs at least two "
+            f"(with one it is right every time and learns nothing). Add class folders as {LAYOUT}."
+        )
+    splits: dict[str, SplitFiles] = {}
+    for split in ("train", "val", "test"):
+        if split == "test" and not (root / split).is_dir():
+            continue
+        files, labels = scan_split(root / split, classes)
+        skipped: list[Path] = []
+        if verify:
+            files, labels, skipped = drop_unreadable(files, labels, skip_corrupt)
+        check_classes_covered(root / split, classes, labels, required=split == "train")
+        splits[split] = SplitFiles(files, labels, skipped)
+    return classes, splits
+
+
 def scan_split(split_dir: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
     """Image files of ``split_dir/<class>/`` (see :func:`image_files`) and their labels,
     ``classes`` giving the label order; a class folder not in ``classes`` raises."""
     unknown = sorted(set(find_classes(split_dir)) - set(classes))
     if unknown:
-        raise ValueError(f"{split_dir} has class folders {unknown} that the training split lacks.")
+        raise ImageFolderError(
+            f"{split_dir} has class folder(s) {quote_names(unknown)} that {split_dir.parent / 'train'} lacks, "
+            "so they have no label; rename them after a training class or remove them."
+        )
     files: list[Path] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
@@ -93,6 +156,31 @@ def scan_split(split_dir: Path, classes: list[str]) -> tuple[list[Path], list[in
     if not files:
         raise FileNotFoundError(f"{split_dir} holds no images with extensions {', '.join(IMG_EXTENSIONS)}.")
     return files, labels
+
+
+def check_classes_covered(split_dir: Path, classes: Sequence[str], labels: Sequence[int], required: bool) -> None:
+    """Every class has an image in ``labels``, or :class:`ImageFolderError` (``required``, the
+    training split: a class never seen) or a logged warning (val/test: accuracy leaves it out)."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(classes))
+    missing = [name for name, count in zip(classes, counts) if count == 0]
+    if not missing:
+        return
+    if required:
+        raise ImageFolderError(
+            f"{split_dir}: class folder(s) {quote_names(missing)} hold no readable images, so the model would "
+            "have classes it never sees in training; add images or remove the folder(s)."
+        )
+    log.warning(
+        "%s has no images of %d of the %d training classes (%s): its accuracy leaves them out.",
+        split_dir, len(missing), len(classes), quote_names(missing),
+    )
+
+
+def quote_names(names: Sequence[str]) -> str:
+    """Up to eight names quoted, then a count of the rest."""
+    shown = ", ".join(repr(name) for name in names[:_NAMES_SHOWN])
+    rest = len(names) - _NAMES_SHOWN
+    return f"{shown} and {rest} more" if rest > 0 else shown
 
 
 def drop_unreadable(files: list[Path], labels: list[int], skip: bool) -> tuple[list[Path], list[int], list[Path]]:

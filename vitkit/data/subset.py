@@ -10,9 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import VitkitError
 from .imagefolder import LAYOUT, find_classes, image_files
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+
+
+class SubsetError(VitkitError, ValueError):
+    """A subset that cannot be made as asked (too few classes or images, a bad destination)."""
 
 
 @dataclass(frozen=True)
@@ -49,18 +54,20 @@ def make_subset(
 
     Raises:
         FileNotFoundError: ``src`` or ``src/train`` is missing.
-        ValueError: too few classes or images, or ``dst`` is not empty.
+        SubsetError: too few classes or images, ``dst`` is not empty, or one of ``src`` and ``dst``
+            lies inside the other (links in ``src/train`` would pick up val images); nothing is written.
     """
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise FileNotFoundError(f"source folder {src} does not exist; expected {LAYOUT.replace('root', str(src))}.")
     if num_classes < 1 or images_per_class < 1:
-        raise ValueError(f"--classes and --images must be >= 1, got {num_classes} and {images_per_class}.")
+        raise SubsetError(f"--classes and --images must be >= 1, got {num_classes} and {images_per_class}.")
+    _check_apart(src, dst)
     if dst.exists() and any(dst.iterdir()):
-        raise ValueError(f"destination {dst} is not empty; choose a new or empty folder.")
+        raise SubsetError(f"destination {dst} is not empty; choose a new or empty folder.")
     classes = find_classes(src / "train")
     if num_classes > len(classes):
-        raise ValueError(f"asked for {num_classes} classes but {src / 'train'} has only {len(classes)}.")
+        raise SubsetError(f"asked for {num_classes} classes but {src / 'train'} has only {len(classes)}.")
     rng = np.random.default_rng(seed)
     chosen = sorted(classes[i] for i in rng.choice(len(classes), num_classes, replace=False))
     plan: dict[str, list[Path]] = {}
@@ -83,8 +90,20 @@ def _draw(folder: Path, limit: int | None, rng: np.random.Generator, strict: boo
     if limit is None or (len(files) <= limit and not strict):
         return files
     if len(files) < limit:
-        raise ValueError(f"{folder} has only {len(files)} images, fewer than the {limit} asked for; lower --images.")
+        raise SubsetError(f"{folder} has only {len(files)} images, fewer than the {limit} asked for; lower --images.")
     return sorted(files[i] for i in rng.choice(len(files), limit, replace=False))
+
+
+def _check_apart(src: Path, dst: Path) -> None:
+    """Refuse a destination inside the source, or the reverse (symlinks and ``..`` resolved)."""
+    real_src, real_dst = src.resolve(), dst.resolve()
+    if real_dst.is_relative_to(real_src):
+        raise SubsetError(
+            f"destination {dst} lies inside the source {src}: the subset would be written into its own source "
+            "(and be read back as part of it); choose a folder outside it."
+        )
+    if real_src.is_relative_to(real_dst):
+        raise SubsetError(f"the source {src} lies inside the destination {dst}; choose a folder outside the source.")
 
 
 def _symlink(source: Path, target: Path) -> None:

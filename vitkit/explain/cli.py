@@ -1,23 +1,31 @@
 """Shared by the explanation tools: model source arguments and loading (with the metadata the model
-was trained with), image discovery in folders, and display images."""
+was trained with), image discovery in folders, figure names that keep the images' folders, the
+note that says how images were adapted to the model, and display images."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..data import DataInfo, denormalize
-from ..errors import UsageError
+from ..data.images import describe_conversion
+from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
 from ..train import load_for_inference
+
+class FigureNameError(VitkitError, ValueError):
+    """Two figures that the naming rules of :func:`figure_names` cannot tell apart."""
+
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 
@@ -75,18 +83,113 @@ def load_explained_model(
 
 
 def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files given directly, plus the image files (by suffix, recursively, sorted) of folders."""
-    found: list[Path] = []
+    """Files given directly, plus the image files (by suffix, recursively, sorted) of folders; a
+    file found twice (given and inside a given folder) is listed once."""
+    found: dict[str, Path] = {}
     for entry in map(Path, paths):
         if entry.is_dir():
-            found.extend(sorted(p for p in entry.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
+            files = sorted(p for p in entry.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         else:
-            found.append(entry)
-    return found
+            files = [entry]
+        for file in files:
+            found.setdefault(os.path.abspath(file), file)
+    return list(found.values())
+
+
+def figure_names(files: Sequence[Path], reserved: Collection[Path] = ()) -> list[Path]:
+    """Names of the figures of ``files``, relative to the output folder, none in ``reserved`` and
+    no two alike.
+
+    A figure mirrors its image's path below the images' deepest common folder, with the suffix
+    ``.png`` (``x/a/img.jpg`` and ``x/b/img.jpg`` -> ``a/img.png`` and ``b/img.png``). Images
+    that would share a name, such as ``img.png`` and ``img.jpg`` in one folder, keep their own
+    suffix (``img.png.png``, ``img.jpg.png``).
+
+    Raises:
+        FigureNameError: two figures cannot be told apart by these rules (a file without suffix named
+            like a reserved figure).
+    """
+    if not files:
+        return []
+    absolute = [Path(os.path.abspath(file)) for file in files]
+    common = Path(os.path.commonpath([path.parent for path in absolute]))
+    relative = [path.relative_to(common) for path in absolute]
+    names = [path.with_suffix(".png") for path in relative]
+    while True:
+        counts = Counter([*names, *reserved])
+        clashing = [i for i, name in enumerate(names) if counts[name] > 1]
+        if not clashing:
+            return names
+        moved = False
+        for i in clashing:
+            with_suffix = relative[i].parent / f"{relative[i].name}.png"  # a folder never holds a name twice
+            moved |= names[i] != with_suffix
+            names[i] = with_suffix
+        if not moved:
+            raise FigureNameError(
+                f"the figure of {files[clashing[0]]} would be named {names[clashing[0]]}, like another figure; "
+                "rename the image."
+            )
+
+
+def output_clashes(
+    out: Path, sources: Iterable[str | os.PathLike], files: Iterable[Path], figures: Iterable[Path]
+) -> list[str]:
+    """Why writing ``figures`` into ``out`` would overwrite or mix with their images (empty when
+    it would not): ``out`` inside a folder of ``sources``, or a figure that is one of ``files``."""
+    real_out = out.resolve()
+    problems = [
+        f"--out {out} lies inside the input folder {source}: figures would mix with its images (and be read as "
+        "images next time); choose an output folder outside it"
+        for source in map(Path, sources)
+        if source.is_dir() and real_out.is_relative_to(source.resolve())
+    ]
+    inputs = {file.resolve() for file in files}
+    problems += [
+        f"the figure {figure} would overwrite that input image; choose another --out"
+        for figure in figures
+        if figure.resolve() in inputs
+    ]
+    return problems
+
+
+class ConversionNote:
+    """How input images were adapted to the model (channels, size): collected per image, said once.
+
+    Args:
+        info: the model's preprocessing (``in_chans``, ``img_size``).
+    """
+
+    def __init__(self, info: DataInfo) -> None:
+        self.info = info
+        self.channels: dict[str, list[Path]] = {}
+        self.resized: list[tuple[Path, tuple[int, int]]] = []
+
+    def add(self, path: Path, image: Image.Image) -> None:
+        """Record ``image``, read from ``path`` in its own mode and size."""
+        how = describe_conversion(image, self.info.in_chans)
+        if how is not None:
+            self.channels.setdefault(how, []).append(path)
+        if (image.height, image.width) != tuple(self.info.img_size):
+            self.resized.append((path, image.size))
+
+    def message(self) -> str | None:
+        """One line saying what was converted and how, or ``None`` when nothing was."""
+        height, width = self.info.img_size
+        parts = [f"{len(paths)} image(s) {how} (e.g. {paths[0]})" for how, paths in self.channels.items()]
+        if self.resized:
+            path, (file_width, file_height) = self.resized[0]
+            parts.append(
+                f"{len(self.resized)} image(s) of another size (e.g. {path}, {file_width}x{file_height}) resized "
+                f"(shorter side) and centre-cropped to {width}x{height}, as in evaluation"
+            )
+        if not parts:
+            return None
+        kind = "grayscale" if self.info.in_chans == 1 else "RGB"
+        return f"note: images converted to the model's input ({kind}, {width}x{height}): {'; '.join(parts)}."
 
 
 def display_image(image: torch.Tensor, info: DataInfo) -> np.ndarray:
     """A normalised ``[C, H, W]`` model input as an ``[H, W, 3]`` float RGB array in ``[0, 1]``."""
     pixels = denormalize(image.float(), info).permute(1, 2, 0).numpy()
     return np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
-

@@ -17,14 +17,19 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
+from PIL.PngImagePlugin import PngInfo
 
 DPI = 100
 HEAD_COLUMNS = 6
 MIN_TILE_PX = 128  # small images (32x32 CIFAR, shapes) are enlarged by an integer factor
-GAP, LABEL_PX, TITLE_PX, FONT_PX = 6, 16, 26, 12
+GAP, LABEL_PX, LINE_PX, TITLE_LINE_PX, FONT_PX = 6, 16, 16, 18, 12
+COLOR_BAR_PX, COLOR_BAR_MAX_WIDTH = 10, 256
+CMAP = "jet"
+#: What the colours of every overlay mean (drawn under the colour bar).
+SCALE_NOTE = "colour: attention from 0 to each map's own maximum"
 
 
-def overlay(image: np.ndarray, heat: torch.Tensor, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
+def overlay(image: np.ndarray, heat: torch.Tensor, alpha: float = 0.5, cmap: str = CMAP) -> np.ndarray:
     """Blend an ``[H, W]`` map (scaled to its own maximum) over an ``[H, W, 3]`` float image in
     ``[0, 1]``; returns ``[H, W, 3]`` float in ``[0, 1]``."""
     values = heat.detach().float().cpu().numpy()  # numpy from here: tiny torch ops pay thread overhead
@@ -47,11 +52,14 @@ def attention_figure(
     panels: Sequence[tuple[str, torch.Tensor]],
     head_maps: torch.Tensor | None,
     layer: int,
+    num_layers: int,
     title: str,
     path: str | os.PathLike,
 ) -> None:
-    """Write one PNG: the image, one overlay per ``(label, [H, W] map)`` panel, and a grid of
-    per-head overlays of block ``layer`` (``[heads, H, W]``, one tile each, labelled layer/head).
+    """Write one PNG: the title, the image, one overlay per ``(label, [H, W] map)`` panel, a grid
+    of per-head overlays of block ``layer`` (``[heads, H, W]``, under a line saying that layers
+    and heads count from 0), and a colour bar. The title and every label are also stored as the
+    PNG's ``Title`` and ``Description`` text.
 
     The tiles are composed with PIL rather than as matplotlib axes, which is ~20x faster; images
     smaller than ``MIN_TILE_PX`` are enlarged (nearest neighbour) by an integer factor.
@@ -60,28 +68,85 @@ def attention_figure(
         image: ``[H, W, 3]`` float RGB in ``[0, 1]`` (what the model saw, denormalised).
         panels: e.g. ``[("rollout", map), ("grad rollout: cat", map)]``.
         head_maps: ``[heads, H, W]`` or ``None`` to leave the grid out.
-        layer: block index shown in the head tiles' labels.
-        title: the figure's title (e.g. the predicted class and its probability).
+        layer: 0-based index of the block shown in the head grid.
+        num_layers: blocks of the model (named in the grid's caption).
+        title: the figure's title (e.g. the predicted class, its probability, the true class).
         path: output ``.png``.
     """
     tiles = [("image", image)] + [(label, overlay(image, heat)) for label, heat in panels]
     heads = 0 if head_maps is None else head_maps.shape[0]
-    head_tiles = [(f"layer {layer} / head {h}", overlay(image, head_maps[h])) for h in range(heads)]
+    head_tiles = [(f"head {h}", overlay(image, head_maps[h])) for h in range(heads)]
     cols = max(len(tiles), min(heads, HEAD_COLUMNS))
-    rows = [tiles] + [head_tiles[i : i + cols] for i in range(0, heads, cols)]
     zoom = max(1, math.ceil(MIN_TILE_PX / min(image.shape[:2])))
-    height, width = image.shape[0] * zoom, image.shape[1] * zoom
-    cell_w, cell_h = width + GAP, height + LABEL_PX
-    canvas = Image.new("RGB", (cols * cell_w + GAP, TITLE_PX + len(rows) * cell_h + GAP), "white")
+    tile_size = (image.shape[1] * zoom, image.shape[0] * zoom)
+    canvas_width = cols * (tile_size[0] + GAP) + GAP
+    font, title_font = ImageFont.load_default(size=FONT_PX), ImageFont.load_default(size=FONT_PX + 2)
+    head_note = (
+        f"attention of each head in layer {layer} (counted from 0: layers 0-{num_layers - 1}, heads 0-{heads - 1})"
+    )
+    title_lines = _wrap(title, title_font, canvas_width - 2 * GAP)
+    note_lines = _wrap(head_note, font, canvas_width - 2 * GAP) if heads else []
+    scale_lines = _wrap(SCALE_NOTE, font, canvas_width - 2 * GAP)
+    rows = [tiles] + [head_tiles[i : i + cols] for i in range(0, heads, cols)]
+    row_px = LABEL_PX + tile_size[1] + GAP
+    height = (
+        GAP
+        + TITLE_LINE_PX * len(title_lines)
+        + row_px * len(rows)
+        + LINE_PX * len(note_lines)
+        + COLOR_BAR_PX
+        + LINE_PX * (1 + len(scale_lines))
+        + GAP
+    )
+    canvas = Image.new("RGB", (canvas_width, height), "white")
     draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default(size=FONT_PX)
-    draw.text((GAP, (TITLE_PX - FONT_PX - 2) // 2), title, fill="black", font=ImageFont.load_default(size=FONT_PX + 2))
-    for row, row_tiles in enumerate(rows):
-        for col, (label, picture) in enumerate(row_tiles):
-            x, y = GAP + col * cell_w, TITLE_PX + row * cell_h
+    y = _draw_lines(draw, title_lines, title_font, GAP, TITLE_LINE_PX)
+    for index, row in enumerate(rows):
+        if index == 1:
+            y = _draw_lines(draw, note_lines, font, y, LINE_PX)
+        for col, (label, picture) in enumerate(row):
+            x = GAP + col * (tile_size[0] + GAP)
             draw.text((x, y + 1), label, fill="black", font=font)
-            canvas.paste(_to_pil(picture).resize((width, height), Image.NEAREST), (x, y + LABEL_PX))
-    canvas.save(path, format="PNG", compress_level=3)  # ~2x faster than the default 6, ~10% larger
+            canvas.paste(_to_pil(picture).resize(tile_size, Image.NEAREST), (x, y + LABEL_PX))
+        y += row_px
+    _draw_color_bar(canvas, draw, font, y, min(canvas_width - 2 * GAP, COLOR_BAR_MAX_WIDTH))
+    _draw_lines(draw, scale_lines, font, y + COLOR_BAR_PX + LINE_PX, LINE_PX)
+    texts = PngInfo()
+    texts.add_text("Title", title)
+    labels = [label for row in rows for label, _ in row]
+    texts.add_text("Description", "\n".join([" | ".join(labels), *([head_note] if heads else []), SCALE_NOTE]))
+    canvas.save(path, format="PNG", compress_level=3, pnginfo=texts)  # level 3: ~2x faster than 6, ~10% larger
+
+
+def _wrap(text: str, font: ImageFont.FreeTypeFont, width: int) -> list[str]:
+    """``text`` broken at spaces into lines of at most ``width`` pixels (a longer word stays whole)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and font.getlength(f"{lines[-1]} {word}") <= width:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def _draw_lines(
+    draw: ImageDraw.ImageDraw, lines: Sequence[str], font: ImageFont.FreeTypeFont, y: int, step: int
+) -> int:
+    """Draw ``lines`` from ``y`` down, ``step`` pixels apart; returns the ``y`` below them."""
+    for line in lines:
+        draw.text((GAP, y), line, fill="black", font=font)
+        y += step
+    return y
+
+
+def _draw_color_bar(
+    canvas: Image.Image, draw: ImageDraw.ImageDraw, font: ImageFont.FreeTypeFont, y: int, width: int
+) -> None:
+    """The overlays' colour map from 0 (left) to the maximum (right), ``width`` pixels wide at ``y``."""
+    colors = colormaps[CMAP](np.linspace(0.0, 1.0, width))[:, :3]
+    canvas.paste(_to_pil(np.broadcast_to(colors, (COLOR_BAR_PX, width, 3))), (GAP, y))
+    draw.text((GAP, y + COLOR_BAR_PX + 1), "0", fill="black", font=font)
+    draw.text((GAP + width, y + COLOR_BAR_PX + 1), "max", fill="black", font=font, anchor="ra")
 
 
 def head_grid_figure(
