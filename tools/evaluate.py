@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-from vitkit.train import UnsafeCheckpointError, evaluate  # noqa: E402
+from vitkit.train import UnsafeCheckpointError, evaluate
 
 
 def main(argv: list[str] | None = None) -> int:
