@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -381,6 +382,7 @@ def test_dtype_builds_every_parameter_and_buffer_in_that_dtype() -> None:
     assert model.head.weight.dtype == torch.bfloat16
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="typing.get_overloads needs Python 3.11")
 def test_return_attention_overloads_type_the_result_as_a_tuple() -> None:
     from typing import get_overloads, get_type_hints
 
