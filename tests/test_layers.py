@@ -10,7 +10,16 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import Block as TimmBlock
 from torch import nn
 
-from vitkit.layers import DropPath, EncoderBlock, LayerScale, PatchEmbed, resample_pos_embed, sincos_2d_pos_embed
+from vitkit.layers import (
+    DropPath,
+    EncoderBlock,
+    LayerScale,
+    Mlp,
+    PatchEmbed,
+    resample_pos_embed,
+    sincos_2d_pos_embed,
+)
+from vitkit.layers.init_rules import reset_submodules
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -81,11 +90,12 @@ def test_drop_path_keeps_about_one_minus_p_of_samples_and_preserves_the_mean() -
     assert out.mean().item() == pytest.approx(1.0, abs=0.03)  # std ~ 0.005
 
 
-def test_drop_path_rejects_rates_outside_zero_to_one() -> None:
-    with pytest.raises(ValueError, match="1.0"):
-        DropPath(1.0)
+def test_block_rejects_drop_path_rates_outside_zero_to_one() -> None:
+    # timm's DropPath takes any rate (1.0 silently zeroes the branch); the block checks it.
+    with pytest.raises(ValueError, match=r"drop_path must lie in \[0, 1\), got 1.0"):
+        EncoderBlock(16, 2, drop_path=1.0)
     with pytest.raises(ValueError, match="-0.1"):
-        DropPath(-0.1)
+        EncoderBlock(16, 2, drop_path=-0.1)
 
 
 # ----------------------------------------------------------------------------- EncoderBlock
@@ -161,6 +171,15 @@ def test_sincos_embedding_follows_the_2d_sin_cos_formula() -> None:
     assert torch.unique(table, dim=0).shape[0] == 15  # every position is distinct
 
 
+@pytest.mark.parametrize(("dim", "grid"), [(4, (1, 1)), (32, (4, 4)), (64, (8, 6)), (384, (3, 7)), (768, (14, 14))])
+def test_sincos_embedding_is_bit_identical_to_the_hand_formula(dim: int, grid: tuple[int, int]) -> None:
+    # vitkit's own table before it called timm's build_sincos2d_pos_embed(interleave_sin_cos=True).
+    rows, cols = torch.meshgrid(torch.arange(grid[0]).float(), torch.arange(grid[1]).float(), indexing="ij")
+    omega = 1.0 / 10000.0 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    ys, xs = rows.flatten()[:, None] * omega, cols.flatten()[:, None] * omega
+    assert torch.equal(sincos_2d_pos_embed(dim, grid), torch.cat([ys.sin(), ys.cos(), xs.sin(), xs.cos()], dim=1))
+
+
 def test_sincos_embedding_needs_dim_divisible_by_four() -> None:
     with pytest.raises(ValueError, match="divisible by 4, got 18"):
         sincos_2d_pos_embed(18, (2, 2))
@@ -219,3 +238,76 @@ def test_shifted_patch_embed_normalises_five_stacked_patches_before_projecting()
     expected = embed.proj(normed * embed.patch_norm.weight + embed.patch_norm.bias)
     torch.testing.assert_close(embed(images), expected, atol=1e-5, rtol=1e-5)
     assert embed(images).shape == (2, 6, 8)
+
+
+# --------------------------------------------------- EncoderBlock masks: padding, causality, gates
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
+def test_block_padded_tokens_values_do_not_change_the_other_outputs(attn_impl: str) -> None:
+    block = EncoderBlock(16, 4, attn_impl=attn_impl).eval()
+    x = torch.randn(2, 7, 16)
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[0, 5:], padding[1, 3:] = True, True
+    changed = torch.where(padding[..., None], 100 * torch.randn_like(x), x)
+    real = ~padding
+    out, out_changed = block(x, key_padding_mask=padding), block(changed, key_padding_mask=padding)
+    assert torch.equal(out[real], out_changed[real])
+    assert not torch.allclose(block(x)[real], block(changed)[real])  # without the mask they do change
+
+
+def test_block_is_causal_makes_each_output_independent_of_later_tokens() -> None:
+    block = EncoderBlock(16, 4).eval()
+    x = torch.randn(2, 6, 16)
+    later_changed = x.clone()
+    later_changed[:, 4:] = torch.randn(2, 2, 16)
+    out, out_changed = block(x, is_causal=True), block(later_changed, is_causal=True)
+    assert torch.equal(out[:, :4], out_changed[:, :4])
+    assert not torch.allclose(block(x)[:, :4], block(later_changed)[:, :4])
+
+
+def test_block_head_mask_zeroing_a_head_equals_removing_its_output_projection_columns() -> None:
+    block = EncoderBlock(16, 4).eval()  # head width 4
+    x = torch.randn(2, 5, 16)
+    without_head = EncoderBlock(16, 4).eval()
+    without_head.load_state_dict(block.state_dict())
+    with torch.no_grad():
+        without_head.attn.proj.weight[:, 2 * 4 : 3 * 4] = 0.0  # head 2 no longer reaches W_o's output
+    gates = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    torch.testing.assert_close(block(x, head_mask=gates), without_head(x), **TOL)
+    assert not torch.allclose(block(x), without_head(x))
+
+
+# ------------------------------------------------------------- device / dtype factory keywords
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda **f: PatchEmbed(4, 3, 16, norm=True, shifted=True, **f),
+        lambda **f: Mlp(16, 32, **f),
+        lambda **f: EncoderBlock(16, 2, qk_norm=True, init_values=0.1, locality=True, **f),
+    ],
+    ids=["PatchEmbed", "Mlp", "EncoderBlock"],
+)
+def test_layers_create_their_parameters_with_the_given_dtype_and_device(build) -> None:
+    layer = build(dtype=torch.bfloat16)
+    assert {p.dtype for p in layer.parameters()} == {torch.bfloat16}
+    assert {p.device.type for p in build(device="meta").parameters()} == {"meta"}
+
+
+def test_layer_reset_parameters_after_meta_build_gives_the_cpu_init() -> None:
+    def build() -> EncoderBlock:
+        return EncoderBlock(32, 4, qk_norm=True, init_values=0.1, locality=True, out_init_scale=0.3)
+
+    with torch.device("meta"):
+        block = build()
+    block.to_empty(device="cpu")
+    torch.manual_seed(0)
+    reset_submodules(block)
+    reference = build()
+    torch.manual_seed(0)
+    reset_submodules(reference)
+    for (name, got), expected in zip(block.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(got, expected), name
+    # and the re-drawn init is the construction-time one: W_o Xavier-uniform times 0.3, LayerScale 0.1
+    bound = 0.3 * (6 / (32 + 32)) ** 0.5
+    assert 0.9 * bound < block.attn.proj.weight.abs().max() <= bound
+    assert torch.equal(block.ls1.gamma, torch.full((32,), 0.1))
+    assert torch.equal(block.attn.log_scale, torch.tensor(8**-0.5).log())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,55 @@ def test_config_from_dict_rejects_unknown_fields_and_round_trips() -> None:
         ViTConfig.from_dict({**config.to_dict(), "heads": 3})
     with pytest.raises(ValueError, match="divisible"):
         config.replace(num_heads=5)
+
+
+# --------------------------------------------------------- device / dtype, meta-device building
+@pytest.mark.parametrize("pos_embed", ["learn", "sincos"])
+def test_meta_build_then_to_empty_and_reset_parameters_gives_the_cpu_init(pos_embed: str) -> None:
+    config = ViTConfig(**{**TINY, "pos_embed": pos_embed, "qk_norm": True, "init_values": 0.1})
+    with torch.device("meta"):
+        model = VisionTransformer(config)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.reset_parameters()
+    built = VisionTransformer(config)  # construction-time init on the CPU
+    reset = VisionTransformer(config)
+    torch.manual_seed(0)
+    reset.reset_parameters()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        assert torch.equal(tensor, reset.state_dict()[name]), name  # same draws as a CPU reset
+        constructed = built.state_dict()[name]
+        if tensor.numel() >= 256:  # the same distribution as construction (std within 10 %)
+            assert tensor.float().std().item() == pytest.approx(constructed.float().std().item(), rel=0.1), name
+        elif constructed.unique().numel() == 1:  # constant parts: norms, biases, LayerScale
+            assert torch.equal(tensor, constructed), name
+    if pos_embed == "sincos":
+        expected = torch.cat([torch.zeros(1, 32), sincos_2d_pos_embed(32, (4, 4))])[None]
+        assert torch.equal(model.pos_embed, expected)
+
+
+def test_dtype_builds_every_parameter_and_buffer_in_that_dtype() -> None:
+    model = VisionTransformer(ViTConfig(**TINY, pos_embed="sincos"), dtype=torch.bfloat16)
+    assert {t.dtype for t in (*model.parameters(), *model.buffers())} == {torch.bfloat16}
+    assert model(images().bfloat16()).dtype == torch.bfloat16
+    model.reset_classifier(3)
+    assert model.head.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="typing.get_overloads needs Python 3.11")
+def test_return_attention_overloads_type_the_result_as_a_tuple() -> None:
+    from typing import get_overloads, get_type_hints
+
+    from vitkit.layers import EncoderBlock, MultiHeadSelfAttention
+
+    for function in (
+        MultiHeadSelfAttention.forward,
+        EncoderBlock.forward,
+        VisionTransformer.forward,
+        VisionTransformer.forward_features,
+    ):
+        hints = [get_type_hints(overload) for overload in get_overloads(function)]
+        returns = {str(hint["return_attention"]): hint["return"] for hint in hints}
+        assert returns["typing.Literal[False]"] is torch.Tensor, function
+        assert getattr(returns["typing.Literal[True]"], "__origin__", None) is tuple, function

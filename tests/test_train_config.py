@@ -12,7 +12,6 @@ import yaml
 import vitkit
 from vitkit.train import RecipeError, UnsafeCheckpointError, load_checkpoint, load_recipe
 from vitkit.train.config import OptimConfig, TrainerConfig, save_recipe
-from vitkit.train.module import topk_accuracy
 from vitkit.train.optim import param_groups, warmup_cosine
 from vitkit.train.run import check_precision
 
@@ -131,12 +130,6 @@ def test_schedule_warms_up_linearly_then_decays_to_min_lr() -> None:
 def test_optim_rejects_min_lr_above_lr() -> None:
     with pytest.raises(ValueError, match="min_lr"):
         OptimConfig(lr=1e-4, min_lr=1e-3)
-
-
-def test_topk_accuracy_counts_hits_in_percent() -> None:
-    logits = torch.tensor([[0.9, 0.1, 0.0], [0.1, 0.2, 0.7], [0.5, 0.4, 0.1]])
-    top1, top2 = topk_accuracy(logits, torch.tensor([0, 1, 1]), (1, 2))
-    assert top1.item() == pytest.approx(100 / 3) and top2.item() == pytest.approx(100.0)
 
 
 class _RunsCode:

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-from vitkit.errors import cli_errors  # noqa: E402
-from vitkit.train import evaluate  # noqa: E402
+from vitkit.errors import cli_errors
+from vitkit.train import evaluate
 
 
 def main(argv: list[str] | None = None) -> int:

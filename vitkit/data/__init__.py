@@ -1,6 +1,7 @@
 """Datasets, splits and augmentation: CIFAR-10/100, (Fashion-)MNIST, ImageNet-style folders, and two offline
 datasets (scikit-learn's handwritten digits, generated shapes with bounding boxes)."""
 
+from . import _albumentations  # noqa: F401  (first: albumentations without its update check)
 from .arrays import ArrayDataset, stratified_split
 from .build import build_datasets, data_info
 from .cifar import CifarFileError

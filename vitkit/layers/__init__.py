@@ -1,10 +1,15 @@
-"""Building blocks to import into your own vision models."""
+"""Building blocks to import into your own vision models.
+
+``DropPath`` is timm's (stochastic depth, Huang et al. 2016, https://arxiv.org/abs/1603.09382),
+re-exported so blocks built from vitkit and from timm share one class.
+"""
+
+from timm.layers import DropPath
 
 from .attention import KVCache, MultiHeadSelfAttention
 from .attention_kernels import choose_attn_impl
 from .attention_masks import build_allowed_mask, causal_mask
 from .block import EncoderBlock, LayerScale
-from .drop_path import DropPath
 from .mlp import Mlp
 from .patch_embed import PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed

@@ -14,6 +14,7 @@ import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +29,12 @@ from .init_rules import xavier_per_projection, xavier_scaled
 DEFAULT_OUT_INIT_SCALE = 0.5
 
 
-def _linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
-    """``nn.Linear`` that may be zero-sized (every head pruned) without torch's init warning."""
+def _linear(in_features: int, out_features: int, bias: bool = True, **factory: object) -> nn.Linear:
+    """``nn.Linear`` that may be zero-sized (every head pruned) without torch's init warning;
+    ``factory`` holds torch's ``device`` / ``dtype`` keywords."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
-        return nn.Linear(in_features, out_features, bias=bias)
+        return nn.Linear(in_features, out_features, bias=bias, **factory)
 
 
 def _without_diagonal(attn_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
@@ -85,6 +87,7 @@ class MultiHeadSelfAttention(nn.Module):
             scale, initialised to ``1/sqrt(d)``, learned in log space) and, in self-attention, no
             token attends to itself (the diagonal is masked), which sharpens attention on
             small datasets.
+        device, dtype: where and in which dtype the parameters are created (as torch's layers).
     """
 
     def __init__(
@@ -101,8 +104,11 @@ class MultiHeadSelfAttention(nn.Module):
         out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
         norm_eps: float = 1e-6,
         locality: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        factory = {"device": device, "dtype": dtype}
         if head_dim is None:
             if num_heads <= 0 or dim % num_heads != 0:
                 raise ValueError(
@@ -121,14 +127,14 @@ class MultiHeadSelfAttention(nn.Module):
         self.scale = head_dim**-0.5
         self.attn_impl = attn_impl
         self.attn_drop = attn_drop
-        self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=qkv_bias)
-        self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
-        self.proj = _linear(num_heads * head_dim, dim)
+        self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=qkv_bias, **factory)
+        self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps, **factory) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps, **factory) if qk_norm else nn.Identity()
+        self.proj = _linear(num_heads * head_dim, dim, **factory)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
         self.out_init_scale = out_init_scale
         self.locality = locality
-        self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale))) if locality else None
+        self.log_scale = nn.Parameter(torch.empty((), **factory)) if locality else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -170,6 +176,34 @@ class MultiHeadSelfAttention(nn.Module):
                 f"{name} must have shape [B, N, D] with D = {self.dim}, got {tuple(x.shape)}; "
                 "flatten images to token sequences first (e.g. with PatchEmbed)."
             )
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        head_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        return_attention: Literal[False] = False,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        head_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        return_attention: Literal[True],
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,
@@ -270,8 +304,9 @@ class MultiHeadSelfAttention(nn.Module):
         d, width = self.head_dim, self.dim
 
         qkv_w = self.qkv.weight.view(3, self.num_heads, d, width).index_select(1, index)
-        new_qkv = _linear(width, 3 * len(keep) * d, bias=self.qkv.bias is not None).to(self.qkv.weight)
-        new_proj = _linear(len(keep) * d, width).to(self.proj.weight)
+        factory = {"device": device, "dtype": self.qkv.weight.dtype}
+        new_qkv = _linear(width, 3 * len(keep) * d, bias=self.qkv.bias is not None, **factory)
+        new_proj = _linear(len(keep) * d, width, **factory)
         new_qkv.weight.copy_(qkv_w.reshape(-1, width))
         if self.qkv.bias is not None:
             new_qkv.bias.copy_(self.qkv.bias.view(3, self.num_heads, d).index_select(1, index).reshape(-1))

@@ -1,7 +1,8 @@
 """Initialisation rules for one ``nn.Linear``, shared by the layers' own ``reset_parameters`` and
 the model-level schemes of :mod:`vitkit.models.init`. Each rule takes the layer and the
 ``out_init_scale`` of its block (only :func:`xavier_scaled` uses it) and biases are zeroed unless
-the rule says otherwise."""
+the rule says otherwise. :func:`reset_submodules` re-runs every layer's own init (meta-device
+building)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,15 @@ def zeros(layer: nn.Linear, _: float) -> None:
 def _zero_bias(layer: nn.Linear) -> None:
     if layer.bias is not None:
         nn.init.zeros_(layer.bias)
+
+
+def reset_submodules(module: nn.Module) -> None:
+    """Call ``reset_parameters()`` of every sub-module of ``module`` (itself excluded), descendants
+    before their ancestors, so each module's own rule wins over its children's defaults as it
+    does at construction (e.g. the attention's Xavier init over ``nn.Linear``'s).
+
+    With :meth:`torch.nn.Module.to_empty` this initialises a block built on the meta device.
+    """
+    for child in reversed(list(module.modules())[1:]):
+        if hasattr(child, "reset_parameters"):
+            child.reset_parameters()

@@ -15,15 +15,28 @@ class Mlp(nn.Module):
         dim: token width ``D``.
         hidden_dim: inner width (``mlp_ratio * D`` in the blocks).
         drop: dropout after the activation and after the second projection.
+        device, dtype: where and in which dtype the parameters are created (as torch's layers).
     """
 
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        drop: float = 0.0,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.fc1 = nn.Linear(dim, hidden_dim, device=device, dtype=dtype)
         self.act = nn.GELU()
         self.drop1 = nn.Dropout(drop) if drop > 0 else nn.Identity()
-        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.fc2 = nn.Linear(hidden_dim, dim, device=device, dtype=dtype)
         self.drop2 = nn.Dropout(drop) if drop > 0 else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights and zero biases for both projections."""
         for fc in (self.fc1, self.fc2):
             xavier(fc, 1.0)
 

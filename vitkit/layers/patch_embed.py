@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from einops.layers.torch import Rearrange
+from timm.layers import to_2tuple
 from torch import nn
-
-from .utils import Pair, to_pair
 
 
 class PatchEmbed(nn.Module):
@@ -26,21 +25,31 @@ class PatchEmbed(nn.Module):
             the image and four copies shifted by half a patch diagonally (zero-filled) are
             stacked on the channels, so every token also sees its neighbours' borders; the
             ``5 * C * p1 * p2`` patch vectors are LayerNormed before the projection.
+        device, dtype: where and in which dtype the parameters are created (as torch's layers).
     """
 
     def __init__(
-        self, patch_size: Pair = 16, in_chans: int = 3, embed_dim: int = 768, norm: bool = False, shifted: bool = False
+        self,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        norm: bool = False,
+        shifted: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.patch_size = to_pair(patch_size)
+        factory = {"device": device, "dtype": dtype}
+        self.patch_size: tuple[int, int] = to_2tuple(patch_size)
         self.in_chans = in_chans
         self.shifted = shifted
         p1, p2 = self.patch_size
         patch_dim = p1 * p2 * in_chans * (1 + len(DIAGONAL_SHIFTS) if shifted else 1)
         self.to_patches = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p1, p2=p2)
-        self.patch_norm = nn.LayerNorm(patch_dim, eps=1e-6) if shifted else nn.Identity()
-        self.proj = nn.Linear(patch_dim, embed_dim)
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if norm else nn.Identity()
+        self.patch_norm = nn.LayerNorm(patch_dim, eps=1e-6, **factory) if shifted else nn.Identity()
+        self.proj = nn.Linear(patch_dim, embed_dim, **factory)
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **factory) if norm else nn.Identity()
 
     def grid_size(self, height: int, width: int) -> tuple[int, int]:
         """Patch grid ``(H / p1, W / p2)`` of an image; a clear error if it does not divide."""

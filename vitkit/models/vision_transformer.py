@@ -9,13 +9,14 @@ which is a ``Linear`` over ``(p1 p2 c)``-ordered patches (see :mod:`.timm_intero
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import EncoderBlock, PatchEmbed, resample_pos_embed, sincos_2d_pos_embed
+from ..layers.init_rules import reset_submodules
 from .config import ViTConfig
 from .init import init_parts
 
@@ -29,11 +30,23 @@ class VisionTransformer(nn.Module):
     ``-> [B, num_classes]``, ``forward(x)`` = both, ``set_grad_checkpointing``,
     ``reset_classifier``, ``no_weight_decay``. ``forward(x, return_attention=True)`` also
     returns one ``[B, H, N, N]`` post-softmax weight tensor per block, part of the autograd graph.
+
+    ``device`` and ``dtype`` are torch's factory keywords. To build a large model without memory
+    or init cost, build it on the meta device, then ``model.to_empty(device=...)`` and
+    ``model.reset_parameters()``, which draws the same init as construction.
     """
 
-    def __init__(self, config: ViTConfig | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        config: ViTConfig | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
         config = ViTConfig(**kwargs) if config is None else config.replace(**kwargs)
+        factory = {"device": device, "dtype": dtype}
         self.config = config
         dim, depth = config.embed_dim, config.depth
         self.num_classes = config.num_classes
@@ -41,16 +54,19 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = 1 if config.class_token else 0
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim, shifted=config.shifted_patches)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        self.patch_embed = PatchEmbed(
+            config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, **factory
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
         num_positions = config.grid_size[0] * config.grid_size[1] + self.num_prefix_tokens
         if config.pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim))
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim, **factory))
         else:
-            self.register_buffer("pos_embed", self._sincos(config.grid_size), persistent=False)
+            table = self._sincos(config.grid_size, device=device, dtype=dtype or torch.get_default_dtype())
+            self.register_buffer("pos_embed", table, persistent=False)
         self.pos_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
 
-        rates = torch.linspace(0, config.drop_path_rate, depth).tolist()
+        rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
         out_init_scale = config.out_init_scale if config.out_init_scale is not None else (2 * depth) ** -0.5
         self.blocks = nn.ModuleList(
             EncoderBlock(
@@ -68,14 +84,15 @@ class VisionTransformer(nn.Module):
                 out_init_scale=out_init_scale,
                 norm_eps=config.norm_eps,
                 locality=config.locality_attention,
+                **factory,
             )
             for heads, rate in zip(config.heads_per_layer(), rates)
         )
         use_fc_norm = config.global_pool == "avg"
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(dim, eps=config.norm_eps)
-        self.fc_norm = nn.LayerNorm(dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(dim, eps=config.norm_eps, **factory)
+        self.fc_norm = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
-        self.head = nn.Linear(dim, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(dim, config.num_classes, **factory) if config.num_classes > 0 else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -87,10 +104,25 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
 
-    def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
-        table = sincos_2d_pos_embed(self.embed_dim, grid)
-        prefix = torch.zeros(self.num_prefix_tokens, self.embed_dim)
-        return torch.cat([prefix, table], dim=0).unsqueeze(0)
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Re-draw every parameter as construction does, and refill the sin-cos table.
+
+        Sub-modules are reset children before parents (LayerNorms, LayerScale, the layers' own
+        inits), then the ``config.init`` scheme is applied on top, as at construction. This is the
+        second step of meta-device building (after ``to_empty``), where nothing was initialised.
+        """
+        reset_submodules(self)
+        self._init_weights()
+        if not isinstance(self.pos_embed, nn.Parameter):
+            self.pos_embed.copy_(self._sincos(self.config.grid_size))
+
+    def _sincos(
+        self, grid: tuple[int, int], *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """``[1, prefix + gh*gw, D]`` fixed table; the prefix (class-token) rows are zero."""
+        table = sincos_2d_pos_embed(self.embed_dim, grid, device=device, dtype=dtype)
+        return torch.cat([table.new_zeros(self.num_prefix_tokens, self.embed_dim), table], dim=0).unsqueeze(0)
 
     # ----------------------------------------------------------------------------------- API
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -104,7 +136,12 @@ class VisionTransformer(nn.Module):
         self.config = self.config.replace(
             num_classes=num_classes, global_pool=global_pool or self.config.global_pool
         )
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        like = self.patch_embed.proj.weight
+        self.head = (
+            nn.Linear(self.embed_dim, num_classes, device=like.device, dtype=like.dtype)
+            if num_classes > 0
+            else nn.Identity()
+        )
         init_parts(self, self.config.init, ["head"])
 
     def no_weight_decay(self) -> set[str]:
@@ -158,6 +195,16 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"head_mask needs one entry per block ({len(self.blocks)}), got {len(head_mask)}.")
         return list(head_mask)
 
+    @overload
+    def forward_features(
+        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[False] = False
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward_features(
+        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[True]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+
     def forward_features(
         self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
@@ -192,6 +239,16 @@ class VisionTransformer(nn.Module):
             pooled = features[:, 0]
         pooled = self.head_drop(self.fc_norm(pooled))
         return pooled if pre_logits else self.head(pooled)
+
+    @overload
+    def forward(
+        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[False] = False
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[True]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
 
     def forward(
         self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: bool = False

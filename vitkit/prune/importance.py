@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..evaluation import Batch, batches, eval_mode, model_device
 from ..models import VisionTransformer
-from .evaluate import Batch, batches, eval_mode, model_device
 from .pruning import check_gates, full_gates
 
 

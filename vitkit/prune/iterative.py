@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..evaluation import Batch, model_device
 from ..models import VisionTransformer, count_parameters, vit_flops
-from .evaluate import Batch, evaluate_accuracy, model_device, time_forward
+from .evaluate import evaluate_accuracy, time_forward
 from .importance import attention_entropy, head_importance
 from .pruning import Gates, check_gates, full_gates, gated_off, pruned_copy
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..evaluation import Batch
 from ..models import VisionTransformer
-from .evaluate import Batch, evaluate_accuracy
+from .evaluate import evaluate_accuracy
 from .importance import head_importance
 from .iterative import least_scored
 from .pruning import full_gates, gated_off, pruned_copy

@@ -1,4 +1,5 @@
-"""Artefacts of the pruning tools: CSV rows, Markdown tables and the accuracy-vs-pruning plot."""
+"""Artefacts of the pruning tools: CSV rows, Markdown tables and the accuracy-vs-pruning plot
+(drawn on :class:`matplotlib.figure.Figure`, never through pyplot: the user's backend stays)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ..io import atomic_write  # noqa: E402
-from .head_sweep import SweepRun, mean_std  # noqa: E402
-from .iterative import PruningStep  # noqa: E402
+from ..io import atomic_write
+from .head_sweep import SweepRun, mean_std
+from .iterative import PruningStep
 
 #: PruningStep fields written to the curves CSV (the per-layer details go to JSON instead).
 CURVE_FIELDS = ("step", "heads_left", "fraction_pruned", "accuracy", "parameters", "flops", "images_per_s")
@@ -67,7 +65,8 @@ def plot_pruning_curves(
         max_drop: draw the accuracy budget ``baseline - max_drop`` as a dashed line.
         title: figure title.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    fig = Figure(figsize=(6.4, 4.2), dpi=100)
+    ax = fig.subplots()
     baseline = None
     for label, runs in curves.items():
         accuracy = np.array([[r.accuracy for r in run] for run in runs])
@@ -87,16 +86,15 @@ def plot_pruning_curves(
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    out = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
-    return out
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def plot_sweep(runs: Sequence[SweepRun], path: str | os.PathLike, title: str = "") -> Path:
     """Test accuracy and training-loss oscillation against the head count (mean ± std over seeds)."""
     heads = sorted({run.heads for run in runs})
     dims = {run.heads: run.head_dim for run in runs}
-    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.4), dpi=100)
+    fig = Figure(figsize=(8.4, 3.4), dpi=100)
+    axes = fig.subplots(1, 2)
     panels = (("accuracy", "test accuracy (%)"), ("oscillation", "training-loss oscillation"))
     for ax, (attribute, label) in zip(axes, panels):
         stats = [mean_std([getattr(r, attribute) for r in runs if r.heads == h]) for h in heads]
@@ -109,6 +107,4 @@ def plot_sweep(runs: Sequence[SweepRun], path: str | os.PathLike, title: str = "
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    out = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
-    return out
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))

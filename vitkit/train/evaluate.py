@@ -1,4 +1,5 @@
-"""Evaluate a trained model on its dataset: top-1, top-5, per-class accuracy, confusion matrix."""
+"""Evaluate a trained model on its dataset: loss, top-1, top-5, per-class accuracy, confusion matrix
+(through the one evaluation loop, :func:`vitkit.evaluation.evaluate_model`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from sklearn.metrics import confusion_matrix
 from torch.utils.data import DataLoader
 
 from ..data import DataConfig, build_datasets
+from ..evaluation import default_device, evaluate_model
 from .artifacts import write_json
 from .checkpoint import load_for_inference
 from .plots import plot_confusion_matrix
@@ -26,7 +27,8 @@ def evaluate(
     split: str = "test",
     batch_size: int = 256,
 ) -> dict[str, Any]:
-    """Accuracy of a ``.safetensors`` or ``.ckpt`` model on a split of the data it was trained on.
+    """Accuracy of a ``.safetensors`` or ``.ckpt`` model on a split of the data it was trained on,
+    computed on :func:`~vitkit.evaluation.default_device` (a GPU when there is one).
 
     Args:
         model_path: an exported ``model.safetensors`` or a training checkpoint.
@@ -37,7 +39,7 @@ def evaluate(
         batch_size: evaluation batch size.
 
     Returns:
-        ``{"top1", "top5"}`` in percent, ``"per_class"`` accuracy by class name, ``"confusion_matrix"``
+        ``{"top1", "top5"}`` in percent, ``"loss"`` (mean cross-entropy), ``"per_class"`` accuracy by class name, ``"confusion_matrix"``
         (rows: true class), ``"num_images"``, ``"model"``, ``"dataset"``, ``"split"``.
     """
     if split not in ("test", "val"):
@@ -50,17 +52,18 @@ def evaluate(
             f"the model predicts {model.num_classes} classes but dataset {info.name!r} has {info.num_classes}; "
             "evaluate it on the dataset it was trained on."
         )
-    labels, top5 = predict(model, getattr(bundle, split), batch_size)
+    scores = evaluate_model(model.to(default_device()), DataLoader(getattr(bundle, split), batch_size=batch_size))
     k = info.num_classes
-    matrix = confusion_matrix(labels, top5[:, 0], labels=list(range(k)))
+    matrix = confusion_matrix(scores.labels.numpy(), scores.predictions.numpy(), labels=list(range(k)))
     per_class = np.divide(np.diag(matrix), matrix.sum(axis=1), out=np.zeros(k), where=matrix.sum(axis=1) > 0)
     report = {
         "model": str(model_path),
         "dataset": info.name,
         "split": split,
-        "num_images": int(len(labels)),
-        "top1": round(float((top5[:, 0] == labels).mean() * 100), 3),
-        "top5": round(float((top5 == labels[:, None]).any(axis=1).mean() * 100), 3),
+        "num_images": scores.num_images,
+        "top1": round(scores.top1, 3),
+        "top5": round(scores.top5, 3),
+        "loss": round(scores.loss, 4),
         "per_class": {name: round(float(acc * 100), 3) for name, acc in zip(info.class_names, per_class)},
         "confusion_matrix": matrix.tolist(),
     }
@@ -84,18 +87,3 @@ def data_config_for(extra: dict[str, Any], overrides: Iterable[str] = ()) -> Dat
     values = merge(saved, updates.get("data", {}))
     return build(DataConfig, values, source="the model's saved data options", path="data.",
                  all_keys=dotted_keys(DataConfig, prefix="data."), override_keys=keys)
-
-
-@torch.inference_mode()
-def predict(
-    model: torch.nn.Module, dataset: torch.utils.data.Dataset, batch_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(labels [N], top-5 predictions [N, min(5, K)])`` of ``model`` over ``dataset``."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = model.to(device).eval()
-    labels, top = [], []
-    for images, targets in DataLoader(dataset, batch_size=batch_size):
-        logits = model(images.to(device))
-        top.append(logits.topk(min(5, logits.shape[1]), dim=1).indices.cpu())
-        labels.append(torch.as_tensor(targets))
-    return torch.cat(labels).numpy(), torch.cat(top).numpy()

@@ -12,10 +12,11 @@ import lightning as L
 import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.utils import ModelEmaV3
+from timm.utils import ModelEmaV3, accuracy
 from torch import nn
 
 from ..errors import VitkitError
+from ..evaluation import batch_metrics
 from ..models import ViTConfig, VisionTransformer, from_timm, timm_twin
 from .config import OptimConfig
 from .optim import build_optimizer, warmup_cosine
@@ -55,7 +56,6 @@ class ViTClassifier(L.LightningModule):
         self.model = timm_twin(config) if model_section.get("impl", "vitkit") == "timm" else VisionTransformer(config)
         self.model.set_grad_checkpointing(bool(model_section.get("grad_checkpointing", False)))
         self.mixup, self.train_criterion = build_criterion(self.optim_config, self.model.num_classes)
-        self.eval_criterion = nn.CrossEntropyLoss()
         self.ema = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
         if self.ema is not None:
             # timm leaves the copy in eval mode; Lightning switches every module to eval for
@@ -90,7 +90,7 @@ class ViTClassifier(L.LightningModule):
         self._check_finite(loss)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(targets))
         if self.mixup is None:
-            self.log("train/acc1", topk_accuracy(logits.detach(), targets, (1,))[0], batch_size=len(targets))
+            self.log("train/acc1", accuracy(logits.detach(), targets)[0], batch_size=len(targets))
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -129,9 +129,7 @@ class ViTClassifier(L.LightningModule):
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
         images, targets = batch
-        logits = self.inference_model(images)
-        acc1, acc5 = topk_accuracy(logits, targets, (1, 5))
-        loss = self.eval_criterion(logits, targets)
+        loss, acc1, acc5 = batch_metrics(self.inference_model(images), targets)
         self.log_dict({f"{stage}/loss": loss, f"{stage}/acc5": acc5}, sync_dist=True, batch_size=len(targets))
         self.log(f"{stage}/acc1", acc1, sync_dist=True, batch_size=len(targets), prog_bar=True)
 
@@ -181,9 +179,3 @@ def build_criterion(config: OptimConfig, num_classes: int) -> tuple[Mixup | None
         return None, LabelSmoothingCrossEntropy(smoothing=config.label_smoothing)
     return None, nn.CrossEntropyLoss()
 
-
-def topk_accuracy(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...]) -> list[torch.Tensor]:
-    """Top-k accuracies in percent of ``[B, K]`` logits against ``[B]`` labels (``k`` capped at ``K``)."""
-    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
-    hits = top == targets[:, None]
-    return [hits[:, : min(k, logits.shape[1])].any(dim=1).float().mean() * 100.0 for k in ks]

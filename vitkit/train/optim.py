@@ -6,24 +6,23 @@ from __future__ import annotations
 import math
 
 import torch
+from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from .config import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: decayed weight matrices, and undecayed 1-d parameters (norm scales,
-    biases) plus the names in ``model.no_weight_decay()`` (``pos_embed``, ``cls_token``)."""
-    skip = set(getattr(model, "no_weight_decay", set)())
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    """timm's ``param_groups_weight_decay``: decayed weight matrices, and undecayed 1-d parameters
+    (norm scales, biases, LayerScale) plus the names in ``model.no_weight_decay()`` (``pos_embed``,
+    ``cls_token``).
+
+    The decayed group comes first, the order of the checkpoints written before vitkit used timm's
+    function (timm puts it second), so those runs still resume. ``weight_decay=0`` gives one group.
+    """
+    skip = getattr(model, "no_weight_decay", set)()
+    groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
+    return sorted(groups, key=lambda group: -group["weight_decay"])
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:

@@ -1,21 +1,23 @@
-"""Figures of a run: loss/accuracy curves from ``metrics.csv`` and a confusion matrix."""
+"""Figures of a run: loss/accuracy curves from ``metrics.csv`` and a confusion matrix.
+
+Drawn on :class:`matplotlib.figure.Figure` objects, never through pyplot, so the user's backend
+and open figures are left alone.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
 
 
 def plot_curves(rows: Sequence[dict[str, str]], path: str | Path) -> Path:
     """Loss (train per logged step, val per epoch) and accuracy (val top-1/top-5, train top-1
     when logged) against the optimiser step, from ``metrics.csv`` rows."""
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    loss_ax, acc_ax = fig.subplots(1, 2)
     for axis, keys, title in (
         (loss_ax, ("train/loss", "val/loss"), "loss"),
         (acc_ax, ("train/acc1", "val/acc1", "val/acc5"), "accuracy (%)"),
@@ -32,14 +34,14 @@ def plot_curves(rows: Sequence[dict[str, str]], path: str | Path) -> Path:
             axis.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return Path(path)
 
 
 def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: str | Path) -> Path:
     """``[K, K]`` counts (rows: true class, columns: predicted) as a labelled heat map."""
     size = max(4.0, 0.45 * len(class_names) + 2)
-    fig, axis = plt.subplots(figsize=(size, size))
+    fig = Figure(figsize=(size, size))
+    axis = fig.subplots()
     image = axis.imshow(matrix, cmap="Blues")
     fig.colorbar(image, ax=axis, fraction=0.046)
     ticks = np.arange(len(class_names))
@@ -54,5 +56,4 @@ def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: 
                       color="white" if count > threshold else "black")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return Path(path)

@@ -1,0 +1,87 @@
+"""The one evaluation loop (vitkit.evaluation): loss and accuracies by hand count, device, modes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from vitkit.evaluation import batch_metrics, evaluate_model
+
+
+class FixedLogits(nn.Module):
+    """Returns ``table[i]`` for an image whose first pixel holds ``i``; records its head masks."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1))
+        self.register_buffer("table", table)
+        self.head_masks: list[object] = []
+
+    def forward(self, images: torch.Tensor, head_mask: object = None) -> torch.Tensor:
+        self.head_masks.append(head_mask)
+        return self.table[images[:, 0, 0, 0].long()] + 0 * self.anchor
+
+
+def indexed_images(count: int) -> torch.Tensor:
+    return torch.arange(count).float().view(count, 1, 1, 1).expand(count, 1, 2, 2).contiguous()
+
+
+# 6 classes; image i's scores rank the classes in the order given by ORDERS[i].
+ORDERS = [[0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [2, 0, 1, 3, 4, 5], [1, 2, 3, 4, 5, 0], [3, 4, 5, 0, 1, 2]]
+LABELS = torch.tensor([0, 0, 1, 0, 0])
+# top-1 hits: image 0 only -> 1/5; top-5 misses: images 1 and 3 rank their label 0 last -> 3/5
+
+
+def ranked_logits() -> torch.Tensor:
+    table = torch.zeros(len(ORDERS), 6)
+    for row, order in enumerate(ORDERS):
+        for rank, cls in enumerate(order):
+            table[row, cls] = 6.0 - rank  # the first class scores 6, the last 1
+    return table
+
+
+def test_batch_metrics_are_cross_entropy_and_top1_top5_by_hand_count() -> None:
+    logits = ranked_logits()
+    loss, acc1, acc5 = batch_metrics(logits, LABELS)
+    assert acc1.item() == pytest.approx(20.0) and acc5.item() == pytest.approx(60.0)
+    log_z = math.log(sum(math.exp(v) for v in range(1, 7)))
+    expected = sum(log_z - logits[i, int(LABELS[i])].item() for i in range(5)) / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_evaluation_over_uneven_batches_equals_the_per_image_counts() -> None:
+    model = FixedLogits(ranked_logits())
+    images = indexed_images(5)
+    loader = [(images[:2], LABELS[:2]), (images[2:], LABELS[2:])]
+    result = evaluate_model(model, loader)
+    assert (result.top1, result.top5, result.num_images) == (pytest.approx(20.0), pytest.approx(60.0), 5)
+    assert result.loss == pytest.approx(batch_metrics(ranked_logits(), LABELS)[0].item(), rel=1e-6)
+    assert result.predictions.tolist() == [order[0] for order in ORDERS]
+    assert torch.equal(result.labels, LABELS)
+
+
+def test_evaluation_stops_after_max_batches_and_passes_head_masks() -> None:
+    model = FixedLogits(ranked_logits())
+    images = indexed_images(5)
+    gates = [torch.ones(2), torch.tensor([1.0, 0.0])]
+    loader = [(images[i : i + 1], LABELS[i : i + 1]) for i in range(5)]
+    result = evaluate_model(model, loader, head_mask=gates, max_batches=2)
+    assert result.num_images == 2 and result.top1 == pytest.approx(50.0)
+    assert all(torch.equal(g, e) for mask in model.head_masks for g, e in zip(mask, gates))
+
+
+def test_evaluation_runs_in_eval_mode_on_the_models_device_and_restores_its_mode() -> None:
+    seen = []
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.Dropout(0.9)).train()
+    model.register_forward_hook(lambda module, args, out: seen.append((module.training, args[0].device)))
+    evaluate_model(model, [(torch.randn(4, 1, 2, 2), torch.tensor([0, 1, 2, 0]))])
+    assert seen == [(False, torch.device("cpu"))]
+    assert model.training and model[2].training
+
+
+def test_empty_loader_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="yielded no examples"):
+        evaluate_model(FixedLogits(ranked_logits()), [])

@@ -1,0 +1,137 @@
+"""The one evaluation loop: loss and top-1/top-5 accuracy of a classifier over a data loader.
+
+It serves ``vitkit.train.evaluate`` (and ``tools/evaluate.py``), the pruning tools and the
+time-to-accuracy timer; the Lightning validation/test step scores its batches with the same
+:func:`batch_metrics`. The loop runs where the model is (its first parameter's device) and never
+moves it; a model loaded from a file is placed with :func:`default_device`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from timm.utils import accuracy
+from torch import nn
+from tqdm import tqdm
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def default_device() -> torch.device:
+    """The first CUDA GPU when there is one, else the CPU (Lightning's ``accelerator="auto"``
+    without Apple's MPS)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Device of ``model``'s first parameter."""
+    return next(model.parameters()).device
+
+
+@contextmanager
+def eval_mode(model: nn.Module, *, frozen: bool = False) -> Iterator[None]:
+    """Eval mode (and, with ``frozen``, no parameter gradients) inside the block; restored after."""
+    flags = [p.requires_grad for p in model.parameters()]
+    was_training = model.training
+    model.eval()
+    if frozen:
+        model.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter, flag in zip(model.parameters(), flags):
+            parameter.requires_grad_(flag)
+        model.train(was_training)
+
+
+def batches(loader: Iterable[Batch], max_batches: int | None, desc: str, progress: bool) -> Iterator[Batch]:
+    """``(images, labels)`` batches of ``loader``, at most ``max_batches``, with a tqdm bar if asked."""
+    total = len(loader) if hasattr(loader, "__len__") else None
+    if max_batches is not None:
+        total = max_batches if total is None else min(total, max_batches)
+    for index, batch in enumerate(tqdm(loader, desc=desc, total=total, disable=not progress, leave=False)):
+        if max_batches is not None and index >= max_batches:
+            return
+        yield batch
+
+
+def batch_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy and top-1 / top-5 accuracy in percent (timm's ``accuracy``; top-5 is
+    top-K with K < 5 classes) of ``[B, K]`` logits against ``[B]`` labels, as 0-d tensors."""
+    acc1, acc5 = accuracy(logits, labels, topk=(1, 5))
+    return F.cross_entropy(logits.float(), labels), acc1, acc5
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one pass over a loader measured.
+
+    Attributes:
+        loss: mean cross-entropy per image.
+        top1, top5: accuracy in percent.
+        labels: the true classes ``[N]``.
+        predictions: the top-1 predicted classes ``[N]``.
+    """
+
+    loss: float
+    top1: float
+    top5: float
+    labels: torch.Tensor
+    predictions: torch.Tensor
+
+    @property
+    def num_images(self) -> int:
+        return len(self.labels)
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module,
+    loader: Iterable[Batch],
+    *,
+    head_mask: Sequence[torch.Tensor] | None = None,
+    max_batches: int | None = None,
+    progress: bool = False,
+) -> Evaluation:
+    """Score ``model`` (in eval mode, on its own device) over ``loader``.
+
+    Args:
+        model: classifier mapping ``[B, C, H, W]`` to ``[B, K]`` logits.
+        loader: yields ``(images [B, C, H, W], labels [B])``.
+        head_mask: optional per-block ``[H_l]`` head gates (a vitkit model's ``head_mask``).
+        max_batches: stop after this many batches.
+        progress: show a tqdm bar.
+
+    Raises:
+        ValueError: the loader yielded no images.
+    """
+    device = model_device(model)
+    gates = None if head_mask is None else [g.to(device) for g in head_mask]
+    loss, hits1, hits5 = 0.0, 0, 0
+    labels, predictions = [], []
+    with eval_mode(model):
+        for images, targets in batches(loader, max_batches, "evaluate", progress):
+            targets = torch.as_tensor(targets).to(device)
+            # Models without head gates (timm's, during training) are called without the argument.
+            logits = model(images.to(device)) if gates is None else model(images.to(device), head_mask=gates)
+            batch_loss, acc1, acc5 = batch_metrics(logits, targets)
+            size = len(targets)
+            loss += float(batch_loss) * size
+            hits1 += round(float(acc1) * size / 100)  # percent back to a count of correct images
+            hits5 += round(float(acc5) * size / 100)
+            labels.append(targets.cpu())
+            predictions.append(logits.argmax(dim=-1).cpu())
+    total = sum(len(batch) for batch in labels)
+    if total == 0:
+        raise ValueError("the evaluation loader yielded no examples; check the dataset split and max_batches.")
+    return Evaluation(
+        loss=loss / total,
+        top1=100.0 * hits1 / total,
+        top5=100.0 * hits5 / total,
+        labels=torch.cat(labels),
+        predictions=torch.cat(predictions),
+    )
