@@ -33,28 +33,13 @@ from vitkit.train import (
 from vitkit.train import artifacts
 from vitkit.train.checkpoint import AtomicCheckpointIO
 
-ROOT = Path(__file__).parent.parent
-SHORT = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2}
+from tiny_runs import ROOT, SHORT, tiny_recipe, tool_env, write_tiny_recipe
 
 
-def tiny_recipe(out_dir: Path, **trainer: object) -> dict:
-    """A 2-block, 32-wide ViT on 8x8 digits (16 patches of 2x2)."""
-    return {
-        "name": "tiny",
-        "model": {"name": "vit_cifar_tiny", "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2,
-                  "mlp_ratio": 2.0},
-        "data": {"name": "digits", "img_size": 8, "num_workers": 0, "augment": {"enabled": False}},
-        "optim": {"lr": 5e-3, "warmup_epochs": 0.3, "label_smoothing": 0.0},
-        "trainer": {"max_epochs": 1, "batch_size": 32, "accelerator": "cpu", "enable_progress_bar": False,
-                    "num_sanity_val_steps": 0, "log_every": 2, "num_threads": 1, **SHORT, **trainer},
-        "output": {"dir": str(out_dir)},
-    }
 
-
-def write_recipe(folder: Path, **trainer: object) -> Path:
-    path = folder / "tiny.yaml"
-    path.write_text(yaml.safe_dump(tiny_recipe(folder / "runs", **trainer)))
-    return path
+def short_recipe(out_dir: Path, **trainer: object) -> dict:
+    """:func:`tiny_recipe` limited to a few steps."""
+    return tiny_recipe(out_dir, **{**SHORT, **trainer})
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -73,7 +58,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    return train(tiny_recipe(tmp_path_factory.mktemp("runs"), checkpoint_every_n_steps=2))
+    return train(short_recipe(tmp_path_factory.mktemp("runs"), checkpoint_every_n_steps=2))
 
 
 # --- 1. runs never share a directory ----------------------------------------------------------
@@ -81,7 +66,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
 
 def test_runs_resolved_in_the_same_second_claim_different_directories(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(artifacts.time, "strftime", lambda pattern: "20250101-000000")
-    config = load_recipe(tiny_recipe(tmp_path))
+    config = load_recipe(short_recipe(tmp_path))
     # Two runs that both resolve before either writes: each must already own its directory.
     first, second, third = (artifacts.resolve_run_dir(config, None) for _ in range(3))
     assert [p.name for p in (first, second, third)] == ["20250101-000000", "20250101-000000-1", "20250101-000000-2"]
@@ -90,7 +75,7 @@ def test_runs_resolved_in_the_same_second_claim_different_directories(tmp_path: 
 
 def test_two_trainings_in_the_same_second_keep_their_own_files(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(artifacts.time, "strftime", lambda pattern: "20250101-000000")
-    results = [train(tiny_recipe(tmp_path, seed=seed, limit_train_batches=2)) for seed in (1, 2)]
+    results = [train(short_recipe(tmp_path, seed=seed, limit_train_batches=2)) for seed in (1, 2)]
     assert results[0].run_dir != results[1].run_dir
     for seed, result in zip((1, 2), results):
         assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["trainer"]["seed"] == seed
@@ -100,7 +85,7 @@ def test_two_trainings_in_the_same_second_keep_their_own_files(tmp_path: Path, m
 def test_a_latest_folder_that_is_not_a_link_is_refused_before_training(tmp_path: Path) -> None:
     (tmp_path / "tiny" / "latest").mkdir(parents=True)
     with pytest.raises(VitkitError, match=r"latest is a real folder"):
-        train(tiny_recipe(tmp_path))
+        train(short_recipe(tmp_path))
     assert [p.name for p in (tmp_path / "tiny").iterdir()] == ["latest"]  # no run started
 
 
@@ -108,7 +93,7 @@ def test_a_latest_folder_that_is_not_a_link_is_refused_before_training(tmp_path:
 
 
 def test_divergence_names_a_finite_checkpoint_and_writes_no_non_finite_one(tmp_path: Path) -> None:
-    recipe = tiny_recipe(tmp_path, checkpoint_every_n_steps=1, limit_train_batches=20)
+    recipe = short_recipe(tmp_path, checkpoint_every_n_steps=1, limit_train_batches=20)
     recipe["optim"]["lr"] = 1e4  # the weights overflow before the loss does
     with pytest.raises(NonFiniteLossError) as caught:
         train(recipe)
@@ -148,7 +133,7 @@ class PoisonOptimizerState(L.Callback):
 
 
 def test_weights_that_diverge_before_the_loss_are_not_checkpointed(tmp_path: Path) -> None:
-    recipe = tiny_recipe(tmp_path, checkpoint_every_n_steps=1, limit_train_batches=20)
+    recipe = short_recipe(tmp_path, checkpoint_every_n_steps=1, limit_train_batches=20)
     recipe["optim"]["clip_grad"] = None
     with pytest.raises(NonFiniteLossError, match=r"non-finite at step 4 .*set optim.clip_grad") as caught:
         train(recipe, callbacks=[PoisonOptimizerState(at=3)])
@@ -162,7 +147,7 @@ def test_weights_that_diverge_before_the_loss_are_not_checkpointed(tmp_path: Pat
 
 def test_resume_with_another_model_names_the_difference_and_changes_nothing(finished: RunResult) -> None:
     before = snapshot(finished.run_dir.parent)
-    recipe = tiny_recipe(finished.run_dir.parent.parent)
+    recipe = short_recipe(finished.run_dir.parent.parent)
     recipe["model"]["depth"] = 3
     with pytest.raises(CheckpointError, match=r"depth \(checkpoint 2, recipe 3\)"):
         train(recipe, resume=finished.run_dir / "checkpoints" / "last.ckpt")
@@ -170,7 +155,7 @@ def test_resume_with_another_model_names_the_difference_and_changes_nothing(fini
 
 
 def test_resume_on_other_data_is_refused_before_a_run_directory_exists(finished: RunResult, tmp_path: Path) -> None:
-    recipe = tiny_recipe(tmp_path)
+    recipe = short_recipe(tmp_path)
     recipe["data"].update(name="shapes", in_chans=1, shapes_num_samples=60)
     with pytest.raises(CheckpointError, match=r"dataset \(checkpoint 'digits', recipe 'shapes'\)"):
         train(recipe, resume=finished.run_dir / "checkpoints" / "last.ckpt")
@@ -193,16 +178,16 @@ def test_unusable_resume_file_gets_a_message(finished: RunResult, tmp_path: Path
     else:
         resume, expected = finished.run_dir / "checkpoints", "is a directory"
     with pytest.raises(CheckpointError, match=expected):
-        train(tiny_recipe(tmp_path), resume=resume)
+        train(short_recipe(tmp_path), resume=resume)
 
 
 # --- 4. SIGTERM is not success ----------------------------------------------------------------
 
 
 def test_sigterm_saves_last_checkpoint_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
-    recipe = write_recipe(tmp_path, max_epochs=100, checkpoint_every_n_steps=2, limit_train_batches=10)
-    env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "tools/train.py", str(recipe)], cwd=ROOT, env=env,
+    recipe = write_tiny_recipe(tmp_path, **{**SHORT, "max_epochs": 100, "checkpoint_every_n_steps": 2,
+                                                "limit_train_batches": 10})
+    process = subprocess.Popen([sys.executable, "tools/train.py", str(recipe)], cwd=ROOT, env=tool_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None:
@@ -241,7 +226,7 @@ def test_orphan_temp_files_are_removed_at_resume(finished: RunResult, tmp_path: 
     orphan = run_dir / "checkpoints" / ".last.ckpt.abc123.tmp"
     orphan.write_bytes(b"half a checkpoint")
     epochs = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] + 1
-    result = train(tiny_recipe(tmp_path, max_epochs=epochs), resume=run_dir / "checkpoints" / "last.ckpt")
+    result = train(short_recipe(tmp_path, max_epochs=epochs), resume=run_dir / "checkpoints" / "last.ckpt")
     assert result.run_dir == run_dir and not orphan.exists()
 
 
@@ -254,7 +239,7 @@ def test_full_disk_during_a_checkpoint_is_one_error_line(tmp_path: Path, monkeyp
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
     monkeypatch.setattr("vitkit.train.checkpoint.torch.save", no_space)
-    code = load_tool("train").main([str(write_recipe(tmp_path, checkpoint_every_n_steps=1))])
+    code = load_tool("train").main([str(write_tiny_recipe(tmp_path, **SHORT, checkpoint_every_n_steps=1))])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]

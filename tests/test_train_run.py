@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,30 +25,9 @@ from vitkit.train import (
 )
 from vitkit.train import module as module_lib
 
-ROOT = Path(__file__).parent.parent
+from tiny_runs import ROOT, SHORT, run_tool, tiny_recipe, tool_env, write_tiny_recipe
+
 pytestmark = pytest.mark.slow
-
-
-def tiny_recipe(out_dir: Path, **trainer: object) -> dict:
-    """A 2-block, 32-wide ViT on 8x8 digits (16 patches of 2x2)."""
-    return {
-        "name": "tiny",
-        "model": {"name": "vit_cifar_tiny", "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2,
-                  "mlp_ratio": 2.0},
-        "data": {"name": "digits", "img_size": 8, "num_workers": 0, "augment": {"enabled": False}},
-        "optim": {"lr": 5e-3, "warmup_epochs": 0.3, "label_smoothing": 0.0},
-        "trainer": {"max_epochs": 1, "batch_size": 32, "accelerator": "cpu", "enable_progress_bar": False,
-                    "num_sanity_val_steps": 0, "log_every": 2, "num_threads": 1, **trainer},
-        "output": {"dir": str(out_dir)},
-    }
-
-
-SHORT = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2}
-
-
-def run_tool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -167,17 +145,10 @@ def test_train_tool_reports_a_bad_recipe_without_a_traceback(tmp_path: Path) -> 
     assert "Traceback" not in done.stderr
 
 
-def write_tiny_recipe(tmp_path: Path, **trainer: object) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(tiny_recipe(tmp_path / "runs", **trainer)))
-    return path
-
-
 def test_sigkilled_run_resumes_from_its_step_checkpoint(tmp_path: Path) -> None:
     recipe = write_tiny_recipe(tmp_path, max_epochs=50, checkpoint_every_n_steps=3, limit_train_batches=10,
                                limit_val_batches=2, limit_test_batches=2, log_every=1)
-    env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "tools/train.py", str(recipe)], cwd=ROOT, env=env,
+    process = subprocess.Popen([sys.executable, "tools/train.py", str(recipe)], cwd=ROOT, env=tool_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     last = None
