@@ -338,15 +338,15 @@ def test_train_transform_needs_resolved_augment() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"name": "cifar1"}, "unknown dataset 'cifar1'. Did you mean 'cifar10'"),
-        ({"val_fraction": 1.5}, "val_fraction must lie strictly between 0 and 1, got 1.5"),
+        ({"name": "cifar1"}, "name must be one of 'cifar10', 'cifar100', 'imagefolder', 'fashion_mnist', 'mnist', 'digits', 'shapes', got 'cifar1'"),
+        ({"val_fraction": 1.5}, "val_fraction is out of range: got 1.5, must be > 0 and < 1"),
         ({"val_fraction": 0.5, "test_fraction": 0.5}, "leaves no training data"),
         ({"in_chans": 2}, "in_chans must be 1"),
         ({"name": "shapes", "mean": (0.1, 0.2)}, "mean has 2 values but images have 3"),
         ({"crop_pct": 0}, "crop_pct"),
         ({"augment": {"rand_augment": "randaug9"}}, "is no timm policy"),
         ({"augment": {"scale": (0.5, 0.2)}}, "augment.scale"),
-        ({"augment": {"hflp": 0.5}}, "unknown option data.augment.hflp. Did you mean 'hflip'"),
+        ({"augment": {"hflp": 0.5}}, "unknown key 'augment.hflp' in the arguments. Did you mean 'augment.hflip'"),
     ],
 )
 def test_bad_config_values_are_explained(options: dict, message: str) -> None:

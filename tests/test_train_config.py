@@ -10,8 +10,9 @@ import torch
 import yaml
 
 import vitkit
+from vitkit.data import DataConfig
 from vitkit.train import RecipeError, UnsafeCheckpointError, load_checkpoint, load_recipe
-from vitkit.train.config import OptimConfig, TrainerConfig, save_recipe
+from vitkit.train.config import ModelConfig, OptimConfig, TrainerConfig, save_recipe
 from vitkit.train.optim import param_groups, warmup_cosine
 from vitkit.train.run import check_precision
 
@@ -155,3 +156,47 @@ def test_plain_checkpoint_loads(tmp_path: Path) -> None:
     loaded = load_checkpoint(path)
     assert loaded["hyper_parameters"] == state["hyper_parameters"]
     assert torch.equal(loaded["state_dict"]["w"], torch.ones(2))
+
+
+# --- one config system (vitkit.schema) for every section --------------------------------------
+
+
+def test_model_section_is_a_plain_class_whose_overrides_reach_the_vit_config() -> None:
+    config = load_recipe({"model": {"depth": 3, "init": "jax", "patch_size": 8}})
+    assert isinstance(config.model, ModelConfig)
+    assert config.model.vit_overrides() == {"depth": 3, "init": "jax", "patch_size": (8, 8)}
+    vit = config.vit_config(img_size=(32, 32), in_chans=1, num_classes=10)
+    assert (vit.depth, vit.init, vit.patch_size, vit.embed_dim) == (3, "jax", (8, 8), 192)  # 192: the variant's
+
+
+def test_every_section_shares_the_error_style() -> None:
+    # The same wording for a wrong type in the model, data, optim, trainer and output sections.
+    for key in ("model.embed_dim", "data.num_workers", "optim.warmup_epochs", "trainer.log_every", "output.dir"):
+        with pytest.raises(RecipeError, match=rf"^{key} in a command-line override must be .*, got \[1\] \(list\)\.$"):
+            load_recipe({}, [f"{key}=[1]"])
+
+
+def test_direct_construction_validates_like_a_recipe() -> None:
+    with pytest.raises(ValueError, match=r"^num_workers is out of range: got -1, must be >= 0 and <= 256\.$"):
+        DataConfig(num_workers=-1)
+    with pytest.raises(ValueError, match=r"^max_epochs is out of range: got 0, must be >= 1"):
+        TrainerConfig(max_epochs=0)
+    with pytest.raises(ValueError, match=r"unknown key 'heads' in the arguments\. Did you mean 'num_heads'\?"):
+        vitkit.create_model("vit_cifar_tiny", heads=2)
+
+
+def test_choices_and_numbers_are_coerced_exactly() -> None:
+    config = load_recipe({"data": {"in_chans": "3", "img_size": "24"}})  # text, as an override might give
+    assert config.data.in_chans == 3 and config.data.img_size == 24
+    with pytest.raises(RecipeError, match=r"data.in_chans .* must be 1 or 3 or null, got True \(bool\)"):
+        load_recipe({"data": {"in_chans": True}})  # True == 1 in Python, but no channel count
+    for value in (".inf", ".nan"):
+        with pytest.raises(RecipeError, match=r"optim.lr .* must be a finite number"):
+            load_recipe({}, [f"optim.lr={value}"])
+
+
+def test_config_dicts_round_trip_through_from_dict() -> None:
+    data = DataConfig(name="shapes", img_size=(24, 32), mean=[0.5], std=[0.25], augment={"padding": 2})
+    assert DataConfig.from_dict(data.to_dict()) == data and data.augment.padding == 2
+    vit = vitkit.models.model_config("vit_cifar_small", num_heads=[4, 0, 2, 4, 4, 4, 4], head_dim=64)
+    assert vitkit.ViTConfig.from_dict(vit.to_dict()) == vit

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from ..schema import reject_unknown_keys
 from .config import ViTConfig
 from .vision_transformer import VisionTransformer
 
@@ -37,6 +38,7 @@ def model_config(name: str, **overrides: Any) -> ViTConfig:
         close = difflib.get_close_matches(name, MODEL_CONFIGS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown model {name!r}.{hint} Available: {', '.join(list_models())}.")
+    reject_unknown_keys(ViTConfig, overrides, source="the arguments")
     return ViTConfig(**{**MODEL_CONFIGS[name], **overrides})
 
 

@@ -1,9 +1,11 @@
 """The recipe schema: :class:`RecipeConfig` with its ``model``, ``data``, ``optim``, ``trainer``
 and ``output`` sections, and :func:`load_recipe` (YAML file or dict, plus dotted overrides).
 
-The ``model`` section is generated from :class:`~vitkit.models.ViTConfig`: ``name`` (a variant
-of :func:`vitkit.list_models`), ``grad_checkpointing``, and any ViTConfig field to override,
-except ``img_size``, ``in_chans`` and ``num_classes``, which always come from the data.
+The ``model`` section names a variant of :func:`vitkit.list_models`, ``grad_checkpointing``,
+``impl``, and any :class:`~vitkit.models.ViTConfig` field to override, except ``img_size``,
+``in_chans`` and ``num_classes``, which always come from the data. Every section is built and
+checked by :mod:`vitkit.schema` (types, ranges, closest key for a typo) before anything runs;
+the ranges are in each field's metadata.
 """
 
 from __future__ import annotations
@@ -18,45 +20,80 @@ import yaml
 
 from ..data import DataConfig
 from ..io import atomic_write
+from ..layers.attention_kernels import AttnImpl
 from ..models import ViTConfig, model_config
-from .schema import RecipeError, bounds, build, dotted_keys, merge, parse_overrides, to_plain
+from ..models.init import InitScheme
+from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
+from .schema import RecipeError
 
 #: ViTConfig fields set from the dataset rather than the recipe.
 DATA_DRIVEN_FIELDS = ("img_size", "in_chans", "num_classes")
+#: ModelConfig fields that choose the model rather than override a ViTConfig field.
+MODEL_CHOICE_FIELDS = ("name", "grad_checkpointing", "impl")
 
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
 ModelImpl = Literal["vitkit", "timm"]
 
-
-def _model_section() -> type:
-    """``ModelConfig``: ``name``, ``grad_checkpointing``, ``impl`` (``'vitkit'``, or ``'timm'`` to
-    train timm's ``VisionTransformer`` of the same shape as a reference) and every ViTConfig field
-    as an optional override (``None`` keeps the variant's value)."""
-    vit_hints = typing.get_type_hints(ViTConfig)
-    overrides = [
-        (f.name, vit_hints[f.name] | None, field(default=None))
-        for f in dataclasses.fields(ViTConfig)
-        if f.name not in DATA_DRIVEN_FIELDS + ("extra",)
-    ]
-
-    def vit_overrides(self) -> dict[str, Any]:
-        """The ViTConfig fields this recipe sets."""
-        return {name: getattr(self, name) for name, _, _ in overrides if getattr(self, name) is not None}
-
-    return dataclasses.make_dataclass(
-        "ModelConfig",
-        [("name", str, field(default="vit_cifar_tiny")), ("grad_checkpointing", bool, field(default=False)),
-         ("impl", ModelImpl, field(default="vitkit")), *overrides],
-        namespace={"vit_overrides": vit_overrides, "__module__": __name__,
-                   "__doc__": "Which variant to build and the ViTConfig fields to override."},
-    )
-
-
-ModelConfig = _model_section()
+#: Generous but finite limits of the trainer section.
+MAX_EPOCHS = 1_000_000
+MAX_BATCH_SIZE = 1 << 20
+MAX_DEVICES = 1024
+MAX_THREADS = 1024
 
 
 @dataclass
-class OptimConfig:
+class ModelConfig(Config):
+    """Which variant to build, how, and the :class:`ViTConfig` fields to override.
+
+    Attributes:
+        name: a variant of :func:`vitkit.list_models`.
+        grad_checkpointing: recompute block activations in the backward pass (less memory).
+        impl: ``'vitkit'``, or ``'timm'`` to train timm's ``VisionTransformer`` of the same shape
+            as a reference.
+
+    Every other field is the :class:`ViTConfig` field of the same name (except the data-driven
+    ``img_size``, ``in_chans`` and ``num_classes``); ``None`` keeps the variant's value. Their
+    ranges are ViTConfig's, checked when :func:`load_recipe` builds the model's config.
+    """
+
+    name: str = "vit_cifar_tiny"
+    grad_checkpointing: bool = False
+    impl: ModelImpl = "vitkit"
+    patch_size: tuple[int, int] | None = None
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | list[int] | None = None
+    head_dim: int | None = None
+    mlp_ratio: float | None = None
+    qkv_bias: bool | None = None
+    qk_norm: bool | None = None
+    class_token: bool | None = None
+    global_pool: Literal["token", "avg"] | None = None
+    pos_embed: Literal["learn", "sincos"] | None = None
+    dynamic_img_size: bool | None = None
+    init_values: float | None = None
+    drop_rate: float | None = None
+    proj_drop_rate: float | None = None
+    attn_drop_rate: float | None = None
+    drop_path_rate: float | None = None
+    attn_impl: AttnImpl | None = None
+    out_init_scale: float | None = None
+    init: InitScheme | None = None
+    shifted_patches: bool | None = None
+    locality_attention: bool | None = None
+    norm_eps: float | None = None
+
+    def vit_overrides(self) -> dict[str, Any]:
+        """The ViTConfig fields this recipe sets."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in MODEL_CHOICE_FIELDS and getattr(self, f.name) is not None
+        }
+
+
+@dataclass
+class OptimConfig(Config):
     """AdamW, a per-iteration linear-warmup + cosine schedule, and the loss's regularisers.
 
     Attributes:
@@ -76,7 +113,7 @@ class OptimConfig:
 
     lr: float = field(default=1e-3, metadata=bounds(gt=0))
     weight_decay: float = field(default=0.05, metadata=bounds(ge=0))
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=bounds(ge=0, lt=1))
     eps: float = field(default=1e-8, metadata=bounds(gt=0))
     warmup_epochs: float = field(default=0.0, metadata=bounds(ge=0))
     min_lr: float = field(default=1e-6, metadata=bounds(ge=0))
@@ -89,9 +126,8 @@ class OptimConfig:
     ema: bool = False
     ema_decay: float = field(default=0.9998, metadata=bounds(gt=0, lt=1))
 
-    def __post_init__(self) -> None:
-        if not all(0.0 <= beta < 1.0 for beta in self.betas):
-            raise ValueError(f"optim.betas must lie in [0, 1), got {list(self.betas)}.")
+    def validate(self) -> None:
+        """``min_lr`` at most ``lr``."""
         if self.min_lr > self.lr:
             raise ValueError(f"optim.min_lr ({self.min_lr:g}) exceeds optim.lr ({self.lr:g}); lower min_lr.")
 
@@ -102,7 +138,7 @@ class OptimConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Config):
     """Lightning ``Trainer`` options and the loop's own.
 
     Attributes:
@@ -131,14 +167,14 @@ class TrainerConfig:
             test as usual; ``null``: no limit.
     """
 
-    max_epochs: int = field(default=10, metadata=bounds(ge=1))
-    batch_size: int = field(default=128, metadata=bounds(ge=1))
+    max_epochs: int = field(default=10, metadata=bounds(ge=1, le=MAX_EPOCHS))
+    batch_size: int = field(default=128, metadata=bounds(ge=1, le=MAX_BATCH_SIZE))
     precision: Precision = "32-true"
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
-    devices: int | list[int] | str = "auto"
-    num_nodes: int = field(default=1, metadata=bounds(ge=1))
+    devices: int | list[int] | Literal["auto"] = "auto"
+    num_nodes: int = field(default=1, metadata=bounds(ge=1, le=MAX_DEVICES))
     strategy: str = "auto"
-    seed: int = 0
+    seed: int = field(default=0, metadata=bounds(ge=0, le=2**32 - 1))
     deterministic: bool = False
     log_every: int = field(default=10, metadata=bounds(ge=1))
     limit_train_batches: int | float | None = field(default=None, metadata=bounds(gt=0))
@@ -148,24 +184,31 @@ class TrainerConfig:
     monitor: Literal["val/acc1", "val/acc5", "val/loss"] = "val/acc1"
     enable_progress_bar: bool = True
     num_sanity_val_steps: int = field(default=2, metadata=bounds(ge=0))
-    num_threads: int | None = field(default=None, metadata=bounds(ge=1))
+    num_threads: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_THREADS))
     compile: bool = False
     max_time_minutes: float | None = field(default=None, metadata=bounds(gt=0))
 
-    def __post_init__(self) -> None:
-        if isinstance(self.devices, str) and self.devices != "auto" and not self.devices.lstrip("-").isdigit():
-            raise ValueError(f"trainer.devices must be 'auto', a count or a list of ids, got {self.devices!r}.")
+    def validate(self) -> None:
+        """``devices``: a count in [1, MAX_DEVICES] or distinct ids in [0, MAX_DEVICES)."""
+        devices = self.devices
+        count_ok = isinstance(devices, int) and 1 <= devices <= MAX_DEVICES
+        ids_ok = isinstance(devices, list) and 0 < len(set(devices)) == len(devices)
+        if not (devices == "auto" or count_ok or (ids_ok and all(0 <= i < MAX_DEVICES for i in devices))):
+            raise FieldError(
+                "devices", f"must be 'auto', a device count in [1, {MAX_DEVICES}] or a list of distinct device ids "
+                f"in [0, {MAX_DEVICES - 1}], got {describe(devices)}."
+            )
 
 
 @dataclass
-class OutputConfig:
+class OutputConfig(Config):
     """Where runs go: ``<dir>/<recipe name>/<timestamp>/``."""
 
     dir: str = "runs"
 
 
 @dataclass
-class RecipeConfig:
+class RecipeConfig(Config):
     """A whole training recipe. ``name`` defaults to the recipe file's stem."""
 
     name: str = "recipe"
@@ -175,7 +218,8 @@ class RecipeConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        """Mixup pairs need an even batch."""
         if self.optim.mixes and self.trainer.batch_size % 2:
             raise ValueError(
                 f"Mixup/CutMix pairs images within a batch, so trainer.batch_size must be even, "
@@ -190,7 +234,7 @@ class RecipeConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (saved as the run's ``config.yaml`` and in checkpoints); model fields
         left unset are omitted."""
-        values = to_plain(self)
+        values = super().to_dict()
         values["model"] = {key: value for key, value in values["model"].items() if value is not None}
         return values
 
@@ -217,11 +261,16 @@ def load_recipe(
         source = str(path)
         values = _read_yaml(path)
         values.setdefault("name", path.stem)
-    updates, override_keys = parse_overrides(overrides)
+    updates, override_keys = parse_overrides(overrides, error=RecipeError)
     values = merge(values, updates)
-    config = build(RecipeConfig, values, source=source, all_keys=dotted_keys(RecipeConfig), override_keys=override_keys)
+    config = build(RecipeConfig, values, source=source, all_keys=dotted_keys(RecipeConfig),
+                   override_keys=override_keys, error=RecipeError)
     try:
         vit_config = config.vit_config(img_size=config.data.resolved_img_size(), in_chans=config.data.resolved_in_chans())
+    except FieldError as error:  # a ViTConfig range: name the recipe key that set it
+        key = f"{'data' if error.key in DATA_DRIVEN_FIELDS else 'model'}.{error.key}"
+        origin = "a command-line override" if key in override_keys else source
+        raise RecipeError(f"{key} in {origin} {error.problem}") from None
     except ValueError as error:
         raise RecipeError(f"invalid model section in {source}: {error}") from None
     if config.model.impl == "timm" and (vit_config.shifted_patches or vit_config.locality_attention):
@@ -233,14 +282,23 @@ def load_recipe(
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    """The recipe file's mapping; refuses a missing, unreadable, empty, non-YAML or absurdly large file."""
     if not path.is_file():
         raise RecipeError(
             f"recipe file {path} does not exist; recipes live in recipes/*.yaml (e.g. recipes/quickstart.yaml)."
         )
     try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise RecipeError(f"recipe file {path} is not valid YAML: {error}") from None
+        values = load_yaml(path.read_text(encoding="utf-8"), source=f"recipe file {path}", error=RecipeError)
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe file {path} is not UTF-8 text; is it really a YAML recipe?") from None
+    except (yaml.YAMLError, RecursionError) as error:
+        reason = "is nested too deeply" if isinstance(error, RecursionError) else f"is not valid YAML: {error}"
+        raise RecipeError(f"recipe file {path} {reason}") from None
+    if values is None:
+        raise RecipeError(
+            f"recipe file {path} is empty; give at least the sections to change (e.g. 'trainer: {{max_epochs: 5}}'), "
+            "or start from recipes/quickstart.yaml."
+        )
     if not isinstance(values, dict):
         raise RecipeError(f"recipe file {path} must hold a mapping of sections (model, data, optim, trainer, output).")
     return values
