@@ -76,6 +76,7 @@ def test_run_directory_holds_every_artefact(fitted: RunResult) -> None:
     assert config["trainer"]["max_epochs"] == 3 and config["model"]["embed_dim"] == 32
     summary = json.loads((run / "summary.json").read_text())
     assert summary == fitted.summary
+    assert any(row["training"] for row in summary["attention_kernels"])  # what attn_impl="auto" chose
     assert summary["epochs"] == 3 and summary["wall_time_s"] > 0 and summary["train_images_per_s"] > 0
     assert {"val/acc1", "val/loss", "train/loss", "lr"} <= set(read_rows(run / "metrics.csv")[0])
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
