@@ -4,26 +4,26 @@ Which of SDPA and the explicit kernel wins depends on the machine (CPU model, it
 support, the GPU), the dtype, whether a backward follows, the head width and the sequence length;
 no fixed rule holds everywhere. The first call for a new :class:`AutotuneKey` times both kernels on
 synthetic tensors of the call's shape, a few interleaved rounds each (forward alone in inference,
-forward + backward when gradients flow), and keeps the faster, preferring SDPA unless the explicit
-kernel is at least :data:`EXPLICIT_MARGIN` faster so that noise does not flip the choice. Shapes are
-bucketed to powers of two, so a run needs a handful of measurements. Choices live in memory and,
-opt-in (``VITKIT_AUTOTUNE_CACHE=path`` or :meth:`Autotuner.set_cache_path`), in a JSON file that
-later processes read instead of measuring.
+forward + backward when gradients flow), and keeps the one with the better best time, preferring
+SDPA unless the explicit kernel is at least :data:`EXPLICIT_MARGIN` faster, so that noise does not
+flip the choice and ties go to the kernel timm uses. Shapes are bucketed to powers of two, so a
+run needs a handful of measurements. Choices live in memory and, opt-in
+(``VITKIT_AUTOTUNE_CACHE=path`` or :meth:`Autotuner.set_cache_path`), in a JSON file that later
+processes read instead of measuring.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import platform
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,7 +46,8 @@ CACHE_FORMAT = 1
 
 def bucket(n: int) -> int:
     """``n`` rounded to the nearest power of two in log scale (197 -> 256, 65 -> 64, 50 -> 64)."""
-    return 1 << max(0, round(math.log2(max(n, 1))))
+    low = 1 << (max(n, 1).bit_length() - 1)  # the power of two at or below n
+    return low if n * n < 2 * low * low else 2 * low  # n < low * sqrt(2): nearer to low in log scale
 
 
 @functools.cache
@@ -71,9 +72,9 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
-@dataclass(frozen=True)
-class AutotuneKey:
-    """What decides the faster kernel. Sizes are :func:`bucket` ed; ``training``: a backward follows."""
+class AutotuneKey(NamedTuple):
+    """What decides the faster kernel. Sizes are :func:`bucket` ed; ``training``: a backward follows.
+    (A named tuple: it is built and hashed on every attention call.)"""
 
     device: str
     dtype: str
@@ -102,7 +103,7 @@ class AutotuneKey:
 
     def to_text(self) -> str:
         """One line that names the key in the cache file, with the torch version (kernels change)."""
-        return f"torch {torch.__version__} | " + " | ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+        return f"torch {torch.__version__} | " + " | ".join(f"{name}={value}" for name, value in self._asdict().items())
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,6 @@ class Autotuner:
         """Read and write measured choices in the JSON file ``path`` (``None``: memory only). This
         overrides ``VITKIT_AUTOTUNE_CACHE``."""
         self._cache_path, self._cache_path_set, self._disk = (None if path is None else Path(path)), True, None
-
-    def clear(self) -> None:
-        """Forget every choice held in memory (the cache file is kept)."""
-        self.choices.clear()
-        self._disk = None
 
     def cached(self, key: AutotuneKey) -> str | None:
         """The kernel chosen for ``key`` earlier (in memory or in the cache file), without measuring."""
@@ -193,7 +189,7 @@ class Autotuner:
 
     def report(self) -> list[dict[str, Any]]:
         """Every choice held, one JSON-ready row per key: the key's fields, then the choice's."""
-        return [{**asdict(key), **asdict(choice), "shape": list(choice.shape)} for key, choice in self.choices.items()]
+        return [{**key._asdict(), **asdict(choice), "shape": list(choice.shape)} for key, choice in self.choices.items()]
 
     def cache_path(self) -> Path | None:
         """The cache file in use: the one set with :meth:`set_cache_path`, else ``$VITKIT_AUTOTUNE_CACHE``."""

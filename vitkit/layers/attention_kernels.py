@@ -73,8 +73,9 @@ def choose_attn_impl(
 def autotune_report() -> list[dict[str, Any]]:
     """The kernel chosen for each key so far in this process, with the measurement behind it:
     one row per key (device, dtype, training, head_dim, bucketed queries / keys / batch x heads,
-    masked, dropout; kernel, sdpa_ms, explicit_ms, speedup = SDPA time / explicit time, cost_ms
-    of the measurement, measured shape, source = "measured" or "cache")."""
+    masked, dropout; kernel, sdpa_ms and explicit_ms = best milliseconds per call, speedup = SDPA
+    time / explicit time, cost_ms of the measurement, measured shape ``[BH, N, M, d]``, source =
+    "measured" or "cache"). ``train`` writes it to ``summary.json`` as ``attention_kernels``."""
     return AUTOTUNER.report()
 
 
