@@ -6,15 +6,20 @@ and the input pipeline on its own.
 
 Both libraries run the same architecture with the same weights (``vitkit.models.to_timm``). Times
 are medians over interleaved vitkit/timm pairs (``vitkit.bench``); a ratio > 1 means vitkit is
-faster. Training memory is measured in fresh processes as the peak resident size during one
-training step minus the resident size just before it (after a warm-up step, with glibc's mmap
-threshold fixed so freed activations go back to the OS).
+faster. Each models row names the attention kernel vitkit's ``attn_impl="auto"`` measured and
+chose for that cell; the autotuner's full report (timings, measurement cost) follows the table.
+Training memory is measured in fresh processes as the peak resident size during one training step
+minus the resident size just before it (after a warm-up step, with glibc's mmap threshold fixed
+so freed activations go back to the OS). The casts section times one ``linear`` forward + backward
+in pure bfloat16 against the same layer under bfloat16 autocast with float32 weights, which casts
+the weights on every call: the cost mixed precision pays for its float32 master weights.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -27,7 +32,14 @@ from torch import nn
 
 import vitkit
 from vitkit.bench import interleaved_times, median_ratio
-from vitkit.layers.attention_kernels import explicit_attention, sdpa_attention
+from vitkit.layers.attention_autotune import bucket, cpu_model
+from vitkit.layers.attention_kernels import (
+    IMPL_ENV,
+    autotune_report,
+    explicit_attention,
+    format_autotune_report,
+    sdpa_attention,
+)
 from vitkit.models import to_timm
 
 DEFAULT_MODELS = ("vit_small_patch16_224:32", "vit_cifar_small:128")
@@ -74,8 +86,29 @@ def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Te
     return images, torch.randint(0, config.num_classes, (batch_size,))
 
 
+def chosen_kernel(model: nn.Module, batch_size: int, mode: str, precision: str) -> str:
+    """The kernel ``attn_impl="auto"`` ran in this cell: pinned by ``VITKIT_ATTN_IMPL``, else the
+    autotuner's choice for the cell's key (dtype, mode, head width, bucketed tokens and B x H)."""
+    if os.environ.get(IMPL_ENV, "auto") != "auto":
+        return f"{os.environ[IMPL_ENV]} (pinned)"
+    config = model.config
+    tokens = math.prod(config.grid_size) + int(config.class_token)
+    key = {
+        "dtype": "bfloat16" if precision == "bf16" else "float32",
+        "training": mode == "train",
+        "head_dim": config.resolved_head_dim(),
+        "keys": bucket(tokens),
+        "batch_heads": bucket(batch_size * config.heads_per_layer()[0]),
+    }
+    kernels = {row["kernel"] for row in autotune_report() if all(row[name] == value for name, value in key.items())}
+    return "/".join(sorted(kernels)) or "sdpa (not measured)"
+
+
 def bench_models(specs: list[str], repeats: int) -> list[str]:
-    rows = ["| model | batch | mode | precision | vitkit img/s | timm img/s | vitkit/timm |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | batch | mode | precision | vitkit kernel | vitkit img/s | timm img/s | vitkit/timm |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for spec in specs:
         name, batch_size = spec.split(":")
         batch_size = int(batch_size)
@@ -93,15 +126,17 @@ def bench_models(specs: list[str], repeats: int) -> list[str]:
                 ratio = median_ratio(times, "timm", "vitkit")
                 ours_ips = batch_size / statistics.median(times["vitkit"])
                 theirs_ips = batch_size / statistics.median(times["timm"])
+                kernel = chosen_kernel(ours, batch_size, mode, precision)
                 rows.append(
-                    f"| {name} | {batch_size} | {mode} | {precision} | {ours_ips:.1f} | {theirs_ips:.1f} | {ratio:.2f} |"
+                    f"| {name} | {batch_size} | {mode} | {precision} | {kernel} | {ours_ips:.1f} | {theirs_ips:.1f} | {ratio:.2f} |"
                 )
                 print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
 def bench_kernels(repeats: int) -> list[str]:
-    """SDPA vs the explicit kernel at ViT shapes: the measurements behind ``attn_impl="auto"``."""
+    """SDPA vs the explicit kernel at ViT shapes, at full size and with more repeats than the
+    autotuner behind ``attn_impl="auto"`` spends on each key."""
     rows = ["| B x H x N x d | precision | mode | sdpa ms | explicit ms | sdpa/explicit |", "|---|---|---|---|---|---|"]
     for batch, heads, tokens, dim in ((64, 4, 17, 64), (128, 4, 65, 64), (32, 6, 197, 64)):
         for precision in PRECISIONS:
@@ -125,6 +160,35 @@ def bench_kernels(repeats: int) -> list[str]:
                     f"| {1e3 * statistics.median(times['explicit']):.2f} | {median_ratio(times, 'sdpa', 'explicit'):.2f} |"
                 )
                 print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def bench_casts(repeats: int) -> list[str]:
+    """``linear`` forward + backward: float32 weights under bf16 autocast vs pure bfloat16."""
+    rows = ["| tokens x in -> out | autocast ms | pure bf16 ms | autocast / pure |", "|---|---|---|---|"]
+    for tokens, width_in, width_out in ((128 * 65, 384, 1152), (128 * 65, 384, 1536), (32 * 197, 384, 1152)):
+        x = torch.randn(tokens, width_in, dtype=torch.bfloat16, requires_grad=True)  # activations: bf16 either way
+
+        def step(layer: nn.Linear, inputs: torch.Tensor, precision: str) -> Callable[[], None]:
+            def call() -> None:
+                with autocast(precision):
+                    out = layer(inputs)
+                out.float().sum().backward()
+
+            return call
+
+        times = interleaved_times(
+            {
+                "autocast": step(nn.Linear(width_in, width_out), x, "bf16"),
+                "pure": step(nn.Linear(width_in, width_out).bfloat16(), x, "fp32"),  # fp32: autocast off
+            },
+            repeats=repeats,
+        )
+        rows.append(
+            f"| {tokens} x {width_in} -> {width_out} | {1e3 * statistics.median(times['autocast']):.2f} "
+            f"| {1e3 * statistics.median(times['pure']):.2f} | {median_ratio(times, 'autocast', 'pure'):.2f} |"
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
@@ -216,8 +280,8 @@ def bench_data(repeats: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", nargs="+", default=["kernels", "models", "memory", "data"],
-                        choices=["kernels", "models", "memory", "data"])
+    parser.add_argument("--sections", nargs="+", default=["kernels", "models", "casts", "memory", "data"],
+                        choices=["kernels", "models", "casts", "memory", "data"])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="NAME:BATCH pairs")
     parser.add_argument("--memory-model", default="vit_small_patch16_224:32", help="NAME:BATCH for the memory section")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs per cell (medians are reported)")
@@ -230,11 +294,14 @@ def main() -> None:
         name, batch_size, library, checkpointing = args.memory_child
         memory_child(name, int(batch_size), library, checkpointing == "1")
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs\n")
+    print(f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs\n")
     if "kernels" in args.sections:
         print("\n".join(["Attention kernels (medians):", ""] + bench_kernels(args.repeats)) + "\n")
     if "models" in args.sections:
         print("\n".join(["vitkit vs timm, same weights (images/s, medians of interleaved pairs):", ""] + bench_models(args.models, args.repeats)) + "\n")
+        print("\n".join(["Attention autotuner (best times per call; speed-up = SDPA / explicit):", "", format_autotune_report(autotune_report())]) + "\n")
+    if "casts" in args.sections:
+        print("\n".join(["Linear forward + backward, bf16 autocast (float32 weights) vs pure bf16 (medians):", ""] + bench_casts(args.repeats)) + "\n")
     if "memory" in args.sections:
         print("\n".join(bench_memory(args.memory_model, args.repeats)) + "\n")
     if "data" in args.sections:

@@ -76,8 +76,8 @@ class MultiHeadSelfAttention(nn.Module):
         attn_drop: dropout on the post-softmax attention weights (training only).
         proj_drop: dropout on the output.
         qk_norm: LayerNorm on each head's queries and keys (stabilises small head widths).
-        attn_impl: ``"auto"`` (fastest exact kernel, see :mod:`.attention_kernels`), ``"sdpa"``
-            or ``"explicit"``.
+        attn_impl: ``"auto"`` (the exact kernel measured fastest on this machine, see
+            :mod:`.attention_kernels`), ``"sdpa"`` or ``"explicit"``.
         out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
             the seed articles' 0.5.
@@ -261,7 +261,9 @@ class MultiHeadSelfAttention(nn.Module):
             build_allowed_mask(shape, x.device, attn_mask, key_padding_mask, is_causal)
         )
         dropout_p = self.attn_drop if self.training else 0.0
-        impl = choose_attn_impl(self.attn_impl, q, return_attention)
+        impl = choose_attn_impl(
+            self.attn_impl, q, return_attention, k=k, masked=allowed is not None, dropout_p=dropout_p, scale=scale
+        )
         weights = None
         if impl == "sdpa":
             out = sdpa_attention(q, k, v, allowed, dropout_p, scale)

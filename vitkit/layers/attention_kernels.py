@@ -7,37 +7,118 @@ Two exact implementations of ``softmax(q k^T / sqrt(d)) v`` are available:
 * ``"explicit"``: matmul, masked softmax, matmul. Materialises the ``[B, H, N, M]`` weights, which
   it can return (attention maps, rollout) and to which attention dropout is applied.
 
-``"auto"`` picks the faster one per call. Measured on a 2-core AMX CPU (torch 2.14, head_dim 64,
-``python tools/benchmark.py --sections kernels``; table in the README): in float32 SDPA wins
-(1.4-2.2x), while for bfloat16/float16 activations the explicit path wins, by 1.5-2.1x in
-inference and 1.9-5x in training, where SDPA's reduced-precision CPU backward is slow. On CUDA and
-every other device SDPA is used.
+``"auto"`` measures which one is faster on this machine (:mod:`.attention_autotune`): the first
+call of each shape bucket, dtype and mode times both and keeps the faster. ``"sdpa"`` and
+``"explicit"``, or ``VITKIT_ATTN_IMPL=sdpa|explicit`` for every ``"auto"`` module, pin a kernel.
+Requesting the weights always runs the explicit kernel. While ``torch.compile`` or
+``torch.jit.trace`` records a graph, ``"auto"`` is SDPA: nothing is measured inside a graph.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode  # private, but no public twin
+
+from ..errors import VitkitError
+from .attention_autotune import AutotuneKey, Autotuner
 
 AttnImpl = Literal["auto", "sdpa", "explicit"]
 ATTN_IMPLS: tuple[str, ...] = ("auto", "sdpa", "explicit")
+#: Environment variable that pins the kernel of every ``attn_impl="auto"`` module.
+IMPL_ENV = "VITKIT_ATTN_IMPL"
 
 
-def choose_attn_impl(impl: AttnImpl, q: torch.Tensor, need_weights: bool) -> str:
+def choose_attn_impl(
+    impl: AttnImpl,
+    q: torch.Tensor,
+    need_weights: bool,
+    *,
+    k: torch.Tensor | None = None,
+    masked: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> str:
     """Resolve ``impl`` to ``"sdpa"`` or ``"explicit"`` for this call.
 
     Args:
-        impl: the requested implementation; ``"auto"`` applies the measured policy above.
-        q: queries ``[B, H, N, d]`` (their device and dtype decide the policy).
+        impl: the requested implementation; ``"auto"`` follows ``VITKIT_ATTN_IMPL`` if set, else
+            the autotuner's measured choice for this call's key.
+        q: queries ``[B, H, N, d]``.
         need_weights: the caller wants the post-softmax weights, which only "explicit" produces.
+        k: keys ``[B, H, M, d]`` (default: self-attention, shaped like ``q``).
+        masked: the call passes a boolean mask; dropout_p: its attention dropout; scale: its
+            softmax scale (default ``d ** -0.5``). These shape the measurement.
+
+    Raises:
+        VitkitError: ``VITKIT_ATTN_IMPL`` holds something other than a kernel's name.
     """
-    if need_weights or impl == "explicit":
+    if need_weights:
         return "explicit"
-    if impl == "auto" and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
-        return "explicit"
-    return "sdpa"
+    if impl == "auto":
+        impl = _impl_from_env()
+    if impl != "auto":
+        return impl
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return "sdpa"
+    k = q if k is None else k
+    if not _measurable(q):
+        return AUTOTUNER.cached(AutotuneKey.of(q, k, masked, dropout_p)) or "sdpa"
+    return AUTOTUNER.choose(q, k, masked, dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)
+
+
+def autotune_report() -> list[dict[str, Any]]:
+    """The kernel chosen for each key so far in this process, with the measurement behind it:
+    one row per key (device, dtype, training, head_dim, bucketed queries / keys / batch x heads,
+    masked, dropout; kernel, sdpa_ms and explicit_ms = best milliseconds per call, speedup = SDPA
+    time / explicit time, cost_ms of the measurement, measured shape ``[BH, N, M, d]``, source =
+    "measured" or "cache"). ``train`` writes it to ``summary.json`` as ``attention_kernels``."""
+    return AUTOTUNER.report()
+
+
+def format_autotune_report(rows: list[dict[str, Any]]) -> str:
+    """``rows`` of :func:`autotune_report` as a Markdown table (device and dtype included)."""
+    lines = [
+        "| device | dtype | mode | d | N | M | BH | mask | dropout | kernel | sdpa ms | explicit ms | sdpa/explicit | cost ms | source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        mode = "train" if row["training"] else "infer"
+        lines.append(
+            f"| {row['device']} | {row['dtype']} | {mode} | {row['head_dim']} | {row['queries']} | {row['keys']} "
+            f"| {row['batch_heads']} | {row['masked']} | {row['dropout']} | {row['kernel']} | {row['sdpa_ms']:.3f} "
+            f"| {row['explicit_ms']:.3f} | {row['speedup']:.2f} | {row['cost_ms']:.0f} | {row['source']} |"
+        )
+    return "\n".join(lines)
+
+
+def set_autotune_cache(path: str | os.PathLike | None) -> None:
+    """Keep measured choices in the JSON file ``path`` across processes (``None``: in memory
+    only); overrides ``VITKIT_AUTOTUNE_CACHE``. Entries are keyed by CPU/GPU model and torch version."""
+    AUTOTUNER.set_cache_path(path)
+
+
+def _impl_from_env() -> str:
+    value = os.environ.get(IMPL_ENV, "auto") or "auto"
+    if value not in ATTN_IMPLS:
+        raise VitkitError(
+            f"environment variable {IMPL_ENV}={value!r} is not an attention kernel; use one of "
+            f"{', '.join(ATTN_IMPLS)}, or unset it to let vitkit measure."
+        )
+    return value
+
+
+def _measurable(q: torch.Tensor) -> bool:
+    """A plain tensor on a device that can be timed, outside any dispatch mode (FLOP counting,
+    fake tensors): a measurement there would be meaningless or would be recorded."""
+    return (
+        type(q) is torch.Tensor
+        and _get_current_dispatch_mode() is None
+        and hasattr(getattr(torch, q.device.type, None), "synchronize")
+    )
 
 
 def sdpa_attention(
@@ -73,3 +154,8 @@ def explicit_attention(
     weights = scores.softmax(dim=-1)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     return dropped @ v, weights
+
+
+#: The kernels ``"auto"`` chooses between, and the process-wide autotuner over them.
+KERNELS = {"sdpa": sdpa_attention, "explicit": explicit_attention}
+AUTOTUNER = Autotuner(KERNELS)

@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ..data import DataInfo
 from ..errors import VitkitError
 from ..io import save_model
+from ..layers.attention_kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
 from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, point_latest, resolve_run_dir, write_json
 from .callbacks import LastCheckpoint, Throughput
@@ -144,6 +145,7 @@ def train(
         "world_size": trainer.world_size,
         "resumed_from": str(resume) if resume is not None else None,
         "best_checkpoint": str(best_path) if best_path else None,
+        "attention_kernels": autotune_report(),  # what attn_impl="auto" measured and chose, per key
     }
     if trainer.is_global_zero:
         save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
