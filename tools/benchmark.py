@@ -73,11 +73,19 @@ def make_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode
     return train_step
 
 
-def twins(name: str) -> tuple[nn.Module, nn.Module]:
-    """A vitkit model and the timm model with the same weights."""
+def twins(name: str, **overrides: int) -> tuple[nn.Module, nn.Module]:
+    """A vitkit model (variant ``name`` with ``ViTConfig`` ``overrides``) and the timm model with the same weights."""
     torch.manual_seed(0)
-    model = vitkit.create_model(name)
+    model = vitkit.create_model(name, **overrides)
     return model, to_timm(model)
+
+
+def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int]]:
+    """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."`` (integer ``ViTConfig`` overrides, e.g.
+    ``vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10``)."""
+    name, batch_size, *rest = spec.split(":")
+    overrides = {key: int(value) for key, value in (item.split("=") for item in rest[0].split(","))} if rest else {}
+    return name, int(batch_size), overrides
 
 
 def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,9 +118,10 @@ def bench_models(specs: list[str], repeats: int) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for spec in specs:
-        name, batch_size = spec.split(":")
-        batch_size = int(batch_size)
-        ours, theirs = twins(name)
+        name, batch_size, overrides = parse_model_spec(spec)
+        ours, theirs = twins(name, **overrides)
+        if overrides:
+            name += " (" + ", ".join(f"{key}={value}" for key, value in overrides.items()) + ")"
         images, labels = batch_for(ours, batch_size)
         for mode in ("forward", "train"):
             for precision in PRECISIONS:
@@ -134,6 +143,19 @@ def bench_models(specs: list[str], repeats: int) -> list[str]:
     return rows
 
 
+def kernel_call(kernel: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, train: bool) -> Callable[[], None]:
+    """One attention call of ``kernel`` on ``[B, H, N, d]`` tensors, with the backward when ``train``."""
+
+    def call() -> None:
+        with torch.set_grad_enabled(train):
+            out = kernel(q, k, v, None, 0.0, q.shape[-1] ** -0.5)
+            out = out[0] if isinstance(out, tuple) else out
+        if train:
+            out.float().sum().backward()
+
+    return call
+
+
 def bench_kernels(repeats: int) -> list[str]:
     """SDPA vs the explicit kernel at ViT shapes, at full size and with more repeats than the
     autotuner behind ``attn_impl="auto"`` spends on each key."""
@@ -143,18 +165,9 @@ def bench_kernels(repeats: int) -> list[str]:
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             for mode in ("forward", "train"):
                 q, k, v = (torch.randn(batch, heads, tokens, dim, dtype=dtype, requires_grad=mode == "train") for _ in range(3))
-
-                def run(kernel: Callable) -> Callable[[], None]:
-                    def call() -> None:
-                        with torch.set_grad_enabled(mode == "train"):
-                            out = kernel(q, k, v, None, 0.0, dim**-0.5)
-                            out = out[0] if isinstance(out, tuple) else out
-                        if mode == "train":
-                            out.float().sum().backward()
-
-                    return call
-
-                times = interleaved_times({"sdpa": run(sdpa_attention), "explicit": run(explicit_attention)}, repeats=repeats)
+                calls = {name: kernel_call(kernel, q, k, v, mode == "train") for name, kernel in
+                         (("sdpa", sdpa_attention), ("explicit", explicit_attention))}
+                times = interleaved_times(calls, repeats=repeats)
                 rows.append(
                     f"| {batch}x{heads}x{tokens}x{dim} | {precision} | {mode} | {1e3 * statistics.median(times['sdpa']):.2f} "
                     f"| {1e3 * statistics.median(times['explicit']):.2f} | {median_ratio(times, 'sdpa', 'explicit'):.2f} |"
@@ -282,7 +295,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", default=["kernels", "models", "casts", "memory", "data"],
                         choices=["kernels", "models", "casts", "memory", "data"])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="NAME:BATCH pairs")
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
+                        help="NAME:BATCH or NAME:BATCH:key=value,... (ViTConfig overrides)")
     parser.add_argument("--memory-model", default="vit_small_patch16_224:32", help="NAME:BATCH for the memory section")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs per cell (medians are reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
