@@ -4,9 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-export NO_ALBUMENTATIONS_UPDATE := 1
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test lint bench
 
 setup: $(VENV)/.installed
 
@@ -23,6 +22,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
 
 bench: setup
 	$(PY) tools/benchmark.py

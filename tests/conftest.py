@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture(autouse=True)

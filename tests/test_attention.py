@@ -1,7 +1,8 @@
 """Multi-head self-attention: kernels, masks, cross-attention, KV cache, head gating and pruning, init.
 
-Every documented MSA behaviour that a unit test can check is proved here. A hand-written reference (``reference_heads``) recomputes ``softmax(Q K^T / sqrt(d)) V``
-per head from the module's fused qkv weight slices, so the module is checked against the formula.
+Every documented MSA behaviour that a unit test can check is proved here. A hand-written reference
+(``reference_heads``) recomputes ``softmax(Q K^T / sqrt(d)) V`` per head from the module's fused qkv
+weight slices, so the module is checked against the formula.
 """
 
 from __future__ import annotations

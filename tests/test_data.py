@@ -10,6 +10,7 @@ from urllib.error import URLError
 import numpy as np
 import pytest
 import torch
+from cifar_files import PER_BATCH, dump, fabricate_cifar10
 from PIL import Image
 
 from vitkit.data import (
@@ -29,8 +30,6 @@ from vitkit.data import (
     stratified_split,
 )
 from vitkit.data import cifar as cifar_module
-
-from cifar_files import PER_BATCH, dump, fabricate_cifar10
 
 
 @pytest.fixture

@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mnist_files import fabricate_mnist, write_idx
 from torch.utils.data import DataLoader
 
 from vitkit.data import DataConfig, build_datasets
 from vitkit.data.batch_transforms import BatchTransform, random_crop
 from vitkit.data.info import DataInfo
 from vitkit.data.mnist import IMAGES_MAGIC, LABELS_MAGIC, IdxFileError, read_idx
-
-from mnist_files import fabricate_mnist, write_idx
 
 
 def test_read_idx_returns_the_declared_shape_and_bytes(tmp_path: Path) -> None:

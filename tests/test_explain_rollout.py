@@ -142,7 +142,7 @@ def test_grad_rollout_pairs_each_gradient_with_its_own_block(generator: torch.Ge
     attentions = [random_attention(1, 2, 5, generator) for _ in range(3)]
     gradient = torch.rand(1, 2, 5, 5, generator=generator)
     for layer in range(3):
-        gradients = [gradient if l == layer else torch.zeros_like(gradient) for l in range(3)]
+        gradients = [gradient if index == layer else torch.zeros_like(gradient) for index in range(3)]
         # Zero gradients make the other layers the identity, so only block `layer` counts.
         expected = grad_rollout([attentions[layer]], [gradient])
         torch.testing.assert_close(grad_rollout(attentions, gradients), expected)

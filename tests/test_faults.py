@@ -20,21 +20,19 @@ import lightning as L
 import pytest
 import torch
 import yaml
+from tiny_runs import ROOT, SHORT, tiny_recipe, tool_env, write_tiny_recipe
 
 from vitkit.errors import VitkitError
 from vitkit.train import (
     CheckpointError,
     NonFiniteLossError,
     RunResult,
+    artifacts,
     load_checkpoint,
     load_recipe,
     train,
 )
-from vitkit.train import artifacts
 from vitkit.train.checkpoint import AtomicCheckpointIO
-
-from tiny_runs import ROOT, SHORT, tiny_recipe, tool_env, write_tiny_recipe
-
 
 
 def short_recipe(out_dir: Path, **trainer: object) -> dict:

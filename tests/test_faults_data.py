@@ -16,8 +16,10 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
+from cifar_files import dump, fabricate_cifar10
 from matplotlib import colormaps
 from PIL import Image
+from test_explain_tools import save_tiny, tiny_shapes_model
 
 import vitkit
 from vitkit.data import (
@@ -35,9 +37,6 @@ from vitkit.data.images import check_image
 from vitkit.data.transforms import build_eval_transform
 from vitkit.explain.cli import FigureNameError, figure_names
 from vitkit.train import load_for_inference
-
-from cifar_files import dump, fabricate_cifar10
-from test_explain_tools import save_tiny, tiny_shapes_model
 
 
 def _save(path: Path, mode: str = "RGB", size: tuple[int, int] = (12, 10), value: int = 128) -> Path:

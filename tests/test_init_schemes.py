@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vitkit.io import load_model, save_model
-from vitkit.models import ViTConfig, VisionTransformer
+from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.models.init import INIT_SCHEMES, init_parts
 
 DIM, DEPTH, HEADS, PATCH, CLASSES = 64, 3, 4, 4, 10

@@ -8,6 +8,7 @@ import pytest
 
 from vitkit.data import make_subset
 
+
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
     """src/train/c0..c5 with 6 images each (c5 has 2), src/val/c0..c5 with 3 each."""

@@ -15,7 +15,7 @@ from torch import nn
 
 import vitkit
 import vitkit.models.vision_transformer as vit_module
-from vitkit import ViTConfig, VisionTransformer, create_model, list_models, load_model, save_model
+from vitkit import VisionTransformer, ViTConfig, create_model, list_models, load_model, save_model
 from vitkit.io import read_model_file
 from vitkit.layers import DropPath, sincos_2d_pos_embed
 from vitkit.models import count_parameters, vit_flops

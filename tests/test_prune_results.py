@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_prune import DEPTH, HEADS, tiny_model, toy_batches
 from torch import nn
 
 from vitkit.prune import head_importance, iterative_pruning, redundancy_test
 from vitkit.prune import redundancy as redundancy_module
 from vitkit.prune.evaluate import evaluate_accuracy
-
-from test_prune import DEPTH, HEADS, tiny_model, toy_batches
 
 
 def per_example_gradients(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

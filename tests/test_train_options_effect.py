@@ -14,14 +14,13 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from test_train_run import SHORT, tiny_recipe
 
 from vitkit.data import AugmentConfig, build_train_transform
 from vitkit.data.info import DataInfo
 from vitkit.models import vision_transformer as vit_module
 from vitkit.train import OptimConfig, train
 from vitkit.train.module import build_criterion
-
-from test_train_run import SHORT, tiny_recipe
 
 pytestmark = pytest.mark.slow
 

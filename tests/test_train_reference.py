@@ -12,14 +12,13 @@ import pytest
 import timm
 import torch
 import yaml
+from mnist_files import fabricate_mnist
 
 from vitkit.data import build_datasets
 from vitkit.io import load_model
 from vitkit.train import load_recipe, train
 from vitkit.train.run import build_module
 from vitkit.train.time_to_accuracy import AccuracyPoint, TestAccuracyTimer, accuracy_at, summarise, time_to_reach
-
-from mnist_files import fabricate_mnist
 
 pytestmark = pytest.mark.slow
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tiny_runs import ROOT, SHORT, run_tool, tiny_recipe, tool_env, write_tiny_recipe
 
 from vitkit.io import read_model_file
 from vitkit.train import (
@@ -24,8 +25,6 @@ from vitkit.train import (
     train,
 )
 from vitkit.train import module as module_lib
-
-from tiny_runs import ROOT, SHORT, run_tool, tiny_recipe, tool_env, write_tiny_recipe
 
 pytestmark = pytest.mark.slow
 

@@ -20,20 +20,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+from tqdm import tqdm
 
-from tqdm import tqdm  # noqa: E402
-
-from vitkit.errors import cli_errors, positive_int  # noqa: E402
-from vitkit.prune import redundancy_test  # noqa: E402
-from vitkit.prune.evaluate import eval_loaders  # noqa: E402
-from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise  # noqa: E402
-from vitkit.prune.report import markdown_table, plot_sweep, write_csv  # noqa: E402
-from vitkit.train import RUN_EXIT_STATUSES, load_recipe, train  # noqa: E402
+from vitkit.errors import cli_errors, positive_int
+from vitkit.prune import redundancy_test
+from vitkit.prune.evaluate import eval_loaders
+from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
+from vitkit.prune.report import markdown_table, plot_sweep, write_csv
+from vitkit.train import RUN_EXIT_STATUSES, load_recipe, train
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

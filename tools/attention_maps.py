@@ -25,7 +25,6 @@ code is 1 if any failed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,14 +32,12 @@ from typing import NamedTuple
 
 import torch
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-from vitkit import VisionTransformer  # noqa: E402
-from vitkit.errors import UsageError, cli_errors, positive_int  # noqa: E402
-from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image  # noqa: E402
-from vitkit.data.images import convert_channels  # noqa: E402
-from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture  # noqa: E402
-from vitkit.explain.cli import (  # noqa: E402
+from vitkit import VisionTransformer
+from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image
+from vitkit.data.images import convert_channels
+from vitkit.errors import UsageError, cli_errors, positive_int
+from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture
+from vitkit.explain.cli import (
     ConversionNote,
     add_model_arguments,
     display_image,
@@ -49,8 +46,8 @@ from vitkit.explain.cli import (  # noqa: E402
     load_explained_model,
     output_clashes,
 )
-from vitkit.explain.render import attention_figure  # noqa: E402
-from vitkit.train.evaluate import data_config_for  # noqa: E402
+from vitkit.explain.render import attention_figure
+from vitkit.train.evaluate import data_config_for
 
 
 class Sample(NamedTuple):

@@ -1,4 +1,4 @@
-"""Head diagnostics of a ViT (the seed article's §5.2 checklist, automated).
+"""Head diagnostics of a ViT (a checklist of attention pathologies, automated).
 
     python tools/attention_report.py --checkpoint runs/quickstart/<run>/model.safetensors --out report/
     python tools/attention_report.py --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
@@ -16,21 +16,18 @@ each settable below.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-from vitkit.data import build_datasets  # noqa: E402
-from vitkit.errors import cli_errors, positive_int  # noqa: E402
-from vitkit.explain import HeadThresholds, head_warnings, model_head_stats  # noqa: E402
-from vitkit.explain.cli import add_model_arguments, load_explained_model  # noqa: E402
-from vitkit.explain.render import head_grid_figure  # noqa: E402
-from vitkit.prune.report import write_csv  # noqa: E402
-from vitkit.train.evaluate import data_config_for  # noqa: E402
+from vitkit.data import build_datasets
+from vitkit.errors import cli_errors, positive_int
+from vitkit.explain import HeadThresholds, head_warnings, model_head_stats
+from vitkit.explain.cli import add_model_arguments, load_explained_model
+from vitkit.explain.render import head_grid_figure
+from vitkit.prune.report import write_csv
+from vitkit.train.evaluate import data_config_for
 
 DEFAULTS = HeadThresholds()
 

@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+import lightning as L
 
-import lightning as L  # noqa: E402
-
-from vitkit.models.init import init_parts  # noqa: E402
-from vitkit.errors import cli_errors  # noqa: E402
-from vitkit.train import RUN_EXIT_STATUSES, load_recipe, train  # noqa: E402
+from vitkit.errors import cli_errors
+from vitkit.models.init import init_parts
+from vitkit.train import RUN_EXIT_STATUSES, load_recipe, train
 
 #: Parts whose vitkit and timm rules differ (both draw the head from N(0, 0.02)).
 SWAPPABLE_PARTS = ("patch", "qkv", "proj", "mlp")

@@ -17,22 +17,19 @@ level of the mass share is the box's share of the image. Prints a Markdown table
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-from vitkit import VisionTransformer  # noqa: E402
-from vitkit.data import build_datasets  # noqa: E402
-from vitkit.errors import UsageError, cli_errors, positive_int  # noqa: E402
-from vitkit.explain import HEAD_FUSIONS, evaluate_localization  # noqa: E402
-from vitkit.explain.localization import pointing_tolerance  # noqa: E402
-from vitkit.prune.report import markdown_table, write_csv  # noqa: E402
-from vitkit.train import load_for_inference, train  # noqa: E402
-from vitkit.train.evaluate import data_config_for  # noqa: E402
+from vitkit import VisionTransformer
+from vitkit.data import build_datasets
+from vitkit.errors import UsageError, cli_errors, positive_int
+from vitkit.explain import HEAD_FUSIONS, evaluate_localization
+from vitkit.explain.localization import pointing_tolerance
+from vitkit.prune.report import markdown_table, write_csv
+from vitkit.train import load_for_inference, train
+from vitkit.train.evaluate import data_config_for
 
 METHODS = ("rollout", "grad_rollout", "chefer")
 

@@ -29,18 +29,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+import torch
 
-import torch  # noqa: E402
-
-from vitkit import save_model  # noqa: E402
-from vitkit.errors import cli_errors, positive_int  # noqa: E402
-from vitkit.models import count_parameters, vit_flops  # noqa: E402
-from vitkit.prune import (  # noqa: E402
+from vitkit import save_model
+from vitkit.errors import cli_errors, positive_int
+from vitkit.models import count_parameters, vit_flops
+from vitkit.prune import (
     entropy_scorer,
     importance_scorer,
     iterative_pruning,
@@ -49,11 +46,11 @@ from vitkit.prune import (  # noqa: E402
     time_forward,
     within_budget,
 )
-from vitkit.prune.evaluate import eval_loaders, evaluate_accuracy  # noqa: E402
-from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv  # noqa: E402
-from vitkit.train import load_for_inference  # noqa: E402
-from vitkit.train.artifacts import write_json  # noqa: E402
-from vitkit.train.evaluate import data_config_for  # noqa: E402
+from vitkit.prune.evaluate import eval_loaders, evaluate_accuracy
+from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
+from vitkit.train import load_for_inference
+from vitkit.train.artifacts import write_json
+from vitkit.train.evaluate import data_config_for
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

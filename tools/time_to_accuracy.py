@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-from vitkit.errors import cli_errors, positive_int  # noqa: E402
-from vitkit.train import RUN_EXIT_STATUSES, RecipeConfig, load_recipe, train  # noqa: E402
-from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise  # noqa: E402
+from vitkit.errors import cli_errors, positive_int
+from vitkit.train import RUN_EXIT_STATUSES, RecipeConfig, load_recipe, train
+from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise
 
 IMPLS = ("vitkit", "timm")
 #: Overrides that turn the recipe's model into what timm's VisionTransformer can be.

@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-
-from vitkit.errors import cli_errors  # noqa: E402
-from vitkit.train import RUN_EXIT_STATUSES, train  # noqa: E402
+from vitkit.errors import cli_errors
+from vitkit.train import RUN_EXIT_STATUSES, train
 
 
 def main(argv: list[str] | None = None) -> int:

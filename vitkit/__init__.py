@@ -5,7 +5,7 @@ from types import ModuleType
 
 from .errors import VitkitError
 from .io import load_model, save_model
-from .models import ViTConfig, VisionTransformer, create_model, from_timm, list_models, to_timm_state_dict
+from .models import VisionTransformer, ViTConfig, create_model, from_timm, list_models, to_timm_state_dict
 
 __version__ = "0.1.0"
 

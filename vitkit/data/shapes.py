@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from timm.layers import to_2tuple
 
-from ..layers.utils import Pair, to_pair
 from .arrays import ArrayDataset, Transform, convert_array_channels, convert_stats
 from .config import SHAPES_STYLES, ShapesStyle
 from .info import DataInfo
@@ -57,7 +57,7 @@ def _star_radius(angle: np.ndarray) -> np.ndarray:
 
 def generate_shapes(
     num_samples: int,
-    img_size: Pair = 32,
+    img_size: int | tuple[int, int] = 32,
     seed: int | Sequence[int] = 0,
     noise_std: float = 0.06,
     scale: tuple[float, float] = (0.3, 0.9),
@@ -79,7 +79,7 @@ def generate_shapes(
         ``(images [N, H, W, 3] uint8, labels [N], boxes [N, 4])``; ``boxes[i] = (x0, y0, x1, y1)``
         with ``images[i, y0:y1, x0:x1]`` the tightest window holding every object pixel.
     """
-    height, width = to_pair(img_size)
+    height, width = to_2tuple(img_size)
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(num_samples) % len(SHAPE_CLASSES))
     radius = rng.uniform(*scale, num_samples) * min(height, width) / 2
@@ -215,12 +215,12 @@ def _mask_boxes(mask: np.ndarray) -> np.ndarray:
     return np.stack([x0, y0, x1, y1], axis=1)
 
 
-def shapes_info(img_size: Pair = 32, in_chans: int = 3, crop_pct: float = 1.0) -> DataInfo:
+def shapes_info(img_size: int | tuple[int, int] = 32, in_chans: int = 3, crop_pct: float = 1.0) -> DataInfo:
     """:class:`DataInfo` of shapes images of ``img_size`` with ``in_chans`` channels."""
     return DataInfo(
         num_classes=len(SHAPE_CLASSES),
         class_names=SHAPE_CLASSES,
-        img_size=to_pair(img_size),
+        img_size=tuple(int(side) for side in to_2tuple(img_size)),
         in_chans=in_chans,
         mean=convert_stats(SHAPES_MEAN, in_chans),
         std=convert_stats(SHAPES_STD, in_chans),
@@ -251,7 +251,7 @@ class ShapesDataset(ArrayDataset):
     def __init__(
         self,
         num_samples: int = 1000,
-        img_size: Pair = 32,
+        img_size: int | tuple[int, int] = 32,
         seed: int | Sequence[int] = 0,
         noise_std: float = 0.06,
         in_chans: int = 3,

@@ -23,6 +23,7 @@ from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
 from ..train import load_for_inference
 
+
 class FigureNameError(VitkitError, ValueError):
     """Two figures that the naming rules of :func:`figure_names` cannot tell apart."""
 

@@ -25,7 +25,7 @@ from .attention_kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_
 from .attention_masks import build_allowed_mask, split_empty_rows
 from .init_rules import xavier_per_projection, xavier_scaled
 
-#: The seed articles' scale for W_o's Xavier init when the depth is unknown (see ``out_init_scale``).
+#: W_o's Xavier-init scale for a standalone module, whose depth is unknown (see ``out_init_scale``).
 DEFAULT_OUT_INIT_SCALE = 0.5
 
 
@@ -80,7 +80,7 @@ class MultiHeadSelfAttention(nn.Module):
             :mod:`.attention_kernels`), ``"sdpa"`` or ``"explicit"``.
         out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
-            the seed articles' 0.5.
+            0.5.
         norm_eps: epsilon of the q/k LayerNorms.
         locality: Locality Self-Attention (Lee et al. 2021, "Vision Transformer for Small-Size
             Datasets", https://arxiv.org/abs/2112.13492): a learnable softmax temperature (the

@@ -17,7 +17,7 @@ Requesting the weights always runs the explicit kernel. While ``torch.compile`` 
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from ..errors import VitkitError
 from .attention_autotune import AutotuneKey, Autotuner
 
 AttnImpl = Literal["auto", "sdpa", "explicit"]
-ATTN_IMPLS: tuple[str, ...] = ("auto", "sdpa", "explicit")
+ATTN_IMPLS: tuple[str, ...] = get_args(AttnImpl)
 #: Environment variable that pins the kernel of every ``attn_impl="auto"`` module.
 IMPL_ENV = "VITKIT_ATTN_IMPL"
 

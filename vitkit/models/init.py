@@ -25,7 +25,7 @@ ablation swaps one part at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Literal, get_args
 
 from torch import nn

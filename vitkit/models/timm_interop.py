@@ -119,7 +119,7 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
         if "num_heads" not in values and "num_heads" not in overrides:
             raise ValueError(
                 "a state dict does not record the head count: pass name='vit_small_patch16_224' (or another "
-                f"variant from vitkit.list_models()) or num_heads=... to from_timm."
+                "variant from vitkit.list_models()) or num_heads=... to from_timm."
             )
     source_config = ViTConfig(**{**values, **{k: v for k, v in overrides.items() if k == "num_heads"}})
     model = VisionTransformer(source_config.replace(**overrides))

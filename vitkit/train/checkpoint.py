@@ -22,7 +22,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
 from ..io import atomic_write, read_model_file
-from ..models import ViTConfig, VisionTransformer
+from ..models import VisionTransformer, ViTConfig
 from .module import EMA_PREFIX, MODEL_PREFIX, non_finite_tensors
 
 #: Key Lightning writes into every training checkpoint.

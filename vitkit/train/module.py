@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import VitkitError
 from ..evaluation import batch_metrics
-from ..models import ViTConfig, VisionTransformer, from_timm, timm_twin
+from ..models import VisionTransformer, ViTConfig, from_timm, timm_twin
 from .config import OptimConfig
 from .optim import build_optimizer, warmup_cosine
 from .schema import build

@@ -17,8 +17,8 @@ import importlib.util
 import os
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
