@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -109,7 +110,7 @@ def train(
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
 
-    with _shared_run_dir(run_dir):
+    with _shared_run_dir(run_dir), _quiet_third_party_warnings():
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
             best_path = best.best_model_path or None
@@ -232,6 +233,17 @@ def _callbacks(config: RecipeConfig, run_dir: Path) -> tuple[ModelCheckpoint, La
     )
     last = LastCheckpoint(checkpoints / "last.ckpt", config.trainer.checkpoint_every_n_steps)
     return best, last, Throughput()
+
+
+@contextlib.contextmanager
+def _quiet_third_party_warnings() -> Iterator[None]:
+    """Silence, for the run only, warnings users cannot act on: Lightning 2.6's pytree helper builds
+    torch's ``LeafSpec``, deprecated since torch 2.10 (Lightning's to fix), and Lightning's model
+    summary cannot size bf16-mixed parameters (it says it counts 32 bits instead)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", message="Precision bf16-mixed is not supported by the model summary")
+        yield
 
 
 @contextlib.contextmanager
