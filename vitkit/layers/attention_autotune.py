@@ -73,8 +73,14 @@ def device_name(device: torch.device) -> str:
     if device.type == "cpu":
         return f"{cpu_model()} ({torch.get_num_threads()} threads)"
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return _gpu_name(torch.cuda.current_device() if device.index is None else device.index)
     return device.type
+
+
+@functools.cache
+def _gpu_name(index: int) -> str:
+    """``torch.cuda.get_device_name(index)``, looked up once (keys are built on every attention call)."""
+    return torch.cuda.get_device_name(index)
 
 
 class AutotuneKey(NamedTuple):

@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ..prune.evaluate import evaluate_accuracy
+from ..evaluation import evaluate_model
 
 
 @dataclass
@@ -63,7 +63,7 @@ class TestAccuracyTimer(Callback):
         paused_at = time.perf_counter()
         seconds = paused_at - self._start - self._paused
         with torch.no_grad(), trainer.precision_plugin.forward_context():  # the run's own autocast
-            accuracy = evaluate_accuracy(pl_module.inference_model, trainer.datamodule.test_dataloader())
+            accuracy = evaluate_model(pl_module.inference_model, trainer.datamodule.test_dataloader()).top1
         self.points.append(AccuracyPoint(round(seconds, 2), trainer.global_step, round(accuracy, 3)))
         self._paused += time.perf_counter() - paused_at
 
