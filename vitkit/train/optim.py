@@ -8,6 +8,7 @@ import math
 import torch
 from timm.optim import param_groups_weight_decay
 from torch import nn
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from .config import OptimConfig
 
@@ -25,10 +26,27 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return sorted(groups, key=lambda group: -group["weight_decay"])
 
 
+def fused_supported(params: list[torch.Tensor]) -> bool:
+    """Whether torch has a fused AdamW kernel for every parameter's device and dtype.
+
+    torch's own rule (floating-point tensors on a device with fused kernels: CPU from torch 2.4,
+    CUDA, XPU, MPS, ...), asked of the same helper that ``torch.optim`` uses for its defaults.
+    """
+    devices = _get_fused_kernels_supported_devices()
+    return bool(params) and all(p.is_floating_point() and p.device.type in devices for p in params)
+
+
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups`."""
+    """AdamW over :func:`param_groups`, fused (one kernel over all parameters) wherever torch supports
+    it, else torch's default multi-tensor (foreach) implementation.
+
+    The fused step applies the same update as the foreach one to float rounding (tested), in a
+    fraction of its time (the README's benchmark section has the measurement).
+    """
+    groups = param_groups(model, config.weight_decay)
+    fused = fused_supported([p for group in groups for p in group["params"]])
     return torch.optim.AdamW(
-        param_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas), eps=config.eps
+        groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=True if fused else None
     )
 
 
