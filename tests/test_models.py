@@ -348,6 +348,48 @@ def test_config_from_dict_rejects_unknown_fields_and_round_trips() -> None:
         config.replace(num_heads=5)
 
 
+def test_every_attention_option_of_the_config_reaches_every_block() -> None:
+    model = tiny(
+        head_dim=4, qkv_bias=False, qk_norm=True, attn_drop_rate=0.25, proj_drop_rate=0.125,
+        attn_impl="explicit", out_init_scale=0.3, norm_eps=1e-5, locality_attention=True,
+    )
+    for block in model.blocks:
+        attn = block.attn
+        assert (attn.head_dim, attn.qkv.weight.shape) == (4, (3 * 4 * 4, 32))  # head_dim not embed_dim / heads
+        assert attn.qkv.bias is None and attn.attn_drop == 0.25 and attn.proj_drop.p == 0.125
+        assert isinstance(attn.q_norm, nn.LayerNorm) and attn.q_norm.eps == attn.k_norm.eps == 1e-5
+        assert attn.attn_impl == "explicit" and attn.out_init_scale == 0.3
+        assert attn.locality and attn.log_scale is not None
+        # the block's own parts share the attention's proj_drop and norm_eps, as timm's Block
+        assert block.norm1.eps == block.norm2.eps == 1e-5 and block.mlp.drop1.p == 0.125
+
+
+def test_out_init_scale_defaults_to_gpt2_residual_scaling() -> None:
+    assert ViTConfig(**{**TINY, "depth": 8}).attention_options().out_init_scale == pytest.approx(0.25)  # 1/sqrt(16)
+    assert ViTConfig(**TINY).attention_options().head_dim == 8  # 32 / 4 heads
+
+
+@pytest.mark.parametrize(
+    ("overrides", "tokens", "patch_dim"),
+    [
+        (dict(), 1 + 4 * 4, 4 * 4 * 3),
+        (dict(class_token=False, global_pool="avg"), 4 * 4, 4 * 4 * 3),
+        (dict(img_size=(16, 8), patch_size=(4, 2), in_chans=1), 1 + 4 * 4, 4 * 2),
+        (dict(shifted_patches=True), 1 + 4 * 4, 5 * 4 * 4 * 3),  # the image and its four shifted copies
+    ],
+)
+def test_token_count_and_patch_width_match_the_built_model(
+    overrides: dict[str, Any], tokens: int, patch_dim: int
+) -> None:
+    config = ViTConfig(**{**TINY, **overrides})
+    assert (config.num_tokens, config.patch_dim) == (tokens, patch_dim)
+    model = VisionTransformer(config)
+    assert model.num_prefix_tokens == config.num_prefix_tokens == 1 - int(not config.class_token)
+    assert model.pos_embed.shape[1] == tokens
+    assert model.forward_features(torch.randn(1, config.in_chans, *config.img_size)).shape[1] == tokens
+    assert model.patch_embed.proj.in_features == patch_dim
+
+
 # --------------------------------------------------------- device / dtype, meta-device building
 @pytest.mark.parametrize("pos_embed", ["learn", "sincos"])
 def test_meta_build_then_to_empty_and_reset_parameters_gives_the_cpu_init(pos_embed: str) -> None:

@@ -6,7 +6,7 @@ re-exported so blocks built from vitkit and from timm share one class.
 
 from timm.layers import DropPath
 
-from .attention import KVCache, MultiHeadSelfAttention
+from .attention import AttentionOptions, KVCache, MultiHeadSelfAttention
 from .attention_kernels import choose_attn_impl
 from .attention_masks import build_allowed_mask, causal_mask
 from .block import EncoderBlock, LayerScale
@@ -15,6 +15,7 @@ from .patch_embed import PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
 
 __all__ = [
+    "AttentionOptions",
     "DropPath",
     "EncoderBlock",
     "KVCache",

@@ -10,11 +10,12 @@ decodes incrementally with a :class:`KVCache`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -64,51 +65,85 @@ class KVCache:
         return self.k, self.v
 
 
-class MultiHeadSelfAttention(nn.Module):
-    """Multi-head (self- or cross-) attention over token sequences.
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How a :class:`MultiHeadSelfAttention` attends: every option but its size (``dim``, ``num_heads``).
 
-    Args:
-        dim: token width ``D`` of the input (and of the output).
-        num_heads: number of heads ``H``; ``dim`` must be divisible by it unless ``head_dim`` is
-            given (pruned modules keep their head width while losing heads).
-        head_dim: width ``d`` of each head; default ``dim // num_heads``.
+    Adding an attention option takes one field here and its use in ``MultiHeadSelfAttention``;
+    a :class:`~vitkit.models.ViTConfig` field of the same name then reaches every block of a
+    model (:meth:`~vitkit.models.ViTConfig.attention_options`), with no signature in between.
+
+    Attributes:
+        head_dim: width ``d`` of each head; default ``dim // num_heads`` (pruned modules keep
+            their head width while losing heads).
         qkv_bias: bias in the fused qkv projection.
         attn_drop: dropout on the post-softmax attention weights (training only).
-        proj_drop: dropout on the output.
+        proj_drop: dropout on the output (an :class:`~vitkit.layers.EncoderBlock` also uses it
+            inside its MLP, as timm's ``Block`` does).
         qk_norm: LayerNorm on each head's queries and keys (stabilises small head widths).
         attn_impl: ``"auto"`` (the exact kernel measured fastest on this machine, see
             :mod:`.attention_kernels`), ``"sdpa"`` or ``"explicit"``.
         out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
             0.5.
-        norm_eps: epsilon of the q/k LayerNorms.
+        norm_eps: epsilon of the q/k LayerNorms (and of an ``EncoderBlock``'s own norms).
         locality: Locality Self-Attention (Lee et al. 2021, "Vision Transformer for Small-Size
             Datasets", https://arxiv.org/abs/2112.13492): a learnable softmax temperature (the
             scale, initialised to ``1/sqrt(d)``, learned in log space) and, in self-attention, no
             token attends to itself (the diagonal is masked), which sharpens attention on
             small datasets.
+    """
+
+    head_dim: int | None = None
+    qkv_bias: bool = True
+    attn_drop: float = 0.0
+    proj_drop: float = 0.0
+    qk_norm: bool = False
+    attn_impl: AttnImpl = "auto"
+    out_init_scale: float = DEFAULT_OUT_INIT_SCALE
+    norm_eps: float = 1e-6
+    locality: bool = False
+
+    def __post_init__(self) -> None:
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}.")
+        if not 0.0 <= self.attn_drop < 1.0 or not 0.0 <= self.proj_drop < 1.0:
+            raise ValueError(
+                f"dropout rates must lie in [0, 1), got attn_drop={self.attn_drop}, proj_drop={self.proj_drop}."
+            )
+
+    def replace(self, **changes: Any) -> AttentionOptions:
+        """A copy with ``changes`` applied (an unknown option name raises ``TypeError``)."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head (self- or cross-) attention over token sequences.
+
+    Args:
+        dim: token width ``D`` of the input (and of the output).
+        num_heads: number of heads ``H``; ``dim`` must be divisible by it unless
+            ``options.head_dim`` is given.
+        options: how the heads attend (:class:`AttentionOptions`); default all defaults.
         device, dtype: where and in which dtype the parameters are created (as torch's layers).
+        **changes: :class:`AttentionOptions` fields overriding ``options``
+            (``MultiHeadSelfAttention(64, 4, qk_norm=True)``).
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
+        options: AttentionOptions | None = None,
         *,
-        head_dim: int | None = None,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        qk_norm: bool = False,
-        attn_impl: AttnImpl = "auto",
-        out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
-        norm_eps: float = 1e-6,
-        locality: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **changes: Any,
     ) -> None:
         super().__init__()
+        options = (options or AttentionOptions()).replace(**changes)
         factory = {"device": device, "dtype": dtype}
+        head_dim = options.head_dim
         if head_dim is None:
             if num_heads <= 0 or dim % num_heads != 0:
                 raise ValueError(
@@ -117,24 +152,20 @@ class MultiHeadSelfAttention(nn.Module):
                     "or pass head_dim explicitly."
                 )
             head_dim = dim // num_heads
-        if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}.")
-        if not 0.0 <= attn_drop < 1.0 or not 0.0 <= proj_drop < 1.0:
-            raise ValueError(f"dropout rates must lie in [0, 1), got attn_drop={attn_drop}, proj_drop={proj_drop}.")
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
-        self.attn_impl = attn_impl
-        self.attn_drop = attn_drop
-        self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=qkv_bias, **factory)
-        self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps, **factory) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps, **factory) if qk_norm else nn.Identity()
+        self.attn_impl = options.attn_impl
+        self.attn_drop = options.attn_drop
+        self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=options.qkv_bias, **factory)
+        self.q_norm = nn.LayerNorm(head_dim, eps=options.norm_eps, **factory) if options.qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_dim, eps=options.norm_eps, **factory) if options.qk_norm else nn.Identity()
         self.proj = _linear(num_heads * head_dim, dim, **factory)
-        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.out_init_scale = out_init_scale
-        self.locality = locality
-        self.log_scale = nn.Parameter(torch.empty((), **factory)) if locality else None
+        self.proj_drop = nn.Dropout(options.proj_drop) if options.proj_drop > 0 else nn.Identity()
+        self.out_init_scale = options.out_init_scale
+        self.locality = options.locality
+        self.log_scale = nn.Parameter(torch.empty((), **factory)) if options.locality else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 from timm.layers import DropPath
 from torch import nn
 
-from .attention import DEFAULT_OUT_INIT_SCALE, MultiHeadSelfAttention
-from .attention_kernels import AttnImpl
+from .attention import AttentionOptions, MultiHeadSelfAttention
 from .mlp import Mlp
 
 
@@ -49,60 +48,42 @@ class EncoderBlock(nn.Module):
     Args:
         dim: token width ``D``.
         num_heads: attention heads (may be 0 after pruning, with ``head_dim`` given).
-        head_dim: per-head width; default ``dim // num_heads``.
+        attn: the attention's options (:class:`~vitkit.layers.AttentionOptions`), handed to it
+            unchanged; its ``proj_drop`` is also the MLP's dropout and its ``norm_eps`` the
+            epsilon of the block's LayerNorms (timm's ViTs use 1e-6).
         mlp_ratio: MLP hidden width / ``D``.
-        qkv_bias, qk_norm, attn_drop, attn_impl, out_init_scale, locality: see ``MultiHeadSelfAttention``.
-        proj_drop: dropout after the attention output projection and inside the MLP.
         drop_path: stochastic-depth rate of both residual branches (timm's ``DropPath``: a dropped
             sample's branch is zero, a kept one is divided by ``1 - drop_path``).
         init_values: LayerScale init; ``None`` disables LayerScale.
-        norm_eps: LayerNorm epsilon (timm's ViTs use 1e-6).
         device, dtype: where and in which dtype the parameters are created (as torch's layers).
+        **attn_changes: :class:`~vitkit.layers.AttentionOptions` fields overriding ``attn``
+            (``EncoderBlock(64, 4, qk_norm=True)``).
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
+        attn: AttentionOptions | None = None,
         *,
-        head_dim: int | None = None,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
         drop_path: float = 0.0,
         init_values: float | None = None,
-        attn_impl: AttnImpl = "auto",
-        out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
-        norm_eps: float = 1e-6,
-        locality: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **attn_changes: Any,
     ) -> None:
         super().__init__()
         if not 0.0 <= drop_path < 1.0:  # timm's DropPath does not check its rate
             raise ValueError(f"drop_path must lie in [0, 1), got {drop_path}.")
+        attn = (attn or AttentionOptions()).replace(**attn_changes)
         factory = {"device": device, "dtype": dtype}
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **factory)
-        self.attn = MultiHeadSelfAttention(
-            dim,
-            num_heads,
-            head_dim=head_dim,
-            qkv_bias=qkv_bias,
-            attn_drop=attn_drop,
-            proj_drop=proj_drop,
-            qk_norm=qk_norm,
-            attn_impl=attn_impl,
-            out_init_scale=out_init_scale,
-            norm_eps=norm_eps,
-            locality=locality,
-            **factory,
-        )
+        self.norm1 = nn.LayerNorm(dim, eps=attn.norm_eps, **factory)
+        self.attn = MultiHeadSelfAttention(dim, num_heads, attn, **factory)
         self.ls1 = LayerScale(dim, init_values, **factory) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **factory)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **factory)
+        self.norm2 = nn.LayerNorm(dim, eps=attn.norm_eps, **factory)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=attn.proj_drop, **factory)
         self.ls2 = LayerScale(dim, init_values, **factory) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 

@@ -51,40 +51,25 @@ class VisionTransformer(nn.Module):
         dim, depth = config.embed_dim, config.depth
         self.num_classes = config.num_classes
         self.embed_dim = dim
-        self.num_prefix_tokens = 1 if config.class_token else 0
+        self.num_prefix_tokens = config.num_prefix_tokens
         self.grad_checkpointing = False
 
         self.patch_embed = PatchEmbed(
             config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, **factory
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
-        num_positions = config.grid_size[0] * config.grid_size[1] + self.num_prefix_tokens
         if config.pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim, **factory))
+            self.pos_embed = nn.Parameter(torch.zeros(1, config.num_tokens, dim, **factory))
         else:
             table = self._sincos(config.grid_size, device=device, dtype=dtype or torch.get_default_dtype())
             self.register_buffer("pos_embed", table, persistent=False)
         self.pos_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
 
         rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
-        out_init_scale = config.out_init_scale if config.out_init_scale is not None else (2 * depth) ** -0.5
+        attn = config.attention_options()
         self.blocks = nn.ModuleList(
             EncoderBlock(
-                dim,
-                heads,
-                head_dim=config.resolved_head_dim(),
-                mlp_ratio=config.mlp_ratio,
-                qkv_bias=config.qkv_bias,
-                qk_norm=config.qk_norm,
-                attn_drop=config.attn_drop_rate,
-                proj_drop=config.proj_drop_rate,
-                drop_path=rate,
-                init_values=config.init_values,
-                attn_impl=config.attn_impl,
-                out_init_scale=out_init_scale,
-                norm_eps=config.norm_eps,
-                locality=config.locality_attention,
-                **factory,
+                dim, heads, attn, mlp_ratio=config.mlp_ratio, drop_path=rate, init_values=config.init_values, **factory
             )
             for heads, rate in zip(config.heads_per_layer(), rates)
         )
@@ -274,10 +259,9 @@ def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -
     """
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
     d, dim = config.resolved_head_dim(), config.embed_dim
-    n = config.grid_size[0] * config.grid_size[1] + (1 if config.class_token else 0)
-    patch_in = config.patch_size[0] * config.patch_size[1] * config.in_chans * (5 if config.shifted_patches else 1)
+    n = config.num_tokens
     hidden = int(dim * config.mlp_ratio)
-    macs = (n - (1 if config.class_token else 0)) * patch_in * dim
+    macs = config.num_patches * config.patch_dim * dim
     for h in heads:
         inner = h * d
         macs += n * dim * 3 * inner + 2 * n * n * inner + n * inner * dim + 2 * n * dim * hidden
