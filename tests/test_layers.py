@@ -143,7 +143,7 @@ def test_block_is_pre_norm_residual_attention_then_mlp() -> None:
 def test_block_returns_attention_weights_with_its_output() -> None:
     block = EncoderBlock(16, 2).eval()
     x = torch.randn(2, 5, 16)
-    out, weights = block(x, return_attention=True)
+    out, weights = block.forward_with_attention(x)
     torch.testing.assert_close(out, block(x), **TOL)
     assert weights.shape == (2, 2, 5, 5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 5))

@@ -143,7 +143,8 @@ def model_head_stats(
             images = images[: max_images - seen]
         if len(images) == 0:
             break
-        _, attentions = model(images.to(parameter.device, parameter.dtype), return_attention=True)
+        images = images.to(parameter.device, parameter.dtype)
+        attentions = model.forward_intermediates(images, intermediates_only=True, return_attention=True).attentions
         batch_stats = attention_statistics(attentions, model.num_prefix_tokens)
         stats = batch_stats if stats is None else stats.merge(batch_stats)
         seen += len(images)

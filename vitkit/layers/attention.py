@@ -15,7 +15,7 @@ import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -208,7 +208,6 @@ class MultiHeadSelfAttention(nn.Module):
                 "flatten images to token sequences first (e.g. with PatchEmbed)."
             )
 
-    @overload
     def forward(
         self,
         x: torch.Tensor,
@@ -219,11 +218,12 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
-        return_attention: Literal[False] = False,
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor:
+        """``[B, N, D] -> [B, N, D]``: attend from ``x`` to ``context`` (default ``x`` itself);
+        the arguments are :meth:`forward_with_attention`'s."""
+        return self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, False)[0]
 
-    @overload
-    def forward(
+    def forward_with_attention(
         self,
         x: torch.Tensor,
         context: torch.Tensor | None = None,
@@ -233,21 +233,7 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
-        return_attention: Literal[True],
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        return_attention: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``x`` to ``context`` (default: to ``x`` itself).
 
         Args:
@@ -259,13 +245,28 @@ class MultiHeadSelfAttention(nn.Module):
             head_mask: gates ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
             kv_cache: self-attention only; this call's keys and values are appended to it and
                 the queries attend to all cached positions.
-            return_attention: also return the post-softmax weights ``[B, H, N, M]`` (before
-                attention dropout, part of the autograd graph).
 
         Returns:
-            ``[B, N, D]``, or ``([B, N, D], [B, H, N, M])`` with ``return_attention``. A query
-            with no allowed key gets zero output and zero weights.
+            The output ``[B, N, D]`` and the post-softmax weights ``[B, H, N, M]`` (before
+            attention dropout, part of the autograd graph). A query with no allowed key gets
+            zero output and zero weights.
         """
+        out, weights = self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, True)
+        assert weights is not None  # asked for: the explicit kernel ran
+        return out, weights
+
+    def _attend(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        head_mask: torch.Tensor | None,
+        kv_cache: KVCache | None,
+        return_attention: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output and, when ``return_attention``, the weights (else ``None``)."""
         self._check_input(x, "x")
         if context is not None:
             self._check_input(context, "context")
@@ -274,8 +275,8 @@ class MultiHeadSelfAttention(nn.Module):
         batch, num_queries = x.shape[:2]
         if self.num_heads == 0:  # every head pruned: the branch contributes nothing
             num_keys = (x if context is None else context).shape[1] + (len(kv_cache) if kv_cache else 0)
-            out = x.new_zeros(batch, num_queries, self.dim)
-            return (out, x.new_zeros(batch, 0, num_queries, num_keys)) if return_attention else out
+            weights = x.new_zeros(batch, 0, num_queries, num_keys) if return_attention else None
+            return x.new_zeros(batch, num_queries, self.dim), weights
 
         q, k, v = self._project(x, context)
         q, k = self.q_norm(q), self.k_norm(k)
@@ -305,8 +306,7 @@ class MultiHeadSelfAttention(nn.Module):
             weights = None if weights is None else weights * row_has_key
         if head_mask is not None:
             out = out * self._gates(head_mask, batch).to(out.dtype)
-        out = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
-        return (out, weights) if return_attention else out
+        return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)"))), weights
 
     def _gates(self, head_mask: torch.Tensor, batch: int) -> torch.Tensor:
         """``head_mask`` ``[H]`` or ``[B, H]`` as ``[1 or B, H, 1, 1]``."""

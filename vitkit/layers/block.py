@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 from timm.layers import DropPath
@@ -87,7 +87,6 @@ class EncoderBlock(nn.Module):
         self.ls2 = LayerScale(dim, init_values, **factory) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    @overload
     def forward(
         self,
         x: torch.Tensor,
@@ -96,49 +95,25 @@ class EncoderBlock(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
-        return_attention: Literal[False] = False,
-    ) -> torch.Tensor: ...
-
-    @overload
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        return_attention: Literal[True],
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        return_attention: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``[B, N, D] -> [B, N, D]``; with ``return_attention`` also the ``[B, H, N, N]`` weights.
+    ) -> torch.Tensor:
+        """``[B, N, D] -> [B, N, D]``.
 
         ``attn_mask`` (True = may attend), ``key_padding_mask`` (``[B, N]``, True = padding),
         ``is_causal`` and ``head_mask`` (gates ``[H]`` or ``[B, H]``) go to the attention, as in
         :meth:`MultiHeadSelfAttention.forward`. A padded token is never attended to, so its values
         do not change the other tokens' outputs (its own output depends on them: ignore it).
         """
-        attended = self.attn(
-            self.norm1(x),
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            is_causal=is_causal,
-            head_mask=head_mask,
-            return_attention=return_attention,
-        )
-        weights = None
-        if return_attention:
-            attended, weights = attended
+        masks = {"attn_mask": attn_mask, "key_padding_mask": key_padding_mask, "is_causal": is_causal}
+        return self._residuals(x, self.attn(self.norm1(x), head_mask=head_mask, **masks))
+
+    def forward_with_attention(self, x: torch.Tensor, **masks: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` (same keyword arguments) that also returns the attention's post-softmax
+        weights ``[B, H, N, N]``, part of the autograd graph. As a named method it skips this
+        block's own forward hooks (its sub-modules' hooks run)."""
+        attended, weights = self.attn.forward_with_attention(self.norm1(x), **masks)
+        return self._residuals(x, attended), weights
+
+    def _residuals(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Both residual branches, given the attention's output on ``norm1(x)``."""
         x = x + self.drop_path1(self.ls1(attended))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return (x, weights) if return_attention else x
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -117,8 +117,10 @@ def attention_entropy(
     examples = 0
     with eval_mode(model):
         for images, _ in batches(dataloader, max_batches, "attention entropy", progress):
-            _, attentions = model(images.to(device), head_mask=head_mask, return_attention=True)
-            for total, weights in zip(totals, attentions):
+            run = model.forward_intermediates(
+                images.to(device), intermediates_only=True, return_attention=True, head_mask=head_mask
+            )
+            for total, weights in zip(totals, run.attentions):
                 entropy = -torch.special.xlogy(weights, weights).sum(-1)  # [B, H, N]
                 total += entropy.mean(-1).sum(0).cpu()
             examples += len(images)
