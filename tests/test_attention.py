@@ -133,7 +133,7 @@ def test_module_matches_softmax_qk_over_sqrt_d_times_v_by_hand() -> None:
     msa = make_msa(attn_impl="explicit")
     x = torch.randn(BATCH, TOKENS, DIM)
     heads_out, weights = reference_heads(msa, x)
-    out, module_weights = msa(x, return_attention=True)
+    out, module_weights = msa.forward_with_attention(x)
     assert msa.scale == pytest.approx(1 / math.sqrt(DIM // HEADS))
     torch.testing.assert_close(module_weights, weights, **TOL)
     torch.testing.assert_close(out, merge_and_project(msa, heads_out), **TOL)
@@ -163,7 +163,7 @@ def test_auto_module_returns_weights_from_explicit_kernel(kernel_calls: Counter,
     msa = make_msa(attn_impl="auto")
     x = torch.randn(BATCH, 200, DIM, requires_grad=True)
     msa(x)
-    _, weights = msa(x, return_attention=True)
+    _, weights = msa.forward_with_attention(x)
     assert kernel_calls == Counter(sdpa=1, explicit=1)
     assert weights.shape == (BATCH, HEADS, 200, 200)
 
@@ -196,7 +196,7 @@ def test_fully_masked_row_gives_zeros_not_nan(attn_impl: str) -> None:
     assert torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in msa.parameters())
     if attn_impl == "explicit":
-        _, weights = msa(x, attn_mask=allowed, return_attention=True)
+        _, weights = msa.forward_with_attention(x, attn_mask=allowed)
         assert torch.equal(weights[:, :, 2], torch.zeros(BATCH, HEADS, TOKENS))
         torch.testing.assert_close(weights[:, :, 3].sum(-1), torch.ones(BATCH, HEADS))
 
@@ -225,7 +225,7 @@ def test_padded_keys_get_zero_weight_and_do_not_change_the_output(attn_impl: str
     unpadded = msa(x[:, :real])
     torch.testing.assert_close(out[:, :real], unpadded, **TOL)
 
-    _, weights = msa(x, key_padding_mask=padding, return_attention=True)
+    _, weights = msa.forward_with_attention(x, key_padding_mask=padding)
     assert torch.equal(weights[..., real:], torch.zeros_like(weights[..., real:]))
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, HEADS, TOKENS))
 
@@ -234,7 +234,7 @@ def test_padded_keys_get_zero_weight_and_do_not_change_the_output(attn_impl: str
 def test_causal_weights_are_lower_triangular_and_prefix_independent_of_future(attn_impl: str) -> None:
     msa = make_msa(attn_impl=attn_impl)
     x = torch.randn(BATCH, TOKENS, DIM)
-    _, weights = msa(x, is_causal=True, return_attention=True)
+    _, weights = msa.forward_with_attention(x, is_causal=True)
     upper = torch.triu(torch.ones(TOKENS, TOKENS, dtype=torch.bool), diagonal=1)
     assert torch.equal(weights[..., upper], torch.zeros_like(weights[..., upper]))
     assert (weights[..., ~upper] > 0).all()
@@ -294,7 +294,7 @@ def test_cross_attention_shapes_and_hand_computation_with_fused_weight_slices(at
     heads_out, weights = reference_heads(msa, x, context)
 
     out = msa(x, context=context)
-    out_with_weights, module_weights = msa(x, context=context, return_attention=True)
+    out_with_weights, module_weights = msa.forward_with_attention(x, context=context)
 
     assert out.shape == (BATCH, TOKENS, DIM)
     assert module_weights.shape == (BATCH, HEADS, TOKENS, 11)
@@ -313,7 +313,7 @@ def test_cross_attention_respects_key_padding_of_the_context() -> None:
     msa = make_msa(attn_impl="explicit")
     x, context = torch.randn(BATCH, TOKENS, DIM), torch.randn(BATCH, 5, DIM)
     padding = torch.tensor([[False, False, False, True, True]] * BATCH)
-    out, weights = msa(x, context=context, key_padding_mask=padding, return_attention=True)
+    out, weights = msa.forward_with_attention(x, context=context, key_padding_mask=padding)
     assert torch.equal(weights[..., 3:], torch.zeros_like(weights[..., 3:]))
     torch.testing.assert_close(out, msa(x, context=context[:, :3]), **TOL)
 
@@ -403,7 +403,7 @@ def test_prune_heads_equals_zero_gating_and_shrinks_parameters() -> None:
     assert (msa.num_heads, msa.head_dim) == (2, d)
     assert msa.qkv.weight.shape == (3 * 2 * d, DIM) and msa.proj.weight.shape == (DIM, 2 * d)
     torch.testing.assert_close(msa(x), gated, **TOL)
-    _, weights = msa(x, return_attention=True)
+    _, weights = msa.forward_with_attention(x)
     assert weights.shape == (BATCH, 2, TOKENS, TOKENS)
 
 
@@ -433,7 +433,7 @@ def test_pruning_every_head_gives_zero_output_and_a_valid_module() -> None:
     x = torch.randn(BATCH, TOKENS, DIM, requires_grad=True)
     msa.prune_heads(range(HEADS))
 
-    out, weights = msa(x, return_attention=True)
+    out, weights = msa.forward_with_attention(x)
     assert msa.num_heads == 0
     assert torch.equal(out, torch.zeros(BATCH, TOKENS, DIM))
     assert weights.shape == (BATCH, 0, TOKENS, TOKENS)
@@ -488,7 +488,7 @@ def test_parameter_count_is_independent_of_head_count(heads: int) -> None:
 # ------------------------------------------------------------------------------------ dropout
 def test_returned_weights_are_taken_before_dropout() -> None:
     msa = make_msa(attn_drop=0.5, attn_impl="explicit").train()
-    _, weights = msa(torch.randn(BATCH, TOKENS, DIM), return_attention=True)
+    _, weights = msa.forward_with_attention(torch.randn(BATCH, TOKENS, DIM))
     torch.testing.assert_close(weights.sum(-1), torch.ones(BATCH, HEADS, TOKENS))
 
 
@@ -496,7 +496,7 @@ def test_attention_dropout_is_applied_to_the_weights_that_multiply_v() -> None:
     msa = make_msa(attn_drop=0.5, attn_impl="explicit").train()
     x = torch.randn(BATCH, TOKENS, DIM)
     torch.manual_seed(123)
-    out, weights = msa(x, return_attention=True)
+    out, weights = msa.forward_with_attention(x)
     _, ref_weights = reference_heads(msa, x)
     torch.manual_seed(123)  # replay the same dropout mask on the hand-computed weights
     dropped = F.dropout(ref_weights, p=0.5)
@@ -536,7 +536,7 @@ def test_locality_attention_masks_the_diagonal_and_uses_the_learned_temperature(
     x = torch.randn(2, 6, 32)
     expected_out, expected_weights = lsa_reference(msa, x)
     torch.testing.assert_close(msa(x), expected_out, atol=1e-5, rtol=1e-5)
-    out, weights = msa(x, return_attention=True)
+    out, weights = msa.forward_with_attention(x)
     torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
     assert weights.diagonal(dim1=-2, dim2=-1).abs().max() == 0
 
@@ -552,9 +552,9 @@ def test_locality_temperature_is_learned() -> None:
 def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks() -> None:
     msa = MultiHeadSelfAttention(16, 2, locality=True)
     x, context = torch.randn(1, 3, 16), torch.randn(1, 3, 16)
-    _, cross = msa(x, context=context, return_attention=True)
+    _, cross = msa.forward_with_attention(x, context=context)
     assert cross.diagonal(dim1=-2, dim2=-1).min() > 0  # a query may attend to the same position elsewhere
-    _, causal = msa(torch.randn(1, 4, 16), is_causal=True, return_attention=True)
+    _, causal = msa.forward_with_attention(torch.randn(1, 4, 16), is_causal=True)
     # Causal without the diagonal: query 0 has no key left (zeros, not NaN); query i sees 0..i-1.
     assert causal[0, :, 0].abs().max() == 0 and torch.isfinite(causal).all()
     torch.testing.assert_close(causal[0, :, 1, 0], torch.ones(2))

@@ -44,9 +44,12 @@ def test_patch_maps_are_laid_out_row_major_on_the_grid() -> None:
 
 def test_captured_gradients_equal_retained_attention_grads(tiny_model, images) -> None:
     capture = capture_attention(tiny_model, images, target=4, with_gradients=True)
-    logits, attentions = tiny_model(images, return_attention=True)
-    for attention in attentions:
+    tokens, attentions = tiny_model.embed(images), []  # block by block, not through the model's forwards
+    for block in tiny_model.blocks:
+        tokens, attention = block.forward_with_attention(tokens)
         attention.retain_grad()
+        attentions.append(attention)
+    logits = tiny_model.forward_head(tiny_model.norm(tokens))
     logits[:, 4].sum().backward()
     for captured, attention in zip(capture.gradients, attentions):
         torch.testing.assert_close(captured, attention.grad)

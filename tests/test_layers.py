@@ -1,7 +1,8 @@
-"""Patch embedding, stochastic depth, encoder blocks, LayerScale and position embeddings."""
+"""Patch embedding, stochastic depth, encoder blocks, LayerScale, position embeddings and attention statistics."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import pytest
@@ -17,6 +18,7 @@ from vitkit.layers import (
     Mlp,
     PatchEmbed,
     resample_pos_embed,
+    row_entropy,
     sincos_2d_pos_embed,
 )
 from vitkit.layers.init_rules import reset_submodules
@@ -143,7 +145,7 @@ def test_block_is_pre_norm_residual_attention_then_mlp() -> None:
 def test_block_returns_attention_weights_with_its_output() -> None:
     block = EncoderBlock(16, 2).eval()
     x = torch.randn(2, 5, 16)
-    out, weights = block(x, return_attention=True)
+    out, weights = block.forward_with_attention(x)
     torch.testing.assert_close(out, block(x), **TOL)
     assert weights.shape == (2, 2, 5, 5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 5))
@@ -311,3 +313,10 @@ def test_layer_reset_parameters_after_meta_build_gives_the_cpu_init() -> None:
     assert 0.9 * bound < block.attn.proj.weight.abs().max() <= bound
     assert torch.equal(block.ls1.gamma, torch.full((32,), 0.1))
     assert torch.equal(block.attn.log_scale, torch.tensor(8**-0.5).log())
+
+
+def test_row_entropy_in_nats_and_as_a_fraction_of_log_n_by_hand() -> None:
+    weights = torch.tensor([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    # -(2 * 0.5 ln 0.5) = ln 2; a one-hot row has none (0 ln 0 = 0); uniform over 4 keys has ln 4
+    torch.testing.assert_close(row_entropy(weights), torch.tensor([math.log(2), 0.0, math.log(4)]))
+    torch.testing.assert_close(row_entropy(weights, normalize=True), torch.tensor([0.5, 0.0, 1.0]))

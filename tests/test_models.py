@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,11 @@ BATCH = 2
 
 def tiny(**overrides: Any) -> VisionTransformer:
     return VisionTransformer(ViTConfig(**{**TINY, **overrides}))
+
+
+def logits_and_attention(model: VisionTransformer, x: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, list]:
+    run = model.forward_intermediates(x, return_attention=True, **kwargs)
+    return model.forward_head(run.features), run.attentions
 
 
 def images(height: int = 16, width: int = 16) -> torch.Tensor:
@@ -62,7 +66,7 @@ def test_forward_rejects_non_image_input() -> None:
 def test_return_attention_gives_one_weight_tensor_per_block_in_the_graph() -> None:
     model = perturb_(tiny(depth=3)).eval()
     x = images()
-    logits, attentions = model(x, return_attention=True)
+    logits, attentions = logits_and_attention(model, x)
     assert len(attentions) == 3
     for weights in attentions:
         assert weights.shape == (BATCH, 4, 17, 17)
@@ -75,6 +79,85 @@ def test_return_attention_gives_one_weight_tensor_per_block_in_the_graph() -> No
         assert weights.grad is not None
         assert weights.grad[0].abs().sum() > 0  # sample 0 depends on every block's weights
         assert torch.equal(weights.grad[1], torch.zeros_like(weights.grad[1]))  # sample 1 does not
+
+
+def block_by_block(model: VisionTransformer, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every block's output tokens ``[B, N, D]`` and weights, run by hand (not through the model's forwards)."""
+    tokens, outputs, weights = model.embed(x), [], []
+    for block in model.blocks:
+        tokens, attention = block.forward_with_attention(tokens)
+        outputs.append(tokens)
+        weights.append(attention)
+    return outputs, weights
+
+
+def test_forward_intermediates_keeps_the_chosen_blocks_tokens_and_weights() -> None:
+    model = perturb_(tiny(depth=4, img_size=(16, 12))).eval()  # a 4x3 grid: NCHW reshape is row-major
+    x = images(16, 12)
+    outputs, weights = block_by_block(model, x)
+    run = model.forward_intermediates(x, indices=[-1, 1], output_fmt="NCHW", return_prefix_tokens=True,
+                                      return_attention=True)
+    assert run.indices == [1, 3]
+    for got, prefix, attention, index in zip(run.intermediates, run.prefix_tokens, run.attentions, [1, 3]):
+        assert got.shape == (BATCH, 32, 4, 3)
+        torch.testing.assert_close(got.permute(0, 2, 3, 1).reshape(BATCH, 12, 32), outputs[index][:, 1:], **TOL)
+        torch.testing.assert_close(prefix, outputs[index][:, :1], **TOL)
+        torch.testing.assert_close(attention, weights[index], **TOL)
+    torch.testing.assert_close(run.features, model.norm(outputs[-1]), **TOL)
+    torch.testing.assert_close(model.forward_head(run.features), model(x), **TOL)
+
+    last_two = model.forward_intermediates(x, indices=2, output_fmt="NLC", norm=True)
+    assert last_two.indices == [2, 3] and last_two.attentions is None and last_two.prefix_tokens is None
+    for got, index in zip(last_two.intermediates, [2, 3]):
+        torch.testing.assert_close(got, model.norm(outputs[index])[:, 1:], **TOL)
+    assert model.forward_intermediates(x, intermediates_only=True).features is None
+
+
+def test_forward_intermediates_matches_timms_on_the_converted_model() -> None:
+    model = perturb_(tiny(depth=3)).eval()
+    x = images()
+    reference = vitkit.models.timm_interop.to_timm(model).eval()
+    features, expected = reference.forward_intermediates(x, indices=[0, 2], norm=True, return_prefix_tokens=True)
+    run = model.forward_intermediates(x, indices=[0, 2], norm=True, return_prefix_tokens=True)
+    torch.testing.assert_close(run.features, features, **TOL)
+    for (patches, prefix), got, got_prefix in zip(expected, run.intermediates, run.prefix_tokens):
+        torch.testing.assert_close(got, patches, **TOL)
+        torch.testing.assert_close(got_prefix, prefix, **TOL)
+
+
+def test_forward_intermediates_stops_early_after_the_last_chosen_block() -> None:
+    model = tiny(depth=4).eval()
+    calls: list[int] = []
+    for index, block in enumerate(model.blocks):
+        block.mlp.register_forward_hook(lambda *_, index=index: calls.append(index))
+    run = model.forward_intermediates(images(), indices=[1], stop_early=True, return_attention=True)
+    assert calls == [0, 1] and run.features is None and len(run.attentions) == 1
+    calls.clear()
+    assert model.forward_intermediates(images(), indices=[3], stop_early=True).features is not None
+    assert calls == [0, 1, 2, 3]
+
+
+def test_forward_intermediates_gates_heads_as_forward_does() -> None:
+    model = perturb_(tiny(depth=2)).eval()
+    x = images()
+    gates = torch.ones(2, 4)
+    gates[1, 2] = 0
+    logits, _ = logits_and_attention(model, x, head_mask=gates)
+    torch.testing.assert_close(logits, model(x, head_mask=gates), **TOL)
+    assert not torch.allclose(logits, model(x), **TOL)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(indices=5), r"indices=5 asks for the last 5 blocks of 2; give 1 to 2"),
+        (dict(indices=[0, 2]), r"block indices must lie in \[-2, 2\), got \[0, 2\]"),
+        (dict(output_fmt="NHWC"), "output_fmt must be 'NCHW' or 'NLC', got 'NHWC'"),
+    ],
+)
+def test_forward_intermediates_refuses_bad_arguments_by_name(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tiny().forward_intermediates(images(), **kwargs)
 
 
 def test_grad_checkpointing_gives_the_same_outputs_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,11 +187,11 @@ def test_grad_checkpointing_gives_the_same_outputs_and_gradients(monkeypatch: py
 def test_grad_checkpointing_is_skipped_without_grad_and_works_with_attention_maps() -> None:
     model = perturb_(tiny()).eval()
     x = images()
-    expected_logits, expected_maps = model(x, return_attention=True)
+    expected_logits, expected_maps = logits_and_attention(model, x)
     model.set_grad_checkpointing(True)
     with torch.no_grad():
         torch.testing.assert_close(model(x), expected_logits, **TOL)
-    logits, maps = model(x, return_attention=True)
+    logits, maps = logits_and_attention(model, x)
     torch.testing.assert_close(logits, expected_logits, **TOL)
     for got, expected in zip(maps, expected_maps):
         torch.testing.assert_close(got, expected, **TOL)
@@ -219,7 +302,7 @@ def test_pruning_heads_in_a_model_equals_gating_them_and_shrinks_it() -> None:
     d = 32 // 4
     assert count_parameters(model) == params - 3 * (4 * d * 32 + 3 * d)
     assert vit_flops(model.config, model.heads_per_layer()) < flops
-    logits, attentions = model(x, return_attention=True)
+    logits, attentions = logits_and_attention(model, x)
     assert [a.shape[1] for a in attentions] == [2, 4, 3]
     torch.testing.assert_close(logits, gated, **TOL)
 
@@ -348,6 +431,48 @@ def test_config_from_dict_rejects_unknown_fields_and_round_trips() -> None:
         config.replace(num_heads=5)
 
 
+def test_every_attention_option_of_the_config_reaches_every_block() -> None:
+    model = tiny(
+        head_dim=4, qkv_bias=False, qk_norm=True, attn_drop_rate=0.25, proj_drop_rate=0.125,
+        attn_impl="explicit", out_init_scale=0.3, norm_eps=1e-5, locality_attention=True,
+    )
+    for block in model.blocks:
+        attn = block.attn
+        assert (attn.head_dim, attn.qkv.weight.shape) == (4, (3 * 4 * 4, 32))  # head_dim not embed_dim / heads
+        assert attn.qkv.bias is None and attn.attn_drop == 0.25 and attn.proj_drop.p == 0.125
+        assert isinstance(attn.q_norm, nn.LayerNorm) and attn.q_norm.eps == attn.k_norm.eps == 1e-5
+        assert attn.attn_impl == "explicit" and attn.out_init_scale == 0.3
+        assert attn.locality and attn.log_scale is not None
+        # the block's own parts share the attention's proj_drop and norm_eps, as timm's Block
+        assert block.norm1.eps == block.norm2.eps == 1e-5 and block.mlp.drop1.p == 0.125
+
+
+def test_out_init_scale_defaults_to_gpt2_residual_scaling() -> None:
+    assert ViTConfig(**{**TINY, "depth": 8}).attention_options().out_init_scale == pytest.approx(0.25)  # 1/sqrt(16)
+    assert ViTConfig(**TINY).attention_options().head_dim == 8  # 32 / 4 heads
+
+
+@pytest.mark.parametrize(
+    ("overrides", "tokens", "patch_dim"),
+    [
+        (dict(), 1 + 4 * 4, 4 * 4 * 3),
+        (dict(class_token=False, global_pool="avg"), 4 * 4, 4 * 4 * 3),
+        (dict(img_size=(16, 8), patch_size=(4, 2), in_chans=1), 1 + 4 * 4, 4 * 2),
+        (dict(shifted_patches=True), 1 + 4 * 4, 5 * 4 * 4 * 3),  # the image and its four shifted copies
+    ],
+)
+def test_token_count_and_patch_width_match_the_built_model(
+    overrides: dict[str, Any], tokens: int, patch_dim: int
+) -> None:
+    config = ViTConfig(**{**TINY, **overrides})
+    assert (config.num_tokens, config.patch_dim) == (tokens, patch_dim)
+    model = VisionTransformer(config)
+    assert model.num_prefix_tokens == config.num_prefix_tokens == 1 - int(not config.class_token)
+    assert model.pos_embed.shape[1] == tokens
+    assert model.forward_features(torch.randn(1, config.in_chans, *config.img_size)).shape[1] == tokens
+    assert model.patch_embed.proj.in_features == patch_dim
+
+
 # --------------------------------------------------------- device / dtype, meta-device building
 @pytest.mark.parametrize("pos_embed", ["learn", "sincos"])
 def test_meta_build_then_to_empty_and_reset_parameters_gives_the_cpu_init(pos_embed: str) -> None:
@@ -380,21 +505,3 @@ def test_dtype_builds_every_parameter_and_buffer_in_that_dtype() -> None:
     assert model(images().bfloat16()).dtype == torch.bfloat16
     model.reset_classifier(3)
     assert model.head.weight.dtype == torch.bfloat16
-
-
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="typing.get_overloads needs Python 3.11")
-def test_return_attention_overloads_type_the_result_as_a_tuple() -> None:
-    from typing import get_overloads, get_type_hints
-
-    from vitkit.layers import EncoderBlock, MultiHeadSelfAttention
-
-    for function in (
-        MultiHeadSelfAttention.forward,
-        EncoderBlock.forward,
-        VisionTransformer.forward,
-        VisionTransformer.forward_features,
-    ):
-        hints = [get_type_hints(overload) for overload in get_overloads(function)]
-        returns = {str(hint["return_attention"]): hint["return"] for hint in hints}
-        assert returns["typing.Literal[False]"] is torch.Tensor, function
-        assert getattr(returns["typing.Literal[True]"], "__origin__", None) is tuple, function

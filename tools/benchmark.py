@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -100,7 +99,7 @@ def chosen_kernel(model: nn.Module, batch_size: int, mode: str, precision: str) 
     if os.environ.get(IMPL_ENV, "auto") != "auto":
         return f"{os.environ[IMPL_ENV]} (pinned)"
     config = model.config
-    tokens = math.prod(config.grid_size) + int(config.class_token)
+    tokens = config.num_tokens
     key = {
         "dtype": "bfloat16" if precision == "bf16" else "float32",
         "training": mode == "train",

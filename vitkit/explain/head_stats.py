@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layers.attention_stats import row_entropy
 from ..models import VisionTransformer
 
 _EPS = 1e-12
@@ -119,9 +120,8 @@ def attention_statistics(attentions: Sequence[torch.Tensor], num_prefix_tokens: 
     similarity = torch.full((depth, width, width), float("nan"))
     for layer, attention in enumerate(attentions):
         attention = attention.detach().float().cpu()
-        h, n = attention.shape[1], attention.shape[-1]
-        plogp = attention * attention.clamp_min(_EPS).log()
-        entropy[layer, :h] = (-plogp.sum(-1) / math.log(n)).mean(dim=(0, 2))
+        h = attention.shape[1]
+        entropy[layer, :h] = row_entropy(attention, normalize=True).mean(dim=(0, 2))
         diagonal[layer, :h] = attention.diagonal(dim1=-2, dim2=-1).mean(dim=(0, 2))
         if num_prefix_tokens > 0:
             cls_share[layer, :h] = attention[..., 0].mean(dim=(0, 2))
@@ -143,7 +143,8 @@ def model_head_stats(
             images = images[: max_images - seen]
         if len(images) == 0:
             break
-        _, attentions = model(images.to(parameter.device, parameter.dtype), return_attention=True)
+        images = images.to(parameter.device, parameter.dtype)
+        attentions = model.forward_intermediates(images, intermediates_only=True, return_attention=True).attentions
         batch_stats = attention_statistics(attentions, model.num_prefix_tokens)
         stats = batch_stats if stats is None else stats.merge(batch_stats)
         seen += len(images)

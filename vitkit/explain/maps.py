@@ -1,9 +1,9 @@
 """Model-level attention maps: run a ViT, capture its attention (and gradients), build image maps.
 
-``capture_attention`` runs ``model(images, return_attention=True)`` once and, when asked, one
-backward pass from the target logits to the attention tensors; ``maps_from_capture`` turns the
-capture into rollout, gradient-rollout, Chefer et al. relevance or per-head maps on the image's
-pixel grid, so the kinds can share one forward pass. ``explain`` does both in one call. Every map
+``capture_attention`` runs ``model.forward_intermediates(images, return_attention=True)`` and the
+head once and, when asked, one backward pass from the target logits to the attention tensors;
+``maps_from_capture`` turns the capture into rollout, gradient-rollout, Chefer et al. relevance or
+per-head maps on the image's pixel grid, so the kinds can share one forward pass. ``explain`` does both in one call. Every map
 is read out as the model pools (class token or average of the patch tokens, see
 :func:`~vitkit.explain.rollout.read_out`).
 """
@@ -88,7 +88,8 @@ def capture_attention(
     with torch.set_grad_enabled(with_gradients):
         if with_gradients:  # a leaf that requires grad keeps the graph without weight gradients
             images = images.detach().requires_grad_(True)
-        logits, attentions = model(images, return_attention=True)
+        run = model.forward_intermediates(images, output_fmt="NLC", return_attention=True)
+        logits, attentions = model.forward_head(run.features), run.attentions
         targets = _resolve_targets(target, logits.detach())
         gradients = None
         if with_gradients:

@@ -124,7 +124,8 @@ def _pooling_for(num_prefix_tokens: int, pooling: Pooling | None) -> Pooling:
 def _check_stack(attentions: Sequence[torch.Tensor], num_prefix_tokens: int, name: str = "attentions") -> None:
     if len(attentions) == 0:
         raise ValueError(
-            f"{name} is empty: pass one [B, H, N, N] tensor per block (forward(x, return_attention=True))."
+            f"{name} is empty: pass one [B, H, N, N] tensor per block "
+            "(model.forward_intermediates(x, return_attention=True).attentions)."
         )
     for index, attention in enumerate(attentions):
         if attention.dim() != 4 or attention.shape[-1] != attention.shape[-2]:

@@ -6,15 +6,17 @@ re-exported so blocks built from vitkit and from timm share one class.
 
 from timm.layers import DropPath
 
-from .attention import KVCache, MultiHeadSelfAttention
+from .attention import AttentionOptions, KVCache, MultiHeadSelfAttention
 from .attention_kernels import choose_attn_impl
 from .attention_masks import build_allowed_mask, causal_mask
+from .attention_stats import row_entropy
 from .block import EncoderBlock, LayerScale
 from .mlp import Mlp
 from .patch_embed import PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
 
 __all__ = [
+    "AttentionOptions",
     "DropPath",
     "EncoderBlock",
     "KVCache",
@@ -26,5 +28,6 @@ __all__ = [
     "causal_mask",
     "choose_attn_impl",
     "resample_pos_embed",
+    "row_entropy",
     "sincos_2d_pos_embed",
 ]

@@ -10,11 +10,12 @@ decodes incrementally with a :class:`KVCache`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,51 +65,85 @@ class KVCache:
         return self.k, self.v
 
 
-class MultiHeadSelfAttention(nn.Module):
-    """Multi-head (self- or cross-) attention over token sequences.
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How a :class:`MultiHeadSelfAttention` attends: every option but its size (``dim``, ``num_heads``).
 
-    Args:
-        dim: token width ``D`` of the input (and of the output).
-        num_heads: number of heads ``H``; ``dim`` must be divisible by it unless ``head_dim`` is
-            given (pruned modules keep their head width while losing heads).
-        head_dim: width ``d`` of each head; default ``dim // num_heads``.
+    Adding an attention option takes one field here and its use in ``MultiHeadSelfAttention``;
+    a :class:`~vitkit.models.ViTConfig` field of the same name then reaches every block of a
+    model (:meth:`~vitkit.models.ViTConfig.attention_options`), with no signature in between.
+
+    Attributes:
+        head_dim: width ``d`` of each head; default ``dim // num_heads`` (pruned modules keep
+            their head width while losing heads).
         qkv_bias: bias in the fused qkv projection.
         attn_drop: dropout on the post-softmax attention weights (training only).
-        proj_drop: dropout on the output.
+        proj_drop: dropout on the output (an :class:`~vitkit.layers.EncoderBlock` also uses it
+            inside its MLP, as timm's ``Block`` does).
         qk_norm: LayerNorm on each head's queries and keys (stabilises small head widths).
         attn_impl: ``"auto"`` (the exact kernel measured fastest on this machine, see
             :mod:`.attention_kernels`), ``"sdpa"`` or ``"explicit"``.
         out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
             0.5.
-        norm_eps: epsilon of the q/k LayerNorms.
+        norm_eps: epsilon of the q/k LayerNorms (and of an ``EncoderBlock``'s own norms).
         locality: Locality Self-Attention (Lee et al. 2021, "Vision Transformer for Small-Size
             Datasets", https://arxiv.org/abs/2112.13492): a learnable softmax temperature (the
             scale, initialised to ``1/sqrt(d)``, learned in log space) and, in self-attention, no
             token attends to itself (the diagonal is masked), which sharpens attention on
             small datasets.
+    """
+
+    head_dim: int | None = None
+    qkv_bias: bool = True
+    attn_drop: float = 0.0
+    proj_drop: float = 0.0
+    qk_norm: bool = False
+    attn_impl: AttnImpl = "auto"
+    out_init_scale: float = DEFAULT_OUT_INIT_SCALE
+    norm_eps: float = 1e-6
+    locality: bool = False
+
+    def __post_init__(self) -> None:
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}.")
+        if not 0.0 <= self.attn_drop < 1.0 or not 0.0 <= self.proj_drop < 1.0:
+            raise ValueError(
+                f"dropout rates must lie in [0, 1), got attn_drop={self.attn_drop}, proj_drop={self.proj_drop}."
+            )
+
+    def replace(self, **changes: Any) -> AttentionOptions:
+        """A copy with ``changes`` applied (an unknown option name raises ``TypeError``)."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head (self- or cross-) attention over token sequences.
+
+    Args:
+        dim: token width ``D`` of the input (and of the output).
+        num_heads: number of heads ``H``; ``dim`` must be divisible by it unless
+            ``options.head_dim`` is given.
+        options: how the heads attend (:class:`AttentionOptions`); default all defaults.
         device, dtype: where and in which dtype the parameters are created (as torch's layers).
+        **changes: :class:`AttentionOptions` fields overriding ``options``
+            (``MultiHeadSelfAttention(64, 4, qk_norm=True)``).
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
+        options: AttentionOptions | None = None,
         *,
-        head_dim: int | None = None,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        qk_norm: bool = False,
-        attn_impl: AttnImpl = "auto",
-        out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
-        norm_eps: float = 1e-6,
-        locality: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **changes: Any,
     ) -> None:
         super().__init__()
+        options = (options or AttentionOptions()).replace(**changes)
         factory = {"device": device, "dtype": dtype}
+        head_dim = options.head_dim
         if head_dim is None:
             if num_heads <= 0 or dim % num_heads != 0:
                 raise ValueError(
@@ -117,24 +152,20 @@ class MultiHeadSelfAttention(nn.Module):
                     "or pass head_dim explicitly."
                 )
             head_dim = dim // num_heads
-        if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}.")
-        if not 0.0 <= attn_drop < 1.0 or not 0.0 <= proj_drop < 1.0:
-            raise ValueError(f"dropout rates must lie in [0, 1), got attn_drop={attn_drop}, proj_drop={proj_drop}.")
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
-        self.attn_impl = attn_impl
-        self.attn_drop = attn_drop
-        self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=qkv_bias, **factory)
-        self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps, **factory) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps, **factory) if qk_norm else nn.Identity()
+        self.attn_impl = options.attn_impl
+        self.attn_drop = options.attn_drop
+        self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=options.qkv_bias, **factory)
+        self.q_norm = nn.LayerNorm(head_dim, eps=options.norm_eps, **factory) if options.qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_dim, eps=options.norm_eps, **factory) if options.qk_norm else nn.Identity()
         self.proj = _linear(num_heads * head_dim, dim, **factory)
-        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.out_init_scale = out_init_scale
-        self.locality = locality
-        self.log_scale = nn.Parameter(torch.empty((), **factory)) if locality else None
+        self.proj_drop = nn.Dropout(options.proj_drop) if options.proj_drop > 0 else nn.Identity()
+        self.out_init_scale = options.out_init_scale
+        self.locality = options.locality
+        self.log_scale = nn.Parameter(torch.empty((), **factory)) if options.locality else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -177,7 +208,6 @@ class MultiHeadSelfAttention(nn.Module):
                 "flatten images to token sequences first (e.g. with PatchEmbed)."
             )
 
-    @overload
     def forward(
         self,
         x: torch.Tensor,
@@ -188,11 +218,12 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
-        return_attention: Literal[False] = False,
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor:
+        """``[B, N, D] -> [B, N, D]``: attend from ``x`` to ``context`` (default ``x`` itself);
+        the arguments are :meth:`forward_with_attention`'s."""
+        return self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, False)[0]
 
-    @overload
-    def forward(
+    def forward_with_attention(
         self,
         x: torch.Tensor,
         context: torch.Tensor | None = None,
@@ -202,21 +233,7 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
-        return_attention: Literal[True],
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        return_attention: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``x`` to ``context`` (default: to ``x`` itself).
 
         Args:
@@ -228,13 +245,28 @@ class MultiHeadSelfAttention(nn.Module):
             head_mask: gates ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
             kv_cache: self-attention only; this call's keys and values are appended to it and
                 the queries attend to all cached positions.
-            return_attention: also return the post-softmax weights ``[B, H, N, M]`` (before
-                attention dropout, part of the autograd graph).
 
         Returns:
-            ``[B, N, D]``, or ``([B, N, D], [B, H, N, M])`` with ``return_attention``. A query
-            with no allowed key gets zero output and zero weights.
+            The output ``[B, N, D]`` and the post-softmax weights ``[B, H, N, M]`` (before
+            attention dropout, part of the autograd graph). A query with no allowed key gets
+            zero output and zero weights.
         """
+        out, weights = self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, True)
+        assert weights is not None  # asked for: the explicit kernel ran
+        return out, weights
+
+    def _attend(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool,
+        head_mask: torch.Tensor | None,
+        kv_cache: KVCache | None,
+        return_attention: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output and, when ``return_attention``, the weights (else ``None``)."""
         self._check_input(x, "x")
         if context is not None:
             self._check_input(context, "context")
@@ -243,8 +275,8 @@ class MultiHeadSelfAttention(nn.Module):
         batch, num_queries = x.shape[:2]
         if self.num_heads == 0:  # every head pruned: the branch contributes nothing
             num_keys = (x if context is None else context).shape[1] + (len(kv_cache) if kv_cache else 0)
-            out = x.new_zeros(batch, num_queries, self.dim)
-            return (out, x.new_zeros(batch, 0, num_queries, num_keys)) if return_attention else out
+            weights = x.new_zeros(batch, 0, num_queries, num_keys) if return_attention else None
+            return x.new_zeros(batch, num_queries, self.dim), weights
 
         q, k, v = self._project(x, context)
         q, k = self.q_norm(q), self.k_norm(k)
@@ -274,8 +306,7 @@ class MultiHeadSelfAttention(nn.Module):
             weights = None if weights is None else weights * row_has_key
         if head_mask is not None:
             out = out * self._gates(head_mask, batch).to(out.dtype)
-        out = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
-        return (out, weights) if return_attention else out
+        return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)"))), weights
 
     def _gates(self, head_mask: torch.Tensor, batch: int) -> torch.Tensor:
         """``head_mask`` ``[H]`` or ``[B, H]`` as ``[1 or B, H, 1, 1]``."""

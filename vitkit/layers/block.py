@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any
 
 import torch
 from timm.layers import DropPath
 from torch import nn
 
-from .attention import DEFAULT_OUT_INIT_SCALE, MultiHeadSelfAttention
-from .attention_kernels import AttnImpl
+from .attention import AttentionOptions, MultiHeadSelfAttention
 from .mlp import Mlp
 
 
@@ -49,64 +48,45 @@ class EncoderBlock(nn.Module):
     Args:
         dim: token width ``D``.
         num_heads: attention heads (may be 0 after pruning, with ``head_dim`` given).
-        head_dim: per-head width; default ``dim // num_heads``.
+        attn: the attention's options (:class:`~vitkit.layers.AttentionOptions`), handed to it
+            unchanged; its ``proj_drop`` is also the MLP's dropout and its ``norm_eps`` the
+            epsilon of the block's LayerNorms (timm's ViTs use 1e-6).
         mlp_ratio: MLP hidden width / ``D``.
-        qkv_bias, qk_norm, attn_drop, attn_impl, out_init_scale, locality: see ``MultiHeadSelfAttention``.
-        proj_drop: dropout after the attention output projection and inside the MLP.
         drop_path: stochastic-depth rate of both residual branches (timm's ``DropPath``: a dropped
             sample's branch is zero, a kept one is divided by ``1 - drop_path``).
         init_values: LayerScale init; ``None`` disables LayerScale.
-        norm_eps: LayerNorm epsilon (timm's ViTs use 1e-6).
         device, dtype: where and in which dtype the parameters are created (as torch's layers).
+        **attn_changes: :class:`~vitkit.layers.AttentionOptions` fields overriding ``attn``
+            (``EncoderBlock(64, 4, qk_norm=True)``).
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
+        attn: AttentionOptions | None = None,
         *,
-        head_dim: int | None = None,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
         drop_path: float = 0.0,
         init_values: float | None = None,
-        attn_impl: AttnImpl = "auto",
-        out_init_scale: float = DEFAULT_OUT_INIT_SCALE,
-        norm_eps: float = 1e-6,
-        locality: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **attn_changes: Any,
     ) -> None:
         super().__init__()
         if not 0.0 <= drop_path < 1.0:  # timm's DropPath does not check its rate
             raise ValueError(f"drop_path must lie in [0, 1), got {drop_path}.")
+        attn = (attn or AttentionOptions()).replace(**attn_changes)
         factory = {"device": device, "dtype": dtype}
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **factory)
-        self.attn = MultiHeadSelfAttention(
-            dim,
-            num_heads,
-            head_dim=head_dim,
-            qkv_bias=qkv_bias,
-            attn_drop=attn_drop,
-            proj_drop=proj_drop,
-            qk_norm=qk_norm,
-            attn_impl=attn_impl,
-            out_init_scale=out_init_scale,
-            norm_eps=norm_eps,
-            locality=locality,
-            **factory,
-        )
+        self.norm1 = nn.LayerNorm(dim, eps=attn.norm_eps, **factory)
+        self.attn = MultiHeadSelfAttention(dim, num_heads, attn, **factory)
         self.ls1 = LayerScale(dim, init_values, **factory) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **factory)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **factory)
+        self.norm2 = nn.LayerNorm(dim, eps=attn.norm_eps, **factory)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=attn.proj_drop, **factory)
         self.ls2 = LayerScale(dim, init_values, **factory) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    @overload
     def forward(
         self,
         x: torch.Tensor,
@@ -115,49 +95,25 @@ class EncoderBlock(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
-        return_attention: Literal[False] = False,
-    ) -> torch.Tensor: ...
-
-    @overload
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        return_attention: Literal[True],
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        return_attention: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``[B, N, D] -> [B, N, D]``; with ``return_attention`` also the ``[B, H, N, N]`` weights.
+    ) -> torch.Tensor:
+        """``[B, N, D] -> [B, N, D]``.
 
         ``attn_mask`` (True = may attend), ``key_padding_mask`` (``[B, N]``, True = padding),
         ``is_causal`` and ``head_mask`` (gates ``[H]`` or ``[B, H]``) go to the attention, as in
         :meth:`MultiHeadSelfAttention.forward`. A padded token is never attended to, so its values
         do not change the other tokens' outputs (its own output depends on them: ignore it).
         """
-        attended = self.attn(
-            self.norm1(x),
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            is_causal=is_causal,
-            head_mask=head_mask,
-            return_attention=return_attention,
-        )
-        weights = None
-        if return_attention:
-            attended, weights = attended
+        masks = {"attn_mask": attn_mask, "key_padding_mask": key_padding_mask, "is_causal": is_causal}
+        return self._residuals(x, self.attn(self.norm1(x), head_mask=head_mask, **masks))
+
+    def forward_with_attention(self, x: torch.Tensor, **masks: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` (same keyword arguments) that also returns the attention's post-softmax
+        weights ``[B, H, N, N]``, part of the autograd graph. As a named method it skips this
+        block's own forward hooks (its sub-modules' hooks run)."""
+        attended, weights = self.attn.forward_with_attention(self.norm1(x), **masks)
+        return self._residuals(x, attended), weights
+
+    def _residuals(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Both residual branches, given the attention's output on ``norm1(x)``."""
         x = x + self.drop_path1(self.ls1(attended))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return (x, weights) if return_attention else x
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -3,10 +3,11 @@
 from .config import ViTConfig
 from .registry import MODEL_CONFIGS, create_model, list_models, model_config
 from .timm_interop import from_timm, timm_twin, to_timm, to_timm_state_dict
-from .vision_transformer import VisionTransformer, count_parameters, vit_flops
+from .vision_transformer import Intermediates, VisionTransformer, count_parameters, vit_flops
 
 __all__ = [
     "MODEL_CONFIGS",
+    "Intermediates",
     "ViTConfig",
     "VisionTransformer",
     "count_parameters",

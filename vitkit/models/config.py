@@ -3,11 +3,13 @@ every model, whether built in code, from a recipe or from a model file, must res
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from ..layers.attention import AttentionOptions
 from ..layers.attention_kernels import AttnImpl
-from ..schema import Config, ConfigError, FieldError, bounds
+from ..schema import Config, FieldError, bounds
 from .init import InitScheme
 
 #: Image channels vitkit's data pipeline produces: grayscale or RGB.
@@ -25,6 +27,10 @@ MAX_CLASSES = 1_000_000
 MAX_TOKENS = 65536
 #: Weights of the whole model (about 16 GB in float32).
 MAX_PARAMETERS = 4_000_000_000
+
+#: The :class:`~vitkit.layers.AttentionOptions` whose ViTConfig field has another name; every
+#: other option is the ViTConfig field of its own name (:meth:`ViTConfig.attention_options`).
+ATTENTION_OPTION_FIELDS = {"attn_drop": "attn_drop_rate", "proj_drop": "proj_drop_rate", "locality": "locality_attention"}
 
 
 @dataclass
@@ -84,7 +90,7 @@ class ViTConfig(Config):
         for size, patch, axis in zip(self.img_size, self.patch_size, ("height", "width")):
             if size % patch != 0:
                 raise ValueError(f"img_size {axis} {size} is not divisible by patch_size {patch}.")
-        tokens = self.grid_size[0] * self.grid_size[1]
+        tokens = self.num_patches
         if tokens > MAX_TOKENS:
             raise ValueError(
                 f"img_size {list(self.img_size)} at patch_size {list(self.patch_size)} gives {tokens:,} patches, "
@@ -115,28 +121,53 @@ class ViTConfig(Config):
         """Per-head width ``d``."""
         return self.head_dim if self.head_dim is not None else self.embed_dim // self.heads_per_layer()[0]
 
+    def resolved_out_init_scale(self) -> float:
+        """``W_o``'s init factor: ``out_init_scale``, or ``1/sqrt(2 * depth)`` (GPT-2) when unset."""
+        return self.out_init_scale if self.out_init_scale is not None else (2 * self.depth) ** -0.5
+
+    def attention_options(self) -> AttentionOptions:
+        """Every block's :class:`~vitkit.layers.AttentionOptions`: each option is the field of
+        its name (or of its :data:`ATTENTION_OPTION_FIELDS` name), with ``head_dim`` and
+        ``out_init_scale`` resolved."""
+        values = {
+            option.name: getattr(self, ATTENTION_OPTION_FIELDS.get(option.name, option.name))
+            for option in dataclasses.fields(AttentionOptions)
+        }
+        values.update(head_dim=self.resolved_head_dim(), out_init_scale=self.resolved_out_init_scale())
+        return AttentionOptions(**values)
+
     @property
     def grid_size(self) -> tuple[int, int]:
         """Patch grid of ``img_size``."""
         return self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1]
 
+    @property
+    def num_patches(self) -> int:
+        """Patch tokens of an ``img_size`` image, ``gh * gw``."""
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches (the class token): what pooling, the explain read-out, the
+        head diagnostics and pruning skip to reach the patch grid."""
+        return int(self.class_token)
+
+    @property
+    def num_tokens(self) -> int:
+        """Sequence length ``N`` the blocks see on an ``img_size`` image: prefix and patch tokens."""
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def patch_dim(self) -> int:
+        """Input width of the patch projection: pixels of a patch times channels (five shifted
+        copies of the image with ``shifted_patches``)."""
+        return self.patch_size[0] * self.patch_size[1] * self.in_chans * (5 if self.shifted_patches else 1)
+
     def num_weights(self) -> int:
         """Weights of the matrices and embeddings the model will hold (biases and norms, a small
         fraction, left out): computed from the config, before anything is allocated."""
         dim, head_dim = self.embed_dim, self.resolved_head_dim()
-        patch_in = self.patch_size[0] * self.patch_size[1] * self.in_chans * (5 if self.shifted_patches else 1)
-        tokens = self.grid_size[0] * self.grid_size[1] + int(self.class_token)
         blocks = sum(
             4 * dim * heads * head_dim + 2 * dim * int(dim * self.mlp_ratio) for heads in self.heads_per_layer()
         )
-        return (patch_in + tokens + self.num_classes) * dim + blocks
-
-    @classmethod
-    def from_dict(
-        cls, values: Any, *, source: str = "the given dict", error: type[ConfigError] = ConfigError
-    ) -> ViTConfig:
-        """Build from a mapping (inverse of :meth:`to_dict`), validated like every vitkit config.
-        Files written before ``extra`` was removed carry an always-empty ``extra`` key: it is dropped."""
-        if isinstance(values, dict) and values.get("extra") == {}:
-            values = {key: value for key, value in values.items() if key != "extra"}
-        return super().from_dict(values, source=source, error=error)
+        return (self.patch_dim + self.num_tokens + self.num_classes) * dim + blocks

@@ -9,9 +9,11 @@ which is a ``Linear`` over ``(p1 p2 c)``-ordered patches (see :mod:`.timm_intero
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, overload
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
+from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -23,13 +25,54 @@ from .init import init_parts
 HeadMask = torch.Tensor | Sequence[torch.Tensor | None] | None
 
 
+@dataclass
+class Intermediates:
+    """What :meth:`VisionTransformer.forward_intermediates` returns.
+
+    Attributes:
+        features: ``[B, N, D]`` tokens after the last block and the final norm (the input of
+            :meth:`~VisionTransformer.forward_head`); ``None`` with ``intermediates_only``, or
+            when ``stop_early`` stopped before the last block.
+        intermediates: per chosen block, its patch tokens ``[B, D, gh, gw]`` (NCHW) or
+            ``[B, gh*gw, D]`` (NLC).
+        prefix_tokens: per chosen block, its ``[B, num_prefix_tokens, D]`` tokens, or ``None``
+            unless ``return_prefix_tokens``.
+        attentions: per chosen block, its post-softmax weights ``[B, H_l, N, N]`` (a block with
+            every head pruned gives ``[B, 0, N, N]``, outside the graph), or ``None`` unless
+            ``return_attention``.
+        indices: the chosen blocks, ascending.
+    """
+
+    features: torch.Tensor | None
+    intermediates: list[torch.Tensor]
+    prefix_tokens: list[torch.Tensor] | None
+    attentions: list[torch.Tensor] | None
+    indices: list[int]
+
+
+def _take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
+    """Ascending block indices that ``indices`` names, as timm's ``feature_take_indices`` reads
+    them (``None`` all, ``n`` the last ``n``, negatives from the end), with a ``ValueError``
+    rather than timm's assertion for one out of range."""
+    if indices is None:
+        return list(range(depth))
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices={indices} asks for the last {indices} blocks of {depth}; give 1 to {depth}.")
+        return list(range(depth - indices, depth))
+    if any(not -depth <= i < depth for i in indices):
+        raise ValueError(f"block indices must lie in [-{depth}, {depth}), got {list(indices)}.")
+    return sorted({i % depth for i in indices})
+
+
 class VisionTransformer(nn.Module):
     """ViT classifier built from a :class:`ViTConfig` (or its fields as keyword arguments).
 
-    Contract (as timm's): ``forward_features(x) -> [B, N, D]`` tokens, ``forward_head(feats)``
-    ``-> [B, num_classes]``, ``forward(x)`` = both, ``set_grad_checkpointing``,
-    ``reset_classifier``, ``no_weight_decay``. ``forward(x, return_attention=True)`` also
-    returns one ``[B, H, N, N]`` post-softmax weight tensor per block, part of the autograd graph.
+    Contract (as timm's): ``forward(x) -> [B, num_classes]`` logits, ``forward_features(x) ->``
+    ``[B, N, D]`` tokens, ``forward_head(feats, pre_logits=False)``, ``forward_intermediates(x,``
+    ``indices, ..., return_attention=False)`` for chosen blocks' tokens and attention weights
+    (an :class:`Intermediates`), ``set_grad_checkpointing``, ``reset_classifier``,
+    ``no_weight_decay``. Every forward takes ``head_mask`` (per-block head gates).
 
     ``device`` and ``dtype`` are torch's factory keywords. To build a large model without memory
     or init cost, build it on the meta device, then ``model.to_empty(device=...)`` and
@@ -51,40 +94,25 @@ class VisionTransformer(nn.Module):
         dim, depth = config.embed_dim, config.depth
         self.num_classes = config.num_classes
         self.embed_dim = dim
-        self.num_prefix_tokens = 1 if config.class_token else 0
+        self.num_prefix_tokens = config.num_prefix_tokens
         self.grad_checkpointing = False
 
         self.patch_embed = PatchEmbed(
             config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, **factory
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
-        num_positions = config.grid_size[0] * config.grid_size[1] + self.num_prefix_tokens
         if config.pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim, **factory))
+            self.pos_embed = nn.Parameter(torch.zeros(1, config.num_tokens, dim, **factory))
         else:
             table = self._sincos(config.grid_size, device=device, dtype=dtype or torch.get_default_dtype())
             self.register_buffer("pos_embed", table, persistent=False)
         self.pos_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
 
         rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
-        out_init_scale = config.out_init_scale if config.out_init_scale is not None else (2 * depth) ** -0.5
+        attn = config.attention_options()
         self.blocks = nn.ModuleList(
             EncoderBlock(
-                dim,
-                heads,
-                head_dim=config.resolved_head_dim(),
-                mlp_ratio=config.mlp_ratio,
-                qkv_bias=config.qkv_bias,
-                qk_norm=config.qk_norm,
-                attn_drop=config.attn_drop_rate,
-                proj_drop=config.proj_drop_rate,
-                drop_path=rate,
-                init_values=config.init_values,
-                attn_impl=config.attn_impl,
-                out_init_scale=out_init_scale,
-                norm_eps=config.norm_eps,
-                locality=config.locality_attention,
-                **factory,
+                dim, heads, attn, mlp_ratio=config.mlp_ratio, drop_path=rate, init_values=config.init_values, **factory
             )
             for heads, rate in zip(config.heads_per_layer(), rates)
         )
@@ -195,41 +223,96 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"head_mask needs one entry per block ({len(self.blocks)}), got {len(head_mask)}.")
         return list(head_mask)
 
-    @overload
-    def forward_features(
-        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[False] = False
-    ) -> torch.Tensor: ...
+    def _run_block(
+        self, block: nn.Module, x: torch.Tensor, gates: torch.Tensor | None, return_attention: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One block on ``x`` (checkpointed when enabled); its weights only when asked for, so the
+        fused kernel runs otherwise."""
+        run = block.forward_with_attention if return_attention else block
+        out = checkpoint(run, x, use_reentrant=False, head_mask=gates) if self._checkpointing() else run(x, head_mask=gates)
+        return out if return_attention else (out, None)
 
-    @overload
-    def forward_features(
-        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[True]
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+    def _checkpointing(self) -> bool:
+        return self.grad_checkpointing and torch.is_grad_enabled()
 
-    def forward_features(
-        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        *,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW",
+        intermediates_only: bool = False,
+        return_attention: bool = False,
+        head_mask: HeadMask = None,
+    ) -> Intermediates:
+        """Tokens of chosen blocks and, with ``return_attention``, their attention weights.
+
+        The arguments follow timm's ``VisionTransformer.forward_intermediates``; the result is one
+        :class:`Intermediates` whatever they ask for.
+
+        Args:
+            x: images ``[B, C, H, W]``.
+            indices: blocks to keep: ``None`` every block, an int ``n`` the last ``n``, a sequence
+                the blocks it names (negative indices count from the end).
+            return_prefix_tokens: also keep each chosen block's prefix tokens.
+            norm: apply the final norm to the kept tokens.
+            stop_early: stop after the last chosen block.
+            output_fmt: patch tokens as ``[B, D, gh, gw]`` (``"NCHW"``) or ``[B, gh*gw, D]`` (``"NLC"``).
+            intermediates_only: skip the final norm: ``features`` is ``None``.
+            return_attention: keep each chosen block's post-softmax weights ``[B, H_l, N, N]``,
+                part of the autograd graph (the explicit kernel runs in those blocks).
+            head_mask: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
+                tensor works when all layers have ``H`` heads).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
+        take = _take_indices(len(self.blocks), indices)
+        last = take[-1] if take else -1
+        tokens = self._embed_checked(x)
+        grid = self.patch_embed.grid_size(x.shape[2], x.shape[3])
+        kept: list[torch.Tensor] = []
+        attentions: list[torch.Tensor] = []
+        gates = self._layer_head_masks(head_mask)
+        for index, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
+            wanted = index in take
+            tokens, weights = self._run_block(block, tokens, gates[index], return_attention and wanted)
+            if wanted:
+                kept.append(self.norm(tokens) if norm else tokens)
+                if weights is not None:
+                    attentions.append(weights)
+        prefix = self.num_prefix_tokens
+        patches = [y[:, prefix:] for y in kept]
+        if output_fmt == "NCHW":
+            patches = [rearrange(y, "b (h w) d -> b d h w", h=grid[0], w=grid[1]) for y in patches]
+        ran_every_block = not stop_early or last == len(self.blocks) - 1
+        return Intermediates(
+            features=self.norm(tokens) if ran_every_block and not intermediates_only else None,
+            intermediates=patches,
+            prefix_tokens=[y[:, :prefix] for y in kept] if return_prefix_tokens else None,
+            attentions=attentions if return_attention else None,
+            indices=take,
+        )
+
+    def _embed_checked(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dim() != 4:
+            raise ValueError(f"expected images [B, C, H, W], got shape {tuple(images.shape)}.")
+        return self.embed(images)
+
+    def forward_features(self, images: torch.Tensor, *, head_mask: HeadMask = None) -> torch.Tensor:
         """Tokens after the last block and the final norm, ``[B, N, D]``.
 
         Args:
             images: ``[B, C, H, W]``.
             head_mask: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
                 tensor works when all layers have ``H`` heads).
-            return_attention: also return the list of ``[B, H_l, N, N]`` attention weights.
         """
-        if images.dim() != 4:
-            raise ValueError(f"expected images [B, C, H, W], got shape {tuple(images.shape)}.")
-        x = self.embed(images)
-        attentions: list[torch.Tensor] = []
-        use_checkpoint = self.grad_checkpointing and torch.is_grad_enabled()
+        x = self._embed_checked(images)
         for block, gates in zip(self.blocks, self._layer_head_masks(head_mask)):
-            kwargs = {"head_mask": gates, "return_attention": return_attention}
-            out = checkpoint(block, x, use_reentrant=False, **kwargs) if use_checkpoint else block(x, **kwargs)
-            if return_attention:
-                out, weights = out
-                attentions.append(weights)
-            x = out
-        x = self.norm(x)
-        return (x, attentions) if return_attention else x
+            x = self._run_block(block, x, gates, False)[0]
+        return self.norm(x)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pool ``[B, N, D]`` tokens (class token or mean of patch tokens) and classify."""
@@ -240,24 +323,8 @@ class VisionTransformer(nn.Module):
         pooled = self.head_drop(self.fc_norm(pooled))
         return pooled if pre_logits else self.head(pooled)
 
-    @overload
-    def forward(
-        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[False] = False
-    ) -> torch.Tensor: ...
-
-    @overload
-    def forward(
-        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: Literal[True]
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
-
-    def forward(
-        self, images: torch.Tensor, *, head_mask: HeadMask = None, return_attention: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """``[B, C, H, W]`` images to ``[B, num_classes]`` logits (and, with ``return_attention``,
-        the per-block ``[B, H, N, N]`` weights). The fused kernel is used unless weights are asked for."""
-        if return_attention:
-            features, attentions = self.forward_features(images, head_mask=head_mask, return_attention=True)
-            return self.forward_head(features), attentions
+    def forward(self, images: torch.Tensor, *, head_mask: HeadMask = None) -> torch.Tensor:
+        """``[B, C, H, W]`` images to ``[B, num_classes]`` logits (see :meth:`forward_features`)."""
         return self.forward_head(self.forward_features(images, head_mask=head_mask))
 
 
@@ -274,10 +341,9 @@ def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -
     """
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
     d, dim = config.resolved_head_dim(), config.embed_dim
-    n = config.grid_size[0] * config.grid_size[1] + (1 if config.class_token else 0)
-    patch_in = config.patch_size[0] * config.patch_size[1] * config.in_chans * (5 if config.shifted_patches else 1)
+    n = config.num_tokens
     hidden = int(dim * config.mlp_ratio)
-    macs = (n - (1 if config.class_token else 0)) * patch_in * dim
+    macs = config.num_patches * config.patch_dim * dim
     for h in heads:
         inner = h * d
         macs += n * dim * 3 * inner + 2 * n * n * inner + n * inner * dim + 2 * n * dim * hidden

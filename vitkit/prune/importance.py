@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..evaluation import Batch, batches, eval_mode, model_device
+from ..layers.attention_stats import row_entropy
 from ..models import VisionTransformer
 from .pruning import check_gates, full_gates
 
@@ -117,10 +118,11 @@ def attention_entropy(
     examples = 0
     with eval_mode(model):
         for images, _ in batches(dataloader, max_batches, "attention entropy", progress):
-            _, attentions = model(images.to(device), head_mask=head_mask, return_attention=True)
-            for total, weights in zip(totals, attentions):
-                entropy = -torch.special.xlogy(weights, weights).sum(-1)  # [B, H, N]
-                total += entropy.mean(-1).sum(0).cpu()
+            run = model.forward_intermediates(
+                images.to(device), intermediates_only=True, return_attention=True, head_mask=head_mask
+            )
+            for total, weights in zip(totals, run.attentions):
+                total += row_entropy(weights).mean(-1).sum(0).cpu()  # [B, H, N] nats, mean over queries
             examples += len(images)
     if examples == 0:
         raise ValueError("the dataloader yielded no examples; attention entropy needs data.")

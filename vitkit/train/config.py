@@ -20,9 +20,7 @@ import yaml
 
 from ..data import DataConfig
 from ..io import atomic_write
-from ..layers.attention_kernels import AttnImpl
 from ..models import ViTConfig, model_config
-from ..models.init import InitScheme
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
 from .schema import RecipeError
 
@@ -42,46 +40,10 @@ MAX_THREADS = 1024
 
 
 @dataclass
-class ModelConfig(Config):
-    """Which variant to build, how, and the :class:`ViTConfig` fields to override.
-
-    Attributes:
-        name: a variant of :func:`vitkit.list_models`.
-        grad_checkpointing: recompute block activations in the backward pass (less memory).
-        impl: ``'vitkit'``, or ``'timm'`` to train timm's ``VisionTransformer`` of the same shape
-            as a reference.
-
-    Every other field is the :class:`ViTConfig` field of the same name (except the data-driven
-    ``img_size``, ``in_chans`` and ``num_classes``); ``None`` keeps the variant's value. Their
-    ranges are ViTConfig's, checked when :func:`load_recipe` builds the model's config.
-    """
-
+class _ModelChoice(Config):
     name: str = "vit_cifar_tiny"
     grad_checkpointing: bool = False
     impl: ModelImpl = "vitkit"
-    patch_size: tuple[int, int] | None = None
-    embed_dim: int | None = None
-    depth: int | None = None
-    num_heads: int | list[int] | None = None
-    head_dim: int | None = None
-    mlp_ratio: float | None = None
-    qkv_bias: bool | None = None
-    qk_norm: bool | None = None
-    class_token: bool | None = None
-    global_pool: Literal["token", "avg"] | None = None
-    pos_embed: Literal["learn", "sincos"] | None = None
-    dynamic_img_size: bool | None = None
-    init_values: float | None = None
-    drop_rate: float | None = None
-    proj_drop_rate: float | None = None
-    attn_drop_rate: float | None = None
-    drop_path_rate: float | None = None
-    attn_impl: AttnImpl | None = None
-    out_init_scale: float | None = None
-    init: InitScheme | None = None
-    shifted_patches: bool | None = None
-    locality_attention: bool | None = None
-    norm_eps: float | None = None
 
     def vit_overrides(self) -> dict[str, Any]:
         """The ViTConfig fields this recipe sets."""
@@ -90,6 +52,33 @@ class ModelConfig(Config):
             for f in dataclasses.fields(self)
             if f.name not in MODEL_CHOICE_FIELDS and getattr(self, f.name) is not None
         }
+
+
+def _vit_overrides_fields() -> list[tuple[str, Any, Any]]:
+    """Every recipe-settable :class:`ViTConfig` field, optional: its type ``| None``, default ``None``."""
+    hints = typing.get_type_hints(ViTConfig)
+    return [
+        (f.name, hints[f.name] | None, field(default=None))
+        for f in dataclasses.fields(ViTConfig)
+        if f.name not in DATA_DRIVEN_FIELDS
+    ]
+
+
+ModelConfig = dataclasses.make_dataclass("ModelConfig", _vit_overrides_fields(), bases=(_ModelChoice,))
+ModelConfig.__module__ = __name__
+ModelConfig.__doc__ = """Which variant to build, how, and the :class:`ViTConfig` fields to override.
+
+    Attributes:
+        name: a variant of :func:`vitkit.list_models`.
+        grad_checkpointing: recompute block activations in the backward pass (less memory).
+        impl: ``'vitkit'``, or ``'timm'`` to train timm's ``VisionTransformer`` of the same shape
+            as a reference.
+
+    Every other field is generated from the :class:`ViTConfig` field of the same name (except the
+    data-driven ``img_size``, ``in_chans`` and ``num_classes``), typed ``ViTConfig``'s type or
+    ``None``; ``None`` keeps the variant's value. Their ranges are ViTConfig's, checked when
+    :func:`load_recipe` builds the model's config.
+    """
 
 
 @dataclass
