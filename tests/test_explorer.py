@@ -4,6 +4,7 @@ headless Chromium (skipped where Debian's chromium / chromium-driver or selenium
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import re
@@ -199,7 +200,7 @@ def test_a_script_end_tag_in_a_class_name_cannot_close_the_payload() -> None:
     model = avg_model()
     info = shapes_info(32)
     names = ("</script><script>alert(1)</script>", *info.class_names[1:4])
-    info = type(info)(**{**info.__dict__, "num_classes": 4, "class_names": names})
+    info = dataclasses.replace(info, num_classes=4, class_names=names)
     page = explorer_html(model, torch.randn(1, 3, 32, 32), info=info)
     assert page.count("</script>") == 2  # the payload's and the code's
     assert names[0] in {entry["name"] for entry in payload_of(page)["images"][0]["top"]}
