@@ -33,8 +33,7 @@ from typing import NamedTuple
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image
-from vitkit.data.images import convert_channels
+from vitkit.data import DataInfo
 from vitkit.errors import UsageError, cli_errors, positive_int
 from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture
 from vitkit.explain.cli import (
@@ -44,10 +43,11 @@ from vitkit.explain.cli import (
     figure_names,
     find_images,
     load_explained_model,
+    load_image_files,
+    load_test_images,
     output_clashes,
 )
 from vitkit.explain.render import attention_figure
-from vitkit.train.evaluate import data_config_for
 
 
 class Sample(NamedTuple):
@@ -129,13 +129,10 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
 
 def test_samples(extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
     """The first ``count`` preprocessed test images of the model's dataset, figures named after their label."""
-    test_set = build_datasets(data_config_for(extra)).test
-    samples = []
-    for index in range(min(count, len(test_set))):
-        image, label = test_set[index]
-        name = f"test_{index:03d}_{info.class_names[label]}"
-        samples.append(Sample(f"test image {index}", image, label, out / f"{name}.png"))
-    return samples
+    return [
+        Sample(loaded.name, loaded.image, loaded.label, out / f"test_{index:03d}_{info.class_names[loaded.label]}.png")
+        for index, loaded in enumerate(load_test_images(extra, count))
+    ]
 
 
 def read_samples(
@@ -143,18 +140,9 @@ def read_samples(
 ) -> tuple[list[Sample], list[str]]:
     """``paths`` read and preprocessed for the model (conversions recorded in ``note``), and the
     files that could not be read (reported on stderr)."""
-    transform = build_eval_transform(info)
-    samples, failed = [], []
-    for path, figure in zip(paths, figures):
-        try:
-            image = load_image(path)
-        except ImageReadError as error:
-            print(f"error: {error}; skipped.", file=sys.stderr)
-            failed.append(str(path))
-            continue
-        note.add(path, image)
-        samples.append(Sample(str(path), transform(convert_channels(image, info.in_chans)), None, figure))
-    return samples, failed
+    figure_of = dict(zip(paths, figures))
+    loaded, failed = load_image_files(paths, info, note)
+    return [Sample(image.name, image.image, None, figure_of[image.path]) for image in loaded], failed
 
 
 def main(argv: list[str] | None = None) -> int:

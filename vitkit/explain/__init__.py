@@ -3,9 +3,11 @@ per-head maps, head diagnostics and localisation scores.
 
 Pure functions work on captured ``[B, H, N, N]`` attention tensors (:mod:`.rollout`,
 :mod:`.head_stats`, :mod:`.localization`); :mod:`.maps` runs a model to capture them and returns
-maps at image resolution; :mod:`.render` draws figures.
+maps at image resolution; :mod:`.render` draws figures; :mod:`.explorer` writes one
+self-contained HTML page to click through every layer, head and patch.
 """
 
+from .explorer import DEFAULT_MAX_BYTES, ExplorerError, ExplorerHTML, explorer_html, explorer_size
 from .head_stats import HeadStats, HeadThresholds, attention_statistics, head_warnings, model_head_stats
 from .localization import LocalizationScores, evaluate_localization, localization_scores
 from .maps import (
@@ -32,7 +34,10 @@ __all__ = [
     "HEAD_FUSIONS",
     "METHODS",
     "POOLINGS",
+    "DEFAULT_MAX_BYTES",
     "AttentionCapture",
+    "ExplorerError",
+    "ExplorerHTML",
     "HeadStats",
     "HeadThresholds",
     "LocalizationScores",
@@ -42,6 +47,8 @@ __all__ = [
     "chefer_relevance",
     "evaluate_localization",
     "explain",
+    "explorer_html",
+    "explorer_size",
     "grad_rollout",
     "head_warnings",
     "localization_scores",

@@ -1,15 +1,17 @@
 """Shared by the explanation tools: model source arguments and loading (with the metadata the model
-was trained with), image discovery in folders, figure names that keep the images' folders, the
-note that says how images were adapted to the model, and display images."""
+was trained with), image discovery in folders and loading (files or the model's test set),
+figure names that keep the images' folders, the note that says how images were adapted to the
+model, and display images."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -17,11 +19,12 @@ from PIL import Image
 from safetensors.torch import load_file
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..data import DataInfo, denormalize
-from ..data.images import describe_conversion
+from ..data import DataInfo, ImageReadError, build_datasets, build_eval_transform, denormalize, load_image
+from ..data.images import convert_channels, describe_conversion
 from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
 from ..train import load_for_inference
+from ..train.evaluate import data_config_for
 
 
 class FigureNameError(VitkitError, ValueError):
@@ -188,6 +191,45 @@ class ConversionNote:
             return None
         kind = "grayscale" if self.info.in_chans == 1 else "RGB"
         return f"note: images converted to the model's input ({kind}, {width}x{height}): {'; '.join(parts)}."
+
+
+class LoadedImage(NamedTuple):
+    """One image preprocessed for the model."""
+
+    name: str  # how to call it in titles: the file, or "test image <i>"
+    image: torch.Tensor  # [C, H, W], normalised as in evaluation
+    label: int | None  # the true class, when known
+    path: Path | None  # the file it was read from (None for test images)
+
+
+def load_test_images(extra: dict[str, Any], count: int) -> list[LoadedImage]:
+    """The first ``count`` preprocessed test images of the dataset the model was trained on
+    (``extra["data_config"]``, see :func:`load_explained_model`), with their labels."""
+    test_set = build_datasets(data_config_for(extra)).test
+    loaded = []
+    for index in range(min(count, len(test_set))):
+        image, label = test_set[index]
+        loaded.append(LoadedImage(f"test image {index}", image, label, None))
+    return loaded
+
+
+def load_image_files(
+    paths: Iterable[Path], info: DataInfo, note: ConversionNote
+) -> tuple[list[LoadedImage], list[str]]:
+    """``paths`` read and preprocessed for the model (conversions recorded in ``note``), and the
+    files that could not be read (each reported on stderr as it fails)."""
+    transform = build_eval_transform(info)
+    loaded, failed = [], []
+    for path in paths:
+        try:
+            image = load_image(path)
+        except ImageReadError as error:
+            print(f"error: {error}; skipped.", file=sys.stderr)
+            failed.append(str(path))
+            continue
+        note.add(path, image)
+        loaded.append(LoadedImage(str(path), transform(convert_channels(image, info.in_chans)), None, path))
+    return loaded, failed
 
 
 def display_image(image: torch.Tensor, info: DataInfo) -> np.ndarray:
