@@ -42,8 +42,8 @@ from vitkit.explain.cli import (
     display_image,
     figure_names,
     find_images,
-    load_explained_model,
     load_image_files,
+    load_model_from_arguments,
     load_test_images,
     output_clashes,
 )
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
+    model, extra = load_model_from_arguments(args)
     info = DataInfo.from_extra(extra)
     problems = option_problems(args, info.num_classes, len(model.blocks))
     if problems:

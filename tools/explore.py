@@ -34,8 +34,8 @@ from vitkit.explain.cli import (
     ConversionNote,
     add_model_arguments,
     find_images,
-    load_explained_model,
     load_image_files,
+    load_model_from_arguments,
     load_test_images,
     output_clashes,
 )
@@ -79,7 +79,7 @@ def _main(argv: list[str] | None) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'explorer.html'}.")
-    model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
+    model, extra = load_model_from_arguments(args)
     info = DataInfo.from_extra(extra)
     paths = find_images(args.images)
     clashes = output_clashes(out, (), paths, [out])

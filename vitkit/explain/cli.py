@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import timm
 import torch
 from PIL import Image
 from safetensors.torch import load_file
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..data import DataInfo, ImageReadError, build_datasets, build_eval_transform, denormalize, load_image
 from ..data.images import convert_channels, describe_conversion
 from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
+from ..models.timm_interop import pretrained_preprocessing
 from ..train import load_for_inference
 from ..train.evaluate import data_config_for
 
@@ -33,30 +35,60 @@ class FigureNameError(VitkitError, ValueError):
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 
-#: Eval crop of ImageNet models (resize the shorter side to img_size / 0.875, centre-crop).
-IMAGENET_CROP_PCT = 0.875
-
-
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--checkpoint CKPT | --model NAME --timm-weights FILE``, for :func:`load_explained_model`."""
+    """``--checkpoint CKPT | --model NAME --timm-weights FILE [--mean ...] [--std ...] [--crop-pct P]``,
+    for :func:`load_model_from_arguments`."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="vitkit model file (.safetensors from training / save_model, or a .ckpt)")
-    source.add_argument("--model", help="vitkit variant name (vitkit.list_models()), with --timm-weights")
-    parser.add_argument("--timm-weights", help="timm ViT state dict (.safetensors or torch file) for --model")
+    source.add_argument(
+        "--model",
+        help="vitkit variant name (vitkit.list_models()), with --timm-weights; add timm's tag for the weights' own "
+        "preprocessing (vit_small_patch16_224.dino)",
+    )
+    parser.add_argument(
+        "--timm-weights",
+        help="timm ViT state dict (.safetensors or torch file) for --model, preprocessed as timm's pretrained_cfg "
+        "of --model says",
+    )
+    parser.add_argument("--mean", type=float, nargs="+", help="with --timm-weights: normalisation mean, per channel")
+    parser.add_argument("--std", type=float, nargs="+", help="with --timm-weights: normalisation std, per channel")
+    parser.add_argument("--crop-pct", type=float, help="with --timm-weights: eval crop (resize to size / crop_pct)")
+
+
+def load_model_from_arguments(args: argparse.Namespace) -> tuple[VisionTransformer, dict[str, Any]]:
+    """:func:`load_explained_model` of :func:`add_model_arguments`' options; with --timm-weights,
+    prints a ``note:`` line saying which normalisation and crop the images get, and from where."""
+    overrides = {key: getattr(args, key) for key in ("mean", "std", "crop_pct") if getattr(args, key) is not None}
+    if overrides and args.timm_weights is None:
+        flags = ", ".join(_flag(key) for key in overrides)
+        raise UsageError(f"{flags} only apply to --timm-weights; a vitkit model file keeps its own preprocessing.")
+    model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights, **overrides)
+    if args.timm_weights is not None:
+        info = DataInfo.from_extra(extra)
+        print(
+            f"note: --timm-weights images are normalised with mean {info.mean} and std {info.std}, resized "
+            f"({info.interpolation}, crop_pct {info.crop_pct}, {info.crop_mode} crop) to {info.img_size[1]}x"
+            f"{info.img_size[0]}: {extra['preprocessing']}."
+        )
+    return model, extra
 
 
 def load_explained_model(
     checkpoint: str | os.PathLike | None = None,
     model_name: str | None = None,
     timm_weights: str | os.PathLike | None = None,
+    **overrides: Any,
 ) -> tuple[VisionTransformer, dict[str, Any]]:
     """A model in eval mode and its saved metadata ``extra`` (``DataInfo.from_extra(extra)`` gives
     the preprocessing; ``extra["data_config"]``, when present, the training data).
 
     Either ``checkpoint`` (a vitkit ``.safetensors`` model file or training ``.ckpt``, whose saved
     metadata gives size, normalisation and class names) or ``model_name`` with ``timm_weights`` (a
-    timm ViT state dict as ``.safetensors`` or a torch file read with ``weights_only=True``;
-    ImageNet mean/std, the model's img_size, classes named by index).
+    timm ViT state dict as ``.safetensors`` or a torch file read with ``weights_only=True``; classes
+    named by index). Timm weights are preprocessed as ``timm.get_pretrained_cfg(model_name)`` says
+    (``model_name`` may carry timm's tag: ``vit_small_patch16_224.dino``), with ImageNet mean/std
+    and crop 0.875 where timm has no such config; ``overrides`` (``mean``, ``std``, ``crop_pct``)
+    replace those values, and ``extra["preprocessing"]`` says where they came from.
     """
     if checkpoint is not None:
         return load_for_inference(checkpoint)
@@ -71,19 +103,32 @@ def load_explained_model(
         state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "patch_embed.proj.weight" not in state:
         raise UsageError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
-    model = from_timm(state, name=model_name).eval()
+    model = from_timm(state, name=model_name.split(".")[0]).eval()
     config = model.config
-    info = DataInfo(
-        num_classes=config.num_classes,
-        class_names=tuple(f"class {i}" for i in range(config.num_classes)),
-        img_size=config.img_size,
-        in_chans=config.in_chans,
-        mean=tuple(IMAGENET_DEFAULT_MEAN),
-        std=tuple(IMAGENET_DEFAULT_STD),
-        name="imagenet",
-        crop_pct=IMAGENET_CROP_PCT,
-    )
-    return model, info.to_extra()
+    timm_cfg = pretrained_preprocessing(timm.get_pretrained_cfg(model_name), config)
+    if timm_cfg is not None:
+        source = f"timm's pretrained_cfg of {timm_cfg['architecture']}.{timm_cfg['tag']}"
+    else:
+        timm_cfg = {
+            "input_size": (config.in_chans, *config.img_size),
+            "mean": IMAGENET_DEFAULT_MEAN,
+            "std": IMAGENET_DEFAULT_STD,
+            "crop_pct": DEFAULT_CROP_PCT,
+        }
+        source = f"ImageNet defaults (timm has no pretrained_cfg for {model_name})"
+    if overrides:
+        source += f", with {', '.join(_flag(key) for key in overrides)} given"
+    try:
+        info = DataInfo.from_pretrained_cfg({**timm_cfg, **overrides}, config.num_classes)
+    except ValueError as error:
+        raise UsageError(f"--mean/--std/--crop-pct: {error}") from None
+    if not 0 < info.crop_pct <= 1:
+        raise UsageError(f"--crop-pct must lie in (0, 1], got {info.crop_pct}.")
+    return model, {**info.to_extra(), "preprocessing": source}
+
+
+def _flag(key: str) -> str:
+    return f"--{key.replace('_', '-')}"
 
 
 def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
