@@ -49,6 +49,7 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
     splits = eval_loaders(data_config_for(extra, []))
     assert summary["test_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.test))
     assert summary["val_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.val))
+    assert summary["test_images"] == [len(splits.test.dataset)] * 2  # the whole test split without --max-batches
     pruned, saved_extra = load_for_inference(out / "pruned.safetensors")
     assert pruned.heads_per_layer() == [0, 0]
     assert saved_extra["recipe"] == "tiny" and saved_extra["pruning"]["heads_per_layer"] == [0, 0]

@@ -20,7 +20,8 @@ so. The data are rebuilt from the options saved with the model (--data overrides
 
 Writes to --out: curves.csv, curves.png, pruned.safetensors (the chosen raw-importance step; the
 model's metadata are kept, with a "pruning" entry added) and summary.json (scored_on, selected_on,
-reported_on, val_acc and test_acc as [unpruned, pruned], parameters, FLOPs, and the speed-up
+reported_on, val_acc and test_acc as [unpruned, pruned], test_images as [used, in the split]
+(fewer with --max-batches, which caps every pass, the test pass too), parameters, FLOPs, and the speed-up
 measured by timing both models on the same batch, interleaved, median of --rounds).
 """
 
@@ -36,6 +37,7 @@ import torch
 
 from vitkit import save_model
 from vitkit.errors import cli_errors, positive_int
+from vitkit.evaluation import evaluate_model
 from vitkit.models import count_parameters, vit_flops
 from vitkit.prune import (
     entropy_scorer,
@@ -46,7 +48,7 @@ from vitkit.prune import (
     time_forward,
     within_budget,
 )
-from vitkit.prune.evaluate import eval_loaders, evaluate_accuracy
+from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
 from vitkit.train import load_for_inference
 from vitkit.train.artifacts import write_json
@@ -83,27 +85,33 @@ def run(args: argparse.Namespace) -> dict:
     timing_batch = next(iter(val))[0]
     common = dict(eval_loader=val, step_fraction=args.step_fraction, max_batches=args.max_batches)
     raw = importance_scorer(train, normalize_layers=False, max_batches=args.max_batches)
-    importance = iterative_pruning(model, train, scorer=raw, speed_batch=timing_batch, **common)
+    importance = iterative_pruning(model, train, scorer=raw, speed_batch=timing_batch, desc="importance", **common)
     curves = {"importance": [importance]}
     michel = importance_scorer(train, normalize_layers=True, max_batches=args.max_batches)
-    curves["importance, per-layer L2"] = [iterative_pruning(model, train, scorer=michel, **common)]
-    seeds = range(args.random_seeds)
-    curves["random"] = [iterative_pruning(model, train, scorer=random_scorer(seed), **common) for seed in seeds]
+    curves["importance, per-layer L2"] = [iterative_pruning(model, train, scorer=michel, desc="per-layer L2", **common)]
+    curves["random"] = [
+        iterative_pruning(model, train, scorer=random_scorer(seed), desc=f"random, seed {seed}", **common)
+        for seed in range(args.random_seeds)
+    ]
     entropy = entropy_scorer(train, highest_first=args.entropy_order == "high", max_batches=args.max_batches)
-    curves[f"entropy ({args.entropy_order}est first)"] = [iterative_pruning(model, train, scorer=entropy, **common)]
+    label = f"entropy ({args.entropy_order}est first)"
+    curves[label] = [iterative_pruning(model, train, scorer=entropy, desc=label, **common)]
 
     out = Path(args.out)
     rows = [row for label, runs in curves.items() for seed, records in enumerate(runs)
             for row in curve_rows(label, seed if label == "random" else None, records)]
     write_csv(out / "curves.csv", rows)
-    title = f"{extra.get('recipe', 'model')} on {info.name}: {sum(model.heads_per_layer())} heads (validation split)"
-    plot_pruning_curves(curves, out / "curves.png", max_drop=args.max_drop, title=title)
-
     chosen = within_budget(importance, args.max_drop)
+    recipe = extra.get("recipe", "model")
+    name = recipe if recipe == info.name else f"{recipe} ({info.name})"  # not "digits on digits"
+    title = f"{name}: pruning {sum(model.heads_per_layer())} heads"
+    plot_pruning_curves(curves, out / "curves.png", max_drop=args.max_drop, chosen=chosen, title=title)
+
     pruned = prune_heads(copy.deepcopy(model), chosen.pruned)
-    test_acc = None
+    test_acc, test_images = None, None
     if splits.test is not None:
-        test_acc = [evaluate_accuracy(m, splits.test, max_batches=args.max_batches) for m in (model, pruned)]
+        tests = [evaluate_model(m, splits.test, max_batches=args.max_batches) for m in (model, pruned)]
+        test_acc, test_images = [t.top1 for t in tests], [tests[0].num_images, len(splits.test.dataset)]
     seconds_full, seconds_pruned = time_forward([model, pruned], timing_batch, rounds=args.rounds)
     pruning = {
         "source": str(args.checkpoint),
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> dict:
         "reported_on": "test" if test_acc is not None else None,
         "val_acc": [importance[0].accuracy, chosen.accuracy],
         "test_acc": test_acc,
+        "test_images": test_images,
         "parameters": [count_parameters(model), count_parameters(pruned)],
         "flops": [vit_flops(model.config), vit_flops(pruned.config)],
         "timing_batch": len(timing_batch),
@@ -142,6 +151,8 @@ def _main(argv: list[str] | None) -> int:
     summary = run(args)
     (full, kept) = summary["heads"]
     split, (acc_full, acc_kept) = ("test", summary["test_acc"]) if summary["test_acc"] else ("val", summary["val_acc"])
+    if summary["test_images"] and summary["test_images"][0] < summary["test_images"][1]:
+        split += f" ({summary['test_images'][0]:,} of {summary['test_images'][1]:,} images: --max-batches)"
     print(f"pruned {full - kept}/{full} heads within {args.max_drop:g} pt (chosen on val): {split} accuracy "
           f"{acc_full:.2f}% -> {acc_kept:.2f}%, parameters {summary['parameters'][0]:,} -> {summary['parameters'][1]:,}, "
           f"speed-up x{summary['speedup']:.2f} (batch {summary['timing_batch']}, median of {args.rounds} rounds)")
