@@ -15,7 +15,7 @@ Figure names keep the images' folders: each figure mirrors its image's path belo
 deepest common folder, with the suffix .png (images/a/img.jpg and images/b/img.jpg give
 OUT/a/img.png and OUT/b/img.png); images that would share a name (img.png and img.jpg in one
 folder) keep their suffix (img.png.png, img.jpg.png). --test-images N writes
-OUT/test_000_<class>.png and on. --out may not lie inside an input folder.
+OUT/test_000_<class>.png and on (spaces in class names become _). --out may not lie inside an input folder.
 
 Images are converted to the model's channels and size (one note says what was converted and how).
 Unreadable files (and FIFOs or other non-regular files) are reported by name and skipped; the exit
@@ -41,6 +41,7 @@ from vitkit.explain.cli import (
     add_model_arguments,
     display_image,
     figure_names,
+    file_safe,
     find_images,
     load_image_files,
     load_model_from_arguments,
@@ -130,7 +131,7 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
 def test_samples(extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
     """The first ``count`` preprocessed test images of the model's dataset, figures named after their label."""
     return [
-        Sample(loaded.name, loaded.image, loaded.label, out / f"test_{index:03d}_{info.class_names[loaded.label]}.png")
+        Sample(loaded.name, loaded.image, loaded.label, out / f"test_{index:03d}_{file_safe(info.class_names[loaded.label])}.png")
         for index, loaded in enumerate(load_test_images(extra, count))
     ]
 

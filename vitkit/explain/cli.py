@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
@@ -143,6 +144,12 @@ def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
         for file in files:
             found.setdefault(os.path.abspath(file), file)
     return list(found.values())
+
+
+def file_safe(text: str) -> str:
+    """``text`` usable in a file name without quoting: runs of whitespace and path separators
+    become ``_`` (a class "Ankle boot" gives ``test_000_Ankle_boot.png``)."""
+    return re.sub(r"[\s/\\]+", "_", text.strip())
 
 
 def figure_names(files: Sequence[Path], reserved: Collection[Path] = ()) -> list[Path]:
