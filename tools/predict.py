@@ -1,7 +1,4 @@
-"""``python tools/predict.py ...`` is ``vitkit predict ...`` (see vitkit/cli/predict.py)."""
-import sys
+"""``python tools/predict.py ARGS`` is ``vitkit predict ARGS`` (the code: vitkit/cli/predict.py)."""
+from vitkit.cli.main import exit_with
 
-from vitkit.cli.predict import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+exit_with("predict")

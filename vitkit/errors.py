@@ -19,6 +19,9 @@ USER_ERROR_EXIT = 2
 class VitkitError(Exception):
     """A user-facing error: bad input, not a bug. The message is one complete sentence or more."""
 
+    #: What a ``vitkit`` command exits with when this error stops it (``vitkit.cli.common``).
+    exit_status: int = 2
+
 
 class UsageError(VitkitError):
     """A command-line argument a tool cannot use (a class or layer out of range, ...)."""

@@ -16,39 +16,27 @@ import argparse
 import csv
 import sys
 
-from vitkit.errors import cli_errors, positive_int
+from tqdm import tqdm
 
+from vitkit.data import ImageReadError, load_image
+from vitkit.errors import UsageError
+from vitkit.explain.cli import ConversionNote, find_images
+from vitkit.inference import load_predictor, predict
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="vitkit predict",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("model", help="model file: .safetensors (training, save_model) or a training .ckpt")
-    parser.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files and/or folders")
-    parser.add_argument("--top-k", type=positive_int, default=5, help="classes per image (default: %(default)s)")
-    parser.add_argument("--csv", metavar="FILE", help="also write the predictions to this CSV file")
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="images per batch (default: %(default)s)")
-    return parser.parse_args(argv)
+from .common import SKIPPED_INPUTS
+from .main import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status 0; 1 when a file could not be read or none was found; 2 with one ``error: ...``
-    line for a bad argument or model file."""
-    return cli_errors(_main, argv)
+    """``vitkit predict`` in this process (``tools/predict.py``, tests)."""
+    return run_command("predict", argv)
 
 
-def _main(argv: list[str] | None) -> int:
-    args = parse_args(argv)
-    from tqdm import tqdm
-
-    from vitkit.data import ImageReadError, load_image
-    from vitkit.explain.cli import ConversionNote, find_images
-    from vitkit.inference import load_predictor, predict
-
+def run(args: argparse.Namespace) -> int:
     model, info = load_predictor(args.model)
     paths = find_images(args.images)
+    if not paths:
+        raise UsageError(f"no image files in {', '.join(args.images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")
     note = ConversionNote(info)
     rows: list[list[str]] = []
     failed: list[str] = []
@@ -80,10 +68,4 @@ def _main(argv: list[str] | None) -> int:
         print(f"wrote {len(rows)} prediction(s) to {args.csv}")
     if failed:
         print(f"{len(failed)} file(s) could not be read: {', '.join(failed)}", file=sys.stderr)
-    elif not rows:
-        print("no image files found in the given paths.", file=sys.stderr)
-    return 1 if failed or not rows else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return SKIPPED_INPUTS if failed else 0

@@ -50,6 +50,8 @@ SIGTERM_EXIT = 143
 class RunStoppedError(VitkitError):
     """The run was stopped by SIGTERM; ``last.ckpt`` holds its last step."""
 
+    exit_status = SIGTERM_EXIT
+
 
 #: Exit statuses of the tools that train, for ``cli_errors`` (any other error: 1).
 RUN_EXIT_STATUSES = ((RunStoppedError, SIGTERM_EXIT), (RecipeError, 2))
