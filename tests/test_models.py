@@ -409,7 +409,7 @@ def test_unknown_model_name_suggests_the_closest() -> None:
         (dict(img_size=30), "height 30 is not divisible by patch_size 4"),
         (dict(global_pool="max"), "global_pool must be 'token' or 'avg', got 'max'"),
         (dict(class_token=False), "global_pool='token' needs class_token=True"),
-        (dict(pos_embed="rope"), "pos_embed must be 'learn' or 'sincos'"),
+        (dict(pos_embed="rope"), "pos_embed must be one of 'learn', 'sincos', 'none'"),
         (dict(attn_impl="flash"), "attn_impl must be one of"),
         (dict(drop_path_rate=1.0), r"drop_path_rate is out of range: got 1, must be >= 0 and < 1"),
         (dict(num_heads=[4, 4, 4]), "num_heads lists 3 layers but depth is 2"),

@@ -27,6 +27,11 @@ class UsageError(VitkitError):
     """A command-line argument a tool cannot use (a class or layer out of range, ...)."""
 
 
+class UnsupportedModelError(VitkitError, ValueError):
+    """A model or checkpoint from another library (timm) uses an architecture feature vitkit lacks;
+    the message names the features."""
+
+
 def positive_int(text: str) -> int:
     """``argparse`` type of counts and sizes (``--batch-size``): an integer of at least 1."""
     try:

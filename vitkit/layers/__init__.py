@@ -14,6 +14,7 @@ from .block import EncoderBlock, LayerScale
 from .mlp import Mlp
 from .patch_embed import PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
+from .rope import Rope2d, patch_coords, rotate_tokens
 
 __all__ = [
     "AttentionOptions",
@@ -24,10 +25,13 @@ __all__ = [
     "Mlp",
     "MultiHeadSelfAttention",
     "PatchEmbed",
+    "Rope2d",
     "build_allowed_mask",
     "causal_mask",
     "choose_attn_impl",
+    "patch_coords",
     "resample_pos_embed",
+    "rotate_tokens",
     "row_entropy",
     "sincos_2d_pos_embed",
 ]

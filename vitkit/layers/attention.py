@@ -5,7 +5,8 @@ projection, merges the heads and applies the output projection ``W_o``. Beyond t
 ``Attention`` it returns the attention weights on request, takes padding / causal / arbitrary
 boolean masks (a query with no allowed key gives zeros, never NaN), attends to a ``context``
 (cross-attention), gates heads (ablations, head importance), prunes heads physically and
-decodes incrementally with a :class:`KVCache`.
+decodes incrementally with a :class:`KVCache` and rotates queries and keys by 2-D RoPE
+(:mod:`.rope`) before either kernel runs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 from .attention_kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, sdpa_attention
 from .attention_masks import build_allowed_mask, split_empty_rows
 from .init_rules import xavier_per_projection, xavier_scaled
+from .rope import ROPE_KINDS, Rope2d, RopeAxes, RopeKind, rotate_tokens
 
 #: W_o's Xavier-init scale for a standalone module, whose depth is unknown (see ``out_init_scale``).
 DEFAULT_OUT_INIT_SCALE = 0.5
@@ -49,7 +51,8 @@ class KVCache:
     """Keys and values of the positions decoded so far, each ``[B, H, T, d]``.
 
     Pass the same cache to successive calls of a causal ``MultiHeadSelfAttention``; each call
-    appends its own keys and values and attends to everything cached.
+    appends its own keys and values and attends to everything cached. With RoPE the keys are
+    stored rotated (each by its own position), so earlier positions are never needed again.
     """
 
     k: torch.Tensor | None = None
@@ -92,6 +95,12 @@ class AttentionOptions:
             scale, initialised to ``1/sqrt(d)``, learned in log space) and, in self-attention, no
             token attends to itself (the diagonal is masked), which sharpens attention on
             small datasets.
+        rope: 2-D rotary position embedding of the queries and keys (:mod:`.rope`): ``"none"``,
+            ``"axial"`` (fixed frequencies, x and y halves of each head) or ``"mixed"``
+            (learnable frequencies per head). The forward then takes ``positions``.
+        rope_theta: RoPE's frequency base; default 100 (axial) or 10 (mixed), Heo et al.'s.
+        rope_axes: ``"xy"`` (the first half of the axial pairs turns with x, Heo et al.) or
+            ``"ij"`` (with y, timm's default ``grid_indexing``).
     """
 
     head_dim: int | None = None
@@ -103,10 +112,15 @@ class AttentionOptions:
     out_init_scale: float = DEFAULT_OUT_INIT_SCALE
     norm_eps: float = 1e-6
     locality: bool = False
+    rope: RopeKind = "none"
+    rope_theta: float | None = None
+    rope_axes: RopeAxes = "xy"
 
     def __post_init__(self) -> None:
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}.")
+        if self.rope not in ROPE_KINDS:
+            raise ValueError(f"rope must be one of {ROPE_KINDS}, got {self.rope!r}.")
         if not 0.0 <= self.attn_drop < 1.0 or not 0.0 <= self.proj_drop < 1.0:
             raise ValueError(
                 f"dropout rates must lie in [0, 1), got attn_drop={self.attn_drop}, proj_drop={self.proj_drop}."
@@ -166,6 +180,11 @@ class MultiHeadSelfAttention(nn.Module):
         self.out_init_scale = options.out_init_scale
         self.locality = options.locality
         self.log_scale = nn.Parameter(torch.empty((), **factory)) if options.locality else None
+        self.rope = (
+            Rope2d(head_dim, num_heads, options.rope, options.rope_theta, axes=options.rope_axes, **factory)
+            if options.rope != "none"
+            else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -187,6 +206,22 @@ class MultiHeadSelfAttention(nn.Module):
     def extra_repr(self) -> str:
         locality = ", locality=True" if self.locality else ""
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}{locality}"
+
+    def _rotate(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None, context_positions: torch.Tensor | None,
+        cross: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q`` rotated by ``positions`` and ``k`` by ``context_positions`` (cross-attention) or
+        ``positions``; unchanged without RoPE."""
+        if self.rope is None:
+            if positions is not None or context_positions is not None:
+                raise ValueError("positions were given, but this attention has no RoPE (rope='none').")
+            return q, k
+        key_positions = context_positions if cross else positions
+        if positions is None or key_positions is None:
+            needed = "positions and context_positions" if cross else "positions"
+            raise ValueError(f"rope={self.rope.kind!r} rotates queries and keys by position: pass {needed} [n, 2].")
+        return rotate_tokens(q, self.rope(positions)), rotate_tokens(k, self.rope(key_positions))
 
     def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """Queries from ``x``, keys and values from ``context`` (or ``x``); each ``[B, H, n, d]``."""
@@ -218,10 +253,13 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+        context_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[B, N, D] -> [B, N, D]``: attend from ``x`` to ``context`` (default ``x`` itself);
         the arguments are :meth:`forward_with_attention`'s."""
-        return self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, False)[0]
+        rope = (positions, context_positions)
+        return self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, rope, False)[0]
 
     def forward_with_attention(
         self,
@@ -233,6 +271,8 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+        context_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``x`` to ``context`` (default: to ``x`` itself).
 
@@ -245,13 +285,19 @@ class MultiHeadSelfAttention(nn.Module):
             head_mask: gates ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
             kv_cache: self-attention only; this call's keys and values are appended to it and
                 the queries attend to all cached positions.
+            positions: with RoPE, the ``(x, y)`` positions ``[n, 2]`` (or ``[B, n, 2]``) of the
+                last ``n`` tokens of ``x``, which are rotated; the ``N - n`` tokens before them
+                (class token, registers) are not. Self-attention rotates the keys alike.
+            context_positions: with RoPE and ``context``, the positions of the last tokens of
+                ``context``, by which the keys are rotated.
 
         Returns:
             The output ``[B, N, D]`` and the post-softmax weights ``[B, H, N, M]`` (before
             attention dropout, part of the autograd graph). A query with no allowed key gets
             zero output and zero weights.
         """
-        out, weights = self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, True)
+        rope = (positions, context_positions)
+        out, weights = self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, rope, True)
         assert weights is not None  # asked for: the explicit kernel ran
         return out, weights
 
@@ -264,6 +310,7 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool,
         head_mask: torch.Tensor | None,
         kv_cache: KVCache | None,
+        rope: tuple[torch.Tensor | None, torch.Tensor | None],
         return_attention: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The output and, when ``return_attention``, the weights (else ``None``)."""
@@ -280,6 +327,7 @@ class MultiHeadSelfAttention(nn.Module):
 
         q, k, v = self._project(x, context)
         q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self._rotate(q, k, *rope, cross=context is not None)  # before caching: the cache holds rotated keys
         if kv_cache is not None:
             k, v = kv_cache.extend(k, v)
         shape = (batch, self.num_heads, num_queries, k.shape[-2])
@@ -347,3 +395,5 @@ class MultiHeadSelfAttention(nn.Module):
         new_proj.weight.copy_(proj_w.reshape(width, -1))
         new_proj.bias.copy_(self.proj.bias)
         self.qkv, self.proj, self.num_heads = new_qkv, new_proj, len(keep)
+        if self.rope is not None:
+            self.rope.select_heads(index)

@@ -95,16 +95,18 @@ class EncoderBlock(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         head_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[B, N, D] -> [B, N, D]``.
 
         ``attn_mask`` (True = may attend), ``key_padding_mask`` (``[B, N]``, True = padding),
-        ``is_causal`` and ``head_mask`` (gates ``[H]`` or ``[B, H]``) go to the attention, as in
+        ``is_causal``, ``head_mask`` (gates ``[H]`` or ``[B, H]``) and ``positions`` (RoPE: the
+        ``(x, y)`` of the last ``n`` tokens, ``[n, 2]``) go to the attention, as in
         :meth:`MultiHeadSelfAttention.forward`. A padded token is never attended to, so its values
         do not change the other tokens' outputs (its own output depends on them: ignore it).
         """
         masks = {"attn_mask": attn_mask, "key_padding_mask": key_padding_mask, "is_causal": is_causal}
-        return self._residuals(x, self.attn(self.norm1(x), head_mask=head_mask, **masks))
+        return self._residuals(x, self.attn(self.norm1(x), head_mask=head_mask, positions=positions, **masks))
 
     def forward_with_attention(self, x: torch.Tensor, **masks: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` (same keyword arguments) that also returns the attention's post-softmax

@@ -9,6 +9,7 @@ from typing import Literal
 
 from ..layers.attention import AttentionOptions
 from ..layers.attention_kernels import AttnImpl
+from ..layers.rope import RopeAxes, RopeKind
 from ..schema import Config, FieldError, bounds
 from .init import InitScheme
 
@@ -43,6 +44,9 @@ class ViTConfig(Config):
     ``shifted_patches`` and ``locality_attention`` are Lee et al. 2021's small-dataset techniques
     (Shifted Patch Tokenization, Locality Self-Attention; arXiv:2112.13492); timm has no equal, so
     such models do not convert to timm.
+    ``pos_embed`` is the absolute position embedding (``learn``, fixed ``sincos`` or ``none``) and
+    ``rope`` the rotary one of every attention (:mod:`vitkit.layers.rope`: ``axial`` or ``mixed``,
+    base ``rope_theta``); they combine, as timm's ``*_rope_mixed_ape_*`` models do.
     ``init`` names the weight initialisation scheme (:mod:`vitkit.models.init`): ``'vitkit'``
     (Xavier-uniform, scaled-down ``W_o``), ``'timm'`` or ``'jax'``.
     Each field's allowed range is in its metadata (``MAX_*`` above); :meth:`validate` adds the
@@ -63,7 +67,10 @@ class ViTConfig(Config):
     qk_norm: bool = False
     class_token: bool = True
     global_pool: Literal["token", "avg"] = "token"
-    pos_embed: Literal["learn", "sincos"] = "learn"
+    pos_embed: Literal["learn", "sincos", "none"] = "learn"
+    rope: RopeKind = "none"
+    rope_theta: float | None = field(default=None, metadata=bounds(gt=0))
+    rope_axes: RopeAxes = "xy"
     dynamic_img_size: bool = False
     init_values: float | None = None
     drop_rate: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
@@ -95,6 +102,12 @@ class ViTConfig(Config):
             raise ValueError(
                 f"img_size {list(self.img_size)} at patch_size {list(self.patch_size)} gives {tokens:,} patches, "
                 f"more than the limit of {MAX_TOKENS:,}; use a larger patch_size or a smaller img_size."
+            )
+        if self.rope != "none" and self.resolved_head_dim() % 4 != 0:
+            raise FieldError(
+                "rope",
+                f"needs head_dim divisible by 4 (2-D RoPE turns a quarter of each head's channels per axis and "
+                f"component), got head_dim {self.resolved_head_dim()}; change embed_dim, num_heads or head_dim.",
             )
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")

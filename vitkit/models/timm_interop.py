@@ -3,7 +3,8 @@
 The only layout difference is the patch projection: timm's ``Conv2d`` weight ``[D, C, p1, p2]``
 is vitkit's ``Linear`` weight ``[D, p1*p2*C]`` over ``(p1 p2 c)``-ordered patches, i.e. the conv
 weight permuted to ``[D, p1, p2, C]`` and flattened. Every other key is shared, the class token's
-position embedding included (timm's ``no_embed_class=False`` layout).
+position embedding included (timm's ``no_embed_class=False`` layout). timm's RoPE ViTs are its
+``Eva`` class, whose own key map is in :mod:`.timm_eva`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UnsupportedModelError
 from .config import ViTConfig
 from .registry import MODEL_CONFIGS
+from .timm_eva import eva_config_and_state, eva_state_dict, eva_twin, is_eva, is_eva_state_dict
 from .vision_transformer import VisionTransformer
 
 PATCH_WEIGHT = "patch_embed.proj.weight"
@@ -99,7 +102,8 @@ def _non_square_grid(tokens: int, patch: tuple[int, int], img_size: Any) -> tupl
 
 
 def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = None, **overrides: Any) -> VisionTransformer:
-    """A vitkit model with the weights of a timm ``VisionTransformer`` (instance or state dict).
+    """A vitkit model with the weights of a timm ``VisionTransformer`` (instance or state dict) or
+    of a timm ``Eva`` RoPE ViT (instance; :mod:`.timm_eva` lists what converts).
 
     Args:
         source: a timm model, or its ``state_dict()`` (e.g. loaded with
@@ -111,10 +115,17 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
             initialised classifier (fine-tuning), as ``timm.create_model(pretrained=True,
             num_classes=...)`` does.
     """
-    if isinstance(source, nn.Module):
+    if isinstance(source, nn.Module) and is_eva(source):
+        values, state = eva_config_and_state(source)
+    elif isinstance(source, nn.Module):
         values, state = _config_from_timm_model(source), source.state_dict()
     else:
         state = dict(source)
+        if is_eva_state_dict(state):
+            raise UnsupportedModelError(
+                "this state dict is a timm Eva (RoPE ViT) checkpoint, whose RoPE form its weights do not record; "
+                "build the timm model (timm.create_model(name), then load_state_dict) and pass the model to from_timm."
+            )
         values = _config_from_state_dict(state, name, overrides.get("img_size"))
         if "num_heads" not in values and "num_heads" not in overrides:
             raise ValueError(
@@ -159,9 +170,9 @@ def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
     p1, p2 = model.config.patch_size
     weight = state[PATCH_WEIGHT]
     state[PATCH_WEIGHT] = weight.reshape(weight.shape[0], p1, p2, model.config.in_chans).permute(0, 3, 1, 2).contiguous()
-    if "pos_embed" not in state:  # fixed sin-cos table: timm stores it as a (frozen) parameter
+    if "pos_embed" not in state and model.pos_embed is not None:  # fixed sin-cos table: timm stores it as a (frozen) parameter
         state["pos_embed"] = model.pos_embed.detach().clone()
-    return state
+    return eva_state_dict(state, model.config) if model.config.rope != "none" else state
 
 
 def timm_twin(config: ViTConfig) -> nn.Module:
@@ -175,6 +186,8 @@ def timm_twin(config: ViTConfig) -> nn.Module:
     heads = config.heads_per_layer()
     if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim:
         raise ValueError(f"timm's VisionTransformer needs one head count dividing embed_dim; this model has {heads}.")
+    if config.rope != "none":
+        return eva_twin(config)
     return TimmViT(
         img_size=config.img_size,
         patch_size=config.patch_size,
@@ -189,6 +202,7 @@ def timm_twin(config: ViTConfig) -> nn.Module:
         qk_norm=config.qk_norm,
         init_values=config.init_values,
         class_token=config.class_token,
+        pos_embed="none" if config.pos_embed == "none" else "learn",
         dynamic_img_size=config.dynamic_img_size,
         drop_rate=config.drop_rate,
         proj_drop_rate=config.proj_drop_rate,
@@ -198,8 +212,8 @@ def timm_twin(config: ViTConfig) -> nn.Module:
 
 
 def to_timm(model: VisionTransformer) -> nn.Module:
-    """A timm ``VisionTransformer`` with the same hyper-parameters and weights as ``model``
-    (for side-by-side comparisons and for handing a trained model to timm-based code)."""
+    """A timm ``VisionTransformer`` (an ``Eva`` for RoPE models) with the same hyper-parameters and
+    weights as ``model`` (for side-by-side comparisons and for handing a trained model to timm-based code)."""
     twin = timm_twin(model.config)
     twin.load_state_dict(to_timm_state_dict(model))
     return twin

@@ -1,7 +1,7 @@
 """Vision Transformer (Dosovitskiy et al. 2021, https://arxiv.org/abs/2010.11929).
 
-Composes the blocks of :mod:`vitkit.layers`: patch embedding, class token, position embedding,
-a stack of pre-norm encoder blocks with a linear stochastic-depth ramp, final norm, pooling and a
+Composes the blocks of :mod:`vitkit.layers`: patch embedding, class token, position embedding
+(absolute, rotary or both), a stack of pre-norm encoder blocks with a linear stochastic-depth ramp, final norm, pooling and a
 linear head. State-dict keys follow timm's ``VisionTransformer`` except the patch projection,
 which is a ``Linear`` over ``(p1 p2 c)``-ordered patches (see :mod:`.timm_interop`).
 """
@@ -17,7 +17,7 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import EncoderBlock, PatchEmbed, resample_pos_embed, sincos_2d_pos_embed
+from ..layers import EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
 from .config import ViTConfig
 from .init import init_parts
@@ -103,6 +103,8 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
         if config.pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, config.num_tokens, dim, **factory))
+        elif config.pos_embed == "none":  # positions come from RoPE alone (or not at all)
+            self.pos_embed = None
         else:
             table = self._sincos(config.grid_size, device=device, dtype=dtype or torch.get_default_dtype())
             self.register_buffer("pos_embed", table, persistent=False)
@@ -142,7 +144,7 @@ class VisionTransformer(nn.Module):
         """
         reset_submodules(self)
         self._init_weights()
-        if not isinstance(self.pos_embed, nn.Parameter):
+        if self.config.pos_embed == "sincos":
             self.pos_embed.copy_(self._sincos(self.config.grid_size))
 
     def _sincos(
@@ -173,8 +175,10 @@ class VisionTransformer(nn.Module):
         init_parts(self, self.config.init, ["head"])
 
     def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not be weight-decayed (besides norms and biases)."""
-        return {"pos_embed", "cls_token"}
+        """Parameter names that should not be weight-decayed (besides norms and biases): the
+        embeddings and the mixed-RoPE frequencies, as timm."""
+        rope = {name for name, _ in self.named_parameters() if name.endswith(".rope.freqs")}
+        return {"pos_embed", "cls_token"} | rope
 
     def heads_per_layer(self) -> list[int]:
         """Current head count of each block."""
@@ -193,7 +197,7 @@ class VisionTransformer(nn.Module):
         self.load_state_dict(state)
 
     # ------------------------------------------------------------------------------- forward
-    def _position_embedding(self, grid: tuple[int, int]) -> torch.Tensor:
+    def _position_embedding(self, grid: tuple[int, int]) -> torch.Tensor | None:
         if tuple(grid) == self.config.grid_size:
             return self.pos_embed
         if not self.config.dynamic_img_size:
@@ -204,6 +208,8 @@ class VisionTransformer(nn.Module):
                 f"{expected[0]}x{expected[1]}; resize the input, build the model with that img_size "
                 "(weights are resampled on load), or set dynamic_img_size=True."
             )
+        if self.pos_embed is None:
+            return None
         if self.config.pos_embed == "sincos":
             return self._sincos(grid).to(self.pos_embed)
         return resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.num_prefix_tokens)
@@ -214,7 +220,15 @@ class VisionTransformer(nn.Module):
         grid = self.patch_embed.grid_size(images.shape[2], images.shape[3])
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
-        return self.pos_drop(tokens + self._position_embedding(grid))
+        pos_embed = self._position_embedding(grid)
+        return self.pos_drop(tokens if pos_embed is None else tokens + pos_embed)
+
+    def rope_positions(self, images: torch.Tensor) -> torch.Tensor | None:
+        """``(x, y)`` of the patch tokens of ``images`` ``[B, C, H, W]``, ``[gh*gw, 2]``, which every
+        block's RoPE rotates by (the prefix tokens are not rotated); ``None`` without RoPE."""
+        if self.config.rope == "none":
+            return None
+        return patch_coords(self.patch_embed.grid_size(images.shape[2], images.shape[3]), device=images.device)
 
     def _layer_head_masks(self, head_mask: HeadMask) -> list[torch.Tensor | None]:
         if head_mask is None:
@@ -224,12 +238,18 @@ class VisionTransformer(nn.Module):
         return list(head_mask)
 
     def _run_block(
-        self, block: nn.Module, x: torch.Tensor, gates: torch.Tensor | None, return_attention: bool
+        self,
+        block: nn.Module,
+        x: torch.Tensor,
+        gates: torch.Tensor | None,
+        return_attention: bool,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One block on ``x`` (checkpointed when enabled); its weights only when asked for, so the
-        fused kernel runs otherwise."""
+        fused kernel runs otherwise. ``positions``: RoPE's patch coordinates (:meth:`rope_positions`)."""
         run = block.forward_with_attention if return_attention else block
-        out = checkpoint(run, x, use_reentrant=False, head_mask=gates) if self._checkpointing() else run(x, head_mask=gates)
+        kwargs = {"head_mask": gates, "positions": positions}
+        out = checkpoint(run, x, use_reentrant=False, **kwargs) if self._checkpointing() else run(x, **kwargs)
         return out if return_attention else (out, None)
 
     def _checkpointing(self) -> bool:
@@ -273,12 +293,13 @@ class VisionTransformer(nn.Module):
         last = take[-1] if take else -1
         tokens = self._embed_checked(x)
         grid = self.patch_embed.grid_size(x.shape[2], x.shape[3])
+        positions = self.rope_positions(x)
         kept: list[torch.Tensor] = []
         attentions: list[torch.Tensor] = []
         gates = self._layer_head_masks(head_mask)
         for index, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
             wanted = index in take
-            tokens, weights = self._run_block(block, tokens, gates[index], return_attention and wanted)
+            tokens, weights = self._run_block(block, tokens, gates[index], return_attention and wanted, positions)
             if wanted:
                 kept.append(self.norm(tokens) if norm else tokens)
                 if weights is not None:
@@ -310,8 +331,9 @@ class VisionTransformer(nn.Module):
                 tensor works when all layers have ``H`` heads).
         """
         x = self._embed_checked(images)
+        positions = self.rope_positions(images)
         for block, gates in zip(self.blocks, self._layer_head_masks(head_mask)):
-            x = self._run_block(block, x, gates, False)[0]
+            x = self._run_block(block, x, gates, False, positions)[0]
         return self.norm(x)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
