@@ -47,6 +47,7 @@ from vitkit.explain.cli import (
     output_clashes,
 )
 from vitkit.explain.render import attention_figure
+from vitkit.output_dirs import claim_output_dir
 from vitkit.train.evaluate import data_config_for
 
 
@@ -180,7 +181,7 @@ def _main(argv: list[str] | None) -> int:
     clashes = output_clashes(out, args.images, paths, [*figures, *(s.figure for s in samples)])
     if clashes:
         raise UsageError(f"{'; '.join(clashes)}.")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "attention_maps")
     note = ConversionNote(info)
     failed: list[str] = []
     written = 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from torch.utils.data import DataLoader
 
@@ -26,6 +25,7 @@ from vitkit.errors import cli_errors, positive_int
 from vitkit.explain import HeadThresholds, head_warnings, model_head_stats
 from vitkit.explain.cli import add_model_arguments, load_explained_model
 from vitkit.explain.render import head_grid_figure
+from vitkit.output_dirs import claim_output_dir
 from vitkit.prune.report import write_csv
 from vitkit.train.evaluate import data_config_for
 
@@ -63,8 +63,7 @@ def _main(argv: list[str] | None) -> int:
     thresholds = HeadThresholds(args.uniform_entropy, args.self_attention, args.cls_sink, args.collapse_similarity)
     warnings = head_warnings(stats, thresholds)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_output_dir(args.out, "attention_report")
     rows = stats.rows()
     write_csv(out / "head_stats.csv", rows)
     best, _ = stats.most_similar()

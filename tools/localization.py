@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
@@ -27,6 +26,7 @@ from vitkit.data import build_datasets
 from vitkit.errors import UsageError, cli_errors, positive_int
 from vitkit.explain import HEAD_FUSIONS, evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
+from vitkit.output_dirs import claim_output_dir
 from vitkit.prune.report import markdown_table, write_csv
 from vitkit.train import load_for_inference, train
 from vitkit.train.evaluate import data_config_for
@@ -88,8 +88,7 @@ def _main(argv: list[str] | None) -> int:
     print(f"{len(scores.pointing)} test images of {extra.get('dataset')!r}, model {checkpoint}, explaining the "
           f"{args.explain} class, pointing tolerance {tolerance:g} px\n\n{table}", end="")
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = claim_output_dir(args.out, "localization")
         write_csv(out / "localization.csv", rows)
         (out / "localization.md").write_text(table)
     return 0

@@ -37,6 +37,7 @@ import torch
 from vitkit import save_model
 from vitkit.errors import cli_errors, positive_int
 from vitkit.models import count_parameters, vit_flops
+from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import (
     entropy_scorer,
     importance_scorer,
@@ -74,6 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
+    out = claim_output_dir(args.out, "prune_heads")
     model, extra = load_for_inference(args.checkpoint)
     splits = eval_loaders(data_config_for(extra, args.data), args.batch_size)
     train, val, info = splits.train, splits.val, splits.info
@@ -92,7 +94,6 @@ def run(args: argparse.Namespace) -> dict:
     entropy = entropy_scorer(train, highest_first=args.entropy_order == "high", max_batches=args.max_batches)
     curves[f"entropy ({args.entropy_order}est first)"] = [iterative_pruning(model, train, scorer=entropy, **common)]
 
-    out = Path(args.out)
     rows = [row for label, runs in curves.items() for seed, records in enumerate(runs)
             for row in curve_rows(label, seed if label == "random" else None, records)]
     write_csv(out / "curves.csv", rows)
