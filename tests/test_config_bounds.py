@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vitkit import ViTConfig, load_model
+from vitkit import VisionTransformer, ViTConfig, load_model
 from vitkit.data import DataConfig
 from vitkit.data.config import CROP_MODES, DATASET_DEFAULTS, DATASET_NAMES, SHAPES_STYLES, CropMode, ShapesStyle
 from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError, read_model_file
@@ -30,10 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = model_config("vit_cifar_tiny", embed_dim=16, depth=2, num_heads=2).to_dict()
 
 
-def write_model_file(path: Path, config: Any, extra: Any = None, *, raw: dict[str, str] | None = None) -> Path:
-    """A safetensors file whose vitkit metadata holds ``config`` and ``extra`` (or ``raw`` strings)."""
+def write_model_file(
+    path: Path,
+    config: Any,
+    extra: Any = None,
+    *,
+    raw: dict[str, str] | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """A safetensors file whose vitkit metadata holds ``config`` and ``extra`` (or ``raw`` strings),
+    with ``tensors`` (default: one placeholder, for files refused on their metadata)."""
     metadata = {FORMAT_KEY: "1", CONFIG_KEY: json.dumps(config), EXTRA_KEY: json.dumps(extra or {}), **(raw or {})}
-    save_file({"w": torch.zeros(1)}, str(path), metadata=metadata)
+    save_file(tensors or {"w": torch.zeros(1)}, str(path), metadata=metadata)
     return path
 
 
@@ -163,7 +171,8 @@ def test_bad_json_in_model_metadata_names_the_file(tmp_path: Path, key: str) -> 
 
 
 def test_model_files_written_with_the_old_extra_field_still_load(tmp_path: Path) -> None:
-    path = write_model_file(tmp_path / "old.safetensors", {**TINY, "extra": {}})
+    weights = VisionTransformer(ViTConfig.from_dict(TINY)).state_dict()
+    path = write_model_file(tmp_path / "old.safetensors", {**TINY, "extra": {}}, tensors=weights)
     assert read_model_file(path)[0] == ViTConfig.from_dict(TINY)
 
 

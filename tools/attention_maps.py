@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.data import DataInfo, ImageReadError, build_datasets, build_eval_transform, load_image
+from vitkit.data import DataInfo, ImageReadError, build_eval_transform, load_image
 from vitkit.data.images import convert_channels
 from vitkit.errors import UsageError, cli_errors, positive_int
 from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture
@@ -48,7 +48,7 @@ from vitkit.explain.cli import (
 )
 from vitkit.explain.render import attention_figure
 from vitkit.output_dirs import claim_output_dir
-from vitkit.train.evaluate import data_config_for
+from vitkit.train.evaluate import datasets_for
 
 
 class Sample(NamedTuple):
@@ -128,9 +128,9 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         attention_figure(picture, panels, heads, args.layer % num_layers, num_layers, title, sample.figure)
 
 
-def test_samples(extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
+def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
     """The first ``count`` preprocessed test images of the model's dataset, figures named after their label."""
-    test_set = build_datasets(data_config_for(extra)).test
+    test_set = datasets_for(model, extra).test
     samples = []
     for index in range(min(count, len(test_set))):
         image, label = test_set[index]
@@ -176,7 +176,7 @@ def _main(argv: list[str] | None) -> int:
     start = time.perf_counter()
     samples: list[Sample] = []
     if args.test_images:
-        samples = test_samples(extra, info, args.test_images, out)
+        samples = test_samples(model, extra, info, args.test_images, out)
     figures = [out / name for name in figure_names(paths, {s.figure.relative_to(out) for s in samples})]
     clashes = output_clashes(out, args.images, paths, [*figures, *(s.figure for s in samples)])
     if clashes:

@@ -20,14 +20,13 @@ import sys
 
 from torch.utils.data import DataLoader
 
-from vitkit.data import build_datasets
 from vitkit.errors import cli_errors, positive_int
 from vitkit.explain import HeadThresholds, head_warnings, model_head_stats
 from vitkit.explain.cli import add_model_arguments, load_explained_model
 from vitkit.explain.render import head_grid_figure
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune.report import write_csv
-from vitkit.train.evaluate import data_config_for
+from vitkit.train.evaluate import datasets_for
 
 DEFAULTS = HeadThresholds()
 
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
-    dataset = getattr(build_datasets(data_config_for(extra, args.data)), args.split)
+    dataset = getattr(datasets_for(model, extra, args.data), args.split)
     batches = (images for images, _ in DataLoader(dataset, batch_size=args.batch_size))
     stats = model_head_stats(model, batches, max_images=args.num_images)
     thresholds = HeadThresholds(args.uniform_entropy, args.self_attention, args.cls_sink, args.collapse_similarity)

@@ -22,14 +22,13 @@ import sys
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.data import build_datasets
 from vitkit.errors import UsageError, cli_errors, positive_int
 from vitkit.explain import HEAD_FUSIONS, evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune.report import markdown_table, write_csv
 from vitkit.train import load_for_inference, train
-from vitkit.train.evaluate import data_config_for
+from vitkit.train.evaluate import datasets_for
 
 METHODS = ("rollout", "grad_rollout", "chefer")
 
@@ -62,7 +61,7 @@ def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     checkpoint = args.checkpoint or train(args.recipe, args.overrides).run_dir / "model.safetensors"
     model, extra = load_for_inference(checkpoint)
-    dataset = build_datasets(data_config_for(extra, args.data)).test
+    dataset = datasets_for(model, extra, args.data).test
     boxes = getattr(dataset, "boxes", None)
     if boxes is None:
         dataset_name = extra.get("dataset")

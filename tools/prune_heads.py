@@ -51,7 +51,7 @@ from vitkit.prune.evaluate import eval_loaders, evaluate_accuracy
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
 from vitkit.train import load_for_inference
 from vitkit.train.artifacts import write_json
-from vitkit.train.evaluate import data_config_for
+from vitkit.train.evaluate import check_model_fits, data_config_for
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,8 +77,9 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.num_threads)
     out = claim_output_dir(args.out, "prune_heads")
     model, extra = load_for_inference(args.checkpoint)
-    splits = eval_loaders(data_config_for(extra, args.data), args.batch_size)
+    splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
     train, val, info = splits.train, splits.val, splits.info
+    check_model_fits(model, info)
     if splits.test is None:
         print(f"note: {info.name!r} has no held-out test split; test accuracy is not reported (null), "
               "since the validation split already chose the pruning depth.", file=sys.stderr)

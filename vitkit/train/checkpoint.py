@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
-from ..io import atomic_write, read_model_file
+from ..io import atomic_write, check_extra, check_tensor_shapes, read_model_file
 from ..models import VisionTransformer, ViTConfig
 from .module import EMA_PREFIX, MODEL_PREFIX, ViTClassifier, non_finite_tensors
 from .optim import build_optimizer
@@ -227,11 +227,18 @@ def load_for_inference(path: str | os.PathLike) -> tuple[VisionTransformer, dict
 
 
 def _read_training_checkpoint(path: Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Config, weights (EMA when kept) and ``extra`` of a training checkpoint, validated as a model
+    file's are (:func:`~vitkit.io.check_extra`, :func:`~vitkit.io.check_tensor_shapes`)."""
     checkpoint = load_checkpoint(path)
-    hparams = checkpoint.get("hyper_parameters", {})
-    if "vit_config" not in hparams or "state_dict" not in checkpoint:
+    hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    weights = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(hparams, dict) or not isinstance(hparams.get("vit_config"), dict) or not isinstance(weights, dict):
         raise CheckpointError(f"{path} is not a vitkit training checkpoint (no model config in its hyper-parameters).")
-    weights = checkpoint["state_dict"]
-    prefix = EMA_PREFIX if any(key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
-    state = {key[len(prefix):]: value for key, value in weights.items() if key.startswith(prefix)}
-    return ViTConfig.from_dict(hparams["vit_config"]), state, dict(hparams.get("extra", {}))
+    source = f"the hyper-parameters of checkpoint {path}"
+    config = ViTConfig.from_dict(hparams["vit_config"], source=source, error=CheckpointError)
+    extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)
+    prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
+    state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
+    shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
+    check_tensor_shapes(config, shapes, f"checkpoint {path}", CheckpointError)
+    return config, state, extra
