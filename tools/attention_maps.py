@@ -35,7 +35,7 @@ import torch
 from vitkit import VisionTransformer
 from vitkit.data import DataInfo, ImageReadError, build_eval_transform, load_image
 from vitkit.data.images import convert_channels
-from vitkit.errors import UsageError, cli_errors, positive_int
+from vitkit.errors import UsageError, cli_errors, int_at_least, positive_int
 from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture
 from vitkit.explain.cli import (
     ConversionNote,
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_model_arguments(parser)
     parser.add_argument("images", nargs="*", help="image files and/or folders")
     parser.add_argument(
-        "--test-images", type=int, default=0, metavar="N",
+        "--test-images", type=int_at_least(0), default=0, metavar="N",
         help="also explain the first N test images of the dataset the checkpoint was trained on",
     )
     parser.add_argument("--out", required=True, help="output folder for the PNGs")

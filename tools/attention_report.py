@@ -20,7 +20,7 @@ import sys
 
 from torch.utils.data import DataLoader
 
-from vitkit.errors import cli_errors, positive_int
+from vitkit.errors import UsageError, cli_errors, positive_int
 from vitkit.explain import HeadThresholds, head_warnings, model_head_stats
 from vitkit.explain.cli import add_model_arguments, load_explained_model
 from vitkit.explain.render import head_grid_figure
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights)
+    if not sum(model.heads_per_layer()):
+        raise UsageError(f"{args.checkpoint} has no attention heads left (all were pruned): there is no head to report on.")
     dataset = getattr(datasets_for(model, extra, args.data), args.split)
     batches = (images for images, _ in DataLoader(dataset, batch_size=args.batch_size))
     stats = model_head_stats(model, batches, max_images=args.num_images)

@@ -22,7 +22,7 @@ import sys
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.errors import UsageError, cli_errors, positive_int
+from vitkit.errors import UsageError, cli_errors, number_in, positive_int
 from vitkit.explain import HEAD_FUSIONS, evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
 from vitkit.output_dirs import claim_output_dir
@@ -42,11 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE", help="data option changes")
     parser.add_argument("--num-images", type=positive_int, default=500)
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
-    parser.add_argument("--discard-ratio", type=float, default=0.0)
+    parser.add_argument("--discard-ratio", type=number_in(0, 1, high_open=True), default=0.0,
+                        help="share of the lowest attention weights dropped per head, in [0, 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-weight model")
     parser.add_argument("--explain", choices=("label", "predicted"), default="label",
                         help="class the gradient methods explain (the pointing game cues the true label)")
-    parser.add_argument("--tolerance", type=float, default=None,
+    parser.add_argument("--tolerance", type=number_in(0), default=None,
                         help="pointing-game tolerance in pixels (default: TorchRay's 15 px at 224 px, scaled)")
     parser.add_argument("--out", help="folder for localization.csv / localization.md")
     return parser.parse_args(argv)

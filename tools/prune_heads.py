@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from vitkit import save_model
-from vitkit.errors import cli_errors, positive_int
+from vitkit.errors import cli_errors, number_in, positive_int
 from vitkit.models import count_parameters, vit_flops
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import (
@@ -59,8 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True, help="model.safetensors or a training .ckpt")
     parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE", help="changes to the saved data options")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--max-drop", type=float, default=1.0, help="accuracy budget in percentage points")
-    parser.add_argument("--step-fraction", type=float, default=0.1, help="share of remaining heads pruned per step")
+    parser.add_argument("--max-drop", type=number_in(0), default=1.0, help="accuracy budget in percentage points")
+    parser.add_argument("--step-fraction", type=number_in(0, 1, low_open=True), default=0.1, help="share of remaining heads pruned per step")
     parser.add_argument("--random-seeds", type=positive_int, default=5, help="random orders to average")
     parser.add_argument("--entropy-order", choices=("high", "low"), default="high", help="entropy heads pruned first")
     parser.add_argument("--batch-size", type=positive_int, default=256,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -35,7 +36,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except (RuntimeError, SafetensorError) as error:  # torch.save and safetensors wrap the OS error
+            if _disk_full(error, path.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
+            raise
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual mode
@@ -44,6 +50,22 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether a library's write ``error`` means the disk is full: its message (or a cause's) says
+    so (``os error 28``, torch's "file write failed"), or the folder's filesystem has no space left."""
+    texts = []
+    while error is not None:
+        texts.append(str(error))
+        error = error.__cause__ or error.__context__
+    if any("No space left" in text or "os error 28" in text for text in texts):
+        return True
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 1 << 20  # under 1 MiB free
 
 
 def _current_umask() -> int:

@@ -502,6 +502,8 @@ def _coerce_scalar(value: Any, hint: type) -> Any:
         if not math.isfinite(number):
             raise ValueError(value)
         return number
+    if hint is str and isinstance(value, str) and "\x00" in value:
+        raise ValueError(value)  # no file name, path or choice holds a NUL byte (the OS refuses them)
     if isinstance(value, hint):
         return value
     raise TypeError(value)

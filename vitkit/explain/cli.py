@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -21,7 +22,7 @@ from ..data import DataInfo, denormalize
 from ..data.images import describe_conversion
 from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
-from ..train import load_for_inference
+from ..train import load_checkpoint, load_for_inference
 
 
 class FigureNameError(VitkitError, ValueError):
@@ -63,12 +64,22 @@ def load_explained_model(
     if not path.is_file():
         raise FileNotFoundError(f"timm weights file {path} does not exist.")
     if path.suffix == ".safetensors":
-        state = load_file(str(path))
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError) as error:
+            raise UsageError(f"{path} is not a readable safetensors file ({error}).") from None
     else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_checkpoint(path)  # weights_only: refuses pickled code, names a truncated file
     if not isinstance(state, dict) or "patch_embed.proj.weight" not in state:
         raise UsageError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
-    model = from_timm(state, name=model_name).eval()
+    try:
+        model = from_timm(state, name=model_name).eval()
+    except (RuntimeError, ValueError, KeyError, TypeError) as error:  # load_state_dict's size mismatches
+        first = str(error).strip().splitlines()
+        raise UsageError(
+            f"{path} does not fit model {model_name!r}: {first[0] if first else type(error).__name__}; "
+            "give the weights of that architecture."
+        ) from None
     config = model.config
     info = DataInfo(
         num_classes=config.num_classes,

@@ -233,7 +233,11 @@ class RecipeConfig(Config):
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def validate(self) -> None:
-        """Mixup pairs need an even batch."""
+        """The name is one folder name (runs stay inside ``output.dir``); Mixup pairs need an even batch."""
+        if not self.name or self.name in (".", "..") or "/" in self.name or "\\" in self.name:
+            raise FieldError(
+                "name", f"must be a single folder name (the run goes to output.dir/<name>/), got {describe(self.name)}."
+            )
         if self.optim.mixes and self.trainer.batch_size % 2:
             raise ValueError(
                 f"Mixup/CutMix pairs images within a batch, so trainer.batch_size must be even, "
