@@ -5,7 +5,9 @@ number (D4, D11, ...)."""
 
 from __future__ import annotations
 
+import errno
 import gzip
+import json
 import os
 import shutil
 import signal
@@ -20,14 +22,25 @@ import pytest
 import torch
 from cifar_files import dump
 from mnist_files import fabricate_mnist, write_idx
+from PIL import Image
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+from test_explain_tools import save_tiny, tiny_shapes_model
 from test_faults import short_recipe, snapshot
 from tiny_runs import ROOT, tool_env
 
+import vitkit
+import vitkit.data.arrays as arrays_module
 from vitkit.data import CifarFileError, DataConfig, build_datasets
+from vitkit.data.arrays import ResizeMemoryError, resize_images
 from vitkit.data.cifar import read_pickle
 from vitkit.data.mnist import IMAGES_MAGIC, IdxFileError, read_idx
+from vitkit.errors import describe_os_error
+from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold
-from vitkit.train import CheckpointError, RunResult, load_checkpoint, train
+from vitkit.prune import prune_heads
+from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_for_inference, load_recipe, train
+from vitkit.train.checkpoint import AtomicCheckpointIO
 from vitkit.train.schema import RecipeError
 
 
@@ -300,3 +313,267 @@ def test_d5_a_tiny_cifar_pickle_cannot_request_gigabytes(tmp_path: Path, bomb: o
     assert path.stat().st_size < 200
     with pytest.raises(CifarFileError, match="not a valid CIFAR batch file"):
         read_pickle(path)
+
+
+# --- D6, D7, D8, D9, D10: model files and .ckpt files -------------------------------------------
+
+
+def _tiny_model() -> vitkit.VisionTransformer:
+    return vitkit.create_model("vit_cifar_tiny", patch_size=8, embed_dim=24, depth=2, num_heads=3, num_classes=6)
+
+
+def _model_file(path: Path, tensors: dict[str, torch.Tensor], config: dict, extra: dict) -> Path:
+    metadata = {FORMAT_KEY: "1", CONFIG_KEY: json.dumps(config), EXTRA_KEY: json.dumps(extra)}
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["wrong shape", "extra tensor", "missing tensor", "pos_embed length"])
+def test_d6_tensors_that_do_not_match_the_config_are_one_error(tmp_path: Path, damage: str) -> None:
+    model = _tiny_model()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if damage == "wrong shape":
+        state["head.weight"] = torch.zeros(7, 24)
+    elif damage == "extra tensor":
+        state["surprise"] = torch.zeros(1)
+    elif damage == "missing tensor":
+        del state["blocks.1.mlp.fc2.weight"]
+    else:
+        state["pos_embed"] = torch.zeros(1, 7, 24)
+    config = model.config.replace(num_heads=model.heads_per_layer()).to_dict()
+    path = _model_file(tmp_path / "m.safetensors", state, config, {})
+    with pytest.raises(ModelFileError, match="do not match its model config"):
+        vitkit.load_model(path)
+
+
+def test_d7_a_tiny_file_declaring_a_billion_weights_is_refused_before_allocation(tmp_path: Path) -> None:
+    config = {"img_size": 224, "patch_size": 16, "embed_dim": 8192, "depth": 4, "num_heads": 16, "num_classes": 1000}
+    path = _model_file(tmp_path / "m.safetensors", {"w": torch.zeros(4)}, config, {})
+    script = textwrap.dedent(f"""
+        import resource, vitkit
+        from vitkit.io import ModelFileError
+        try:
+            vitkit.load_model({str(path)!r})
+        except ModelFileError as error:
+            print("refused", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env=tool_env(), cwd=ROOT)
+    outcome, peak_mb = result.stdout.split()
+    assert outcome == "refused" and int(peak_mb) < 1500, result.stderr[-2000:]  # 3.2e9 weights = 13 GB
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"img_size": [0, 32]}, "img_size"),
+    ({"in_chans": 2}, "in_chans"),
+    ({"in_chans": 1}, "the model takes 3"),
+    ({"crop_pct": 0}, "crop_pct"),
+    ({"data_config": [1, 2]}, "data_config"),
+    ({"mean": "x"}, "mean"),
+])
+def test_d8_bad_extra_metadata_is_one_error(tmp_path: Path, extra: dict, words: str) -> None:
+    path = vitkit.save_model(_tiny_model(), tmp_path / "m.safetensors", extra=extra)
+    with pytest.raises(ModelFileError, match=words):
+        vitkit.load_model(path)
+
+
+def test_d8_d9_a_model_saved_without_extra_loads_and_tools_say_what_is_missing(tmp_path: Path, capsys,
+                                                                                load_tool) -> None:
+    path = vitkit.save_model(_tiny_model(), tmp_path / "m.safetensors")  # the README's own call
+    model, extra = load_for_inference(path)
+    assert extra == {} and model.num_classes == 6
+    assert load_tool("evaluate").main([str(path)]) == 1
+    assert "names no dataset" in _one_error_line(capsys.readouterr().err)
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (32, 32)).save(images / "a.png")
+    assert load_tool("attention_maps").main(["--checkpoint", str(path), str(images), "--out", str(tmp_path / "o")]) == 2
+    assert "lacks mean, std" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("damage", ["not a dict", "bad extra", "wrong shape", "class_names length"])
+def test_d10_a_damaged_training_checkpoint_is_one_error(finished: RunResult, tmp_path: Path, damage: str) -> None:
+    checkpoint = load_checkpoint(finished.run_dir / "checkpoints" / "last.ckpt")
+    if damage == "not a dict":
+        checkpoint = [1, 2, 3]
+    elif damage == "bad extra":
+        checkpoint["hyper_parameters"]["extra"] = ["not", "a", "dict"]
+    elif damage == "wrong shape":
+        name = next(key for key in checkpoint["state_dict"] if key.endswith("head.bias"))
+        checkpoint["state_dict"][name] = torch.zeros(99)
+    else:
+        checkpoint["hyper_parameters"]["extra"]["class_names"] = ["only one"]
+    torch.save(checkpoint, tmp_path / "x.ckpt")
+    with pytest.raises(CheckpointError):
+        load_for_inference(tmp_path / "x.ckpt")
+
+
+# --- D12: huge integers --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_d12_huge_integers_are_out_of_range_not_an_overflow(tmp_path: Path, digits: int) -> None:
+    huge = "9" * digits
+    with pytest.raises(RecipeError):
+        load_recipe(short_recipe(tmp_path), [f"model.depth={huge}"])
+    with pytest.raises(RecipeError):
+        load_recipe(short_recipe(tmp_path), [f"optim.lr={huge}"])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"trainer:\n  max_epochs: {huge}\n")
+    with pytest.raises(RecipeError):
+        load_recipe(recipe)
+    path = _model_file(tmp_path / "m.safetensors", {"w": torch.zeros(1)}, {}, {})
+    metadata = {FORMAT_KEY: "1", CONFIG_KEY: f'{{"depth": {huge}}}', EXTRA_KEY: "{}"}
+    save_file({"w": torch.zeros(1)}, str(path), metadata=metadata)
+    with pytest.raises(ModelFileError):
+        vitkit.load_model(path)
+
+
+# --- D14: resizing a whole split at once --------------------------------------------------------
+
+
+def test_d14_resizing_works_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    images = np.random.default_rng(0).integers(0, 256, (10, 5, 6, 1), dtype=np.uint8)
+    whole = resize_images(images, (9, 11))
+    chunks = []
+    real = torch.nn.functional.interpolate
+    monkeypatch.setattr(arrays_module, "RESIZE_CHUNK_BYTES", 4 * 9 * 11 * 3)  # 3 images a chunk
+    monkeypatch.setattr(arrays_module.F, "interpolate", lambda x, **kw: chunks.append(len(x)) or real(x, **kw))
+    np.testing.assert_array_equal(resize_images(images, (9, 11)), whole)
+    assert chunks == [3, 3, 3, 1]
+
+
+def test_d14_a_split_that_would_not_fit_in_memory_is_refused_before_allocating() -> None:
+    images = np.zeros((60000, 1, 1, 1), dtype=np.uint8)  # Fashion-MNIST's count, at 4096 px: 1 TB
+    with pytest.raises(ResizeMemoryError, match="choose a smaller data.img_size"):
+        resize_images(images, (4096, 4096))
+
+
+# --- D15, minor: recipe values no path can hold -------------------------------------------------
+
+
+@pytest.mark.parametrize("override", ["output.dir=runs\x00x", "name=../../x", "name=a/b"])
+def test_d15_nul_bytes_and_paths_as_names_are_refused(tmp_path: Path, override: str) -> None:
+    with pytest.raises(RecipeError):
+        load_recipe(short_recipe(tmp_path), [override])
+
+
+# --- D17: a full disk, whatever the library raises ----------------------------------------------
+
+
+@pytest.mark.parametrize("library", ["torch", "safetensors"])
+def test_d17_a_full_disk_is_named_whatever_the_library_raises(tmp_path: Path, monkeypatch, library: str) -> None:
+    if library == "torch":
+        def fail(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing "
+                               "file data/0: file write failed")
+        monkeypatch.setattr("vitkit.train.checkpoint.torch.save", fail)
+        monkeypatch.setattr("vitkit.io._disk_full", lambda error, folder: "file write failed" in str(error))
+        write = lambda: AtomicCheckpointIO().save_checkpoint({"x": torch.zeros(1)}, tmp_path / "last.ckpt")  # noqa: E731
+    else:
+        def fail(*args: object, **kwargs: object) -> None:
+            raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                  "message: \"No space left on device\" })")
+        monkeypatch.setattr("vitkit.io.save_file", fail)
+        write = lambda: vitkit.save_model(_tiny_model(), tmp_path / "m.safetensors")  # noqa: E731
+    with pytest.raises(OSError) as raised:
+        write()
+    assert raised.value.errno == errno.ENOSPC and "no space left" in describe_os_error(raised.value)
+    assert not list(tmp_path.iterdir())
+
+
+# --- D20: bad --timm-weights files --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["corrupt", "pickled", "truncated", "wrong shape"])
+def test_d20_a_bad_timm_weights_file_is_one_error_exit_2(tmp_path: Path, capsys, load_tool, content: str) -> None:
+    path = tmp_path / ("w.safetensors" if content == "corrupt" else "w.pth")
+    if content == "corrupt":
+        path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    elif content == "pickled":
+        torch.save({"patch_embed.proj.weight": torch.zeros(1), "x": Path("evil")}, path)
+    elif content == "truncated":
+        torch.save({"patch_embed.proj.weight": torch.zeros(1000)}, path)
+        path.write_bytes(path.read_bytes()[:200])
+    else:
+        torch.save({"patch_embed.proj.weight": torch.zeros(3, 3, 3, 3)}, path)
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (32, 32)).save(images / "a.png")
+    code = load_tool("attention_maps").main(["--model", "vit_cifar_tiny", "--timm-weights", str(path), str(images),
+                                             "--out", str(tmp_path / "o")])
+    assert code == 2
+    _one_error_line(capsys.readouterr().err)
+
+
+# --- D21, D22, D26, D27 and the minor counts: tool arguments ------------------------------------
+
+
+@pytest.mark.parametrize("tool, arguments", [
+    ("prune_heads", ["--max-drop", "nan"]),
+    ("prune_heads", ["--max-drop", "-1"]),
+    ("prune_heads", ["--step-fraction", "0"]),
+    ("prune_heads", ["--step-fraction", "2"]),
+    ("localization", ["--discard-ratio", "5"]),
+    ("localization", ["--tolerance", "-3"]),
+    ("attention_maps", ["--test-images", "-1"]),
+    ("prune_heads", ["--num-threads", "0"]),
+    ("time_to_accuracy", ["--budget-minutes", "0"]),
+])
+def test_d21_d22_d26_out_of_range_tool_arguments_are_usage_errors(tool: str, arguments: list[str], capsys,
+                                                                   load_tool) -> None:
+    base = {"prune_heads": ["--checkpoint", "m.safetensors", "--out", "o"], "localization": ["--checkpoint", "m"],
+            "attention_maps": ["--checkpoint", "m", "x.png", "--out", "o"], "time_to_accuracy": ["r.yaml"]}[tool]
+    with pytest.raises(SystemExit) as exited:
+        load_tool(tool).main([*base, *arguments])
+    assert exited.value.code == 2
+    assert arguments[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arguments", [["--repeats", "0"], ["--models", "vit_cifar_tiny:abc"], ["--threads", "0"]])
+def test_d27_benchmark_refuses_bad_counts_and_model_specs(arguments: list[str]) -> None:
+    result = subprocess.run([sys.executable, "tools/benchmark.py", *arguments], capture_output=True, text=True,
+                            timeout=120, env=tool_env(), cwd=ROOT)
+    assert result.returncode == 2 and arguments[0] in result.stderr and "Traceback" not in result.stderr
+
+
+# --- D24: a fully pruned model ------------------------------------------------------------------
+
+
+@pytest.fixture
+def headless(tmp_path: Path) -> Path:
+    model = prune_heads(tiny_shapes_model(), {0: [0, 1, 2], 1: [0, 1, 2]})
+    assert model.heads_per_layer() == [0, 0]
+    return save_tiny(model, tmp_path / "headless.safetensors")
+
+
+def test_d24_pruning_a_model_without_heads_keeps_it_as_it_is(headless: Path, tmp_path: Path, load_tool) -> None:
+    out = tmp_path / "prune"
+    code = load_tool("prune_heads").main(["--checkpoint", str(headless), "--out", str(out), "--max-batches", "1",
+                                          "--random-seeds", "1", "--rounds", "2", "--batch-size", "8"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 0 and summary["heads"] == [0, 0] and summary["fraction_pruned"] == 0.0
+
+
+def test_d24_attention_report_on_a_model_without_heads_is_one_error(headless: Path, tmp_path: Path, capsys,
+                                                                    load_tool) -> None:
+    code = load_tool("attention_report").main(["--checkpoint", str(headless), "--out", str(tmp_path / "r")])
+    assert code == 2 and "no attention heads left" in _one_error_line(capsys.readouterr().err)
+
+
+# --- D25: data overrides that no longer fit the model -------------------------------------------
+
+
+@pytest.mark.parametrize("override, words", [
+    ("shapes_style=textured", None),
+    ("img_size=16", "16x16 images"),
+    ("in_chans=1", "1 channel"),
+])
+def test_d25_data_overrides_that_do_not_fit_the_model_are_one_error(tmp_path: Path, capsys, load_tool,
+                                                                    override: str, words: str | None) -> None:
+    path = save_tiny(tiny_shapes_model(), tmp_path / "m.safetensors")
+    code = load_tool("evaluate").main([str(path), "--data", override, "--out", str(tmp_path / "e")])
+    if words is None:
+        assert code == 0  # a change that keeps the geometry is fine
+    else:
+        assert code == 1 and words in _one_error_line(capsys.readouterr().err)
