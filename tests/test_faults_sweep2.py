@@ -40,6 +40,7 @@ from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold
 from vitkit.prune import prune_heads
 from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_for_inference, load_recipe, train
+from vitkit.train.artifacts import write_json
 from vitkit.train.checkpoint import AtomicCheckpointIO
 from vitkit.train.schema import RecipeError
 
@@ -577,3 +578,38 @@ def test_d25_data_overrides_that_do_not_fit_the_model_are_one_error(tmp_path: Pa
         assert code == 0  # a change that keeps the geometry is fine
     else:
         assert code == 1 and words in _one_error_line(capsys.readouterr().err)
+
+
+# --- minor points --------------------------------------------------------------------------------
+
+
+def test_a_key_given_twice_is_refused_in_overrides_and_yaml(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="given twice"):
+        load_recipe(short_recipe(tmp_path), ["trainer.max_epochs=2", "trainer.max_epochs=3"])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("trainer:\n  max_epochs: 2\n  max_epochs: 3\n")
+    with pytest.raises(RecipeError, match="twice"):
+        load_recipe(recipe)
+
+
+def test_a_nan_in_results_is_written_as_json_null(tmp_path: Path) -> None:
+    write_json(tmp_path / "eval.json", {"loss": float("nan"), "curve": [1.0, float("inf")]})
+    assert json.loads((tmp_path / "eval.json").read_text()) == {"loss": None, "curve": [1.0, None]}
+
+
+def test_overrides_may_follow_resume(load_tool, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+    tool = load_tool("train")
+    monkeypatch.setattr(tool, "train", lambda recipe, overrides, resume: seen.update(o=overrides, r=resume) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        tool._main(["r.yaml", "--resume", "x.ckpt", "trainer.max_epochs=3"])
+    assert seen == {"o": ["trainer.max_epochs=3"], "r": "x.ckpt"}
+
+
+def test_orphan_model_file_temporaries_are_removed_at_resume(finished: RunResult, tmp_path: Path) -> None:
+    run_dir = _copy_run(finished, tmp_path)
+    orphan = run_dir / ".model.safetensors.k3j2.tmp"
+    orphan.write_bytes(b"half a model")
+    epochs = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] + 1
+    train(short_recipe(tmp_path / "runs", max_epochs=epochs), resume=run_dir / "checkpoints" / "last.ckpt")
+    assert not orphan.exists() and (run_dir / MARKER).is_file()

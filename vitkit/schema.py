@@ -272,6 +272,10 @@ def _expanded_size(
         raise error(f"{source} holds a recursive YAML alias (a node that contains itself); remove it.")
     open_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
+        names = [key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode)]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise error(f"{source} gives key {describe(twice[0], with_type=False)} twice in one mapping; give it once.")
         children = [child for pair in node.value for child in pair]
     elif isinstance(node, yaml.SequenceNode):
         children = node.value
@@ -305,6 +309,8 @@ def parse_overrides(
             value = load_yaml(text, source=f"override {key}", error=error) if text.strip() else ""
         except yaml.YAMLError:
             value = text
+        if key in keys:
+            raise error(f"override {describe(key, with_type=False)} is given twice; give each key once.")
         *parents, leaf = key.split(".")
         node = nested
         for part in parents:

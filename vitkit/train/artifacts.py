@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -120,8 +121,20 @@ def merge_metrics(run_dir: Path) -> list[dict[str, str]]:
 
 
 def write_json(path: Path, values: dict[str, Any]) -> Path:
-    """``values`` as indented JSON, atomically."""
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(values, indent=2) + "\n"))
+    """``values`` as indented JSON, atomically; NaN and infinities (a diverged loss) become ``null``,
+    which JSON can hold."""
+    text = json.dumps(_finite(values), indent=2, allow_nan=False)
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def point_latest(run_dir: Path) -> None:

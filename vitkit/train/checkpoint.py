@@ -170,9 +170,10 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(values))
 
 
-def remove_orphan_temp_files(folder: str | os.PathLike) -> list[Path]:
-    """Delete the ``.<name>.ckpt.<random>.tmp`` files a save killed mid-write left in ``folder``."""
-    orphans = list(Path(folder).glob(ORPHAN_GLOB))
+def remove_orphan_temp_files(folder: str | os.PathLike, pattern: str = ORPHAN_GLOB) -> list[Path]:
+    """Delete the temporary files a save killed mid-write left in ``folder``: ``.<name>.ckpt.<random>.tmp``
+    (``pattern``: another glob, e.g. every ``.*.tmp`` of :func:`~vitkit.io.atomic_write`)."""
+    orphans = [path for path in Path(folder).glob(pattern) if path.is_file()]
     for orphan in orphans:
         orphan.unlink(missing_ok=True)
     return orphans

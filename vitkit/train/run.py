@@ -323,6 +323,7 @@ def _own_run_dir(run_dir: Path, adopted: bool) -> Iterator[None]:
     with hold(run_dir):
         if adopted:
             remove_orphan_temp_files(run_dir / "checkpoints")
+            remove_orphan_temp_files(run_dir, pattern=".*.tmp")  # model.safetensors, summary.json, ...
         yield
 
 
