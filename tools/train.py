@@ -32,7 +32,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("recipe", help="recipe YAML file (recipes/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.max_epochs=5")
     parser.add_argument("--resume", metavar="CKPT", help="checkpoint to continue from (e.g. .../checkpoints/last.ckpt)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow --resume CKPT
     result = train(args.recipe, args.overrides, resume=args.resume)
     print(json.dumps(result.summary, indent=2))
     print(f"run directory: {result.run_dir}")
