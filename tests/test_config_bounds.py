@@ -28,10 +28,18 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = model_config("vit_cifar_tiny", embed_dim=16, depth=2, num_heads=2).to_dict()
 
 
-def write_model_file(path: Path, config: Any, extra: Any = None, *, raw: dict[str, str] | None = None) -> Path:
-    """A safetensors file whose vitkit metadata holds ``config`` and ``extra`` (or ``raw`` strings)."""
+def write_model_file(
+    path: Path,
+    config: Any,
+    extra: Any = None,
+    *,
+    raw: dict[str, str] | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """A safetensors file whose vitkit metadata holds ``config`` and ``extra`` (or ``raw`` strings),
+    with ``tensors`` (default: one placeholder, for files refused on their metadata)."""
     metadata = {FORMAT_KEY: "1", CONFIG_KEY: json.dumps(config), EXTRA_KEY: json.dumps(extra or {}), **(raw or {})}
-    save_file({"w": torch.zeros(1)}, str(path), metadata=metadata)
+    save_file(tensors or {"w": torch.zeros(1)}, str(path), metadata=metadata)
     return path
 
 

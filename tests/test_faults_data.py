@@ -36,6 +36,7 @@ from vitkit.data import (
 from vitkit.data.images import check_image
 from vitkit.data.transforms import build_eval_transform
 from vitkit.explain.cli import FigureNameError, figure_names
+from vitkit.output_dirs import MARKER
 from vitkit.train import load_for_inference
 
 
@@ -187,7 +188,8 @@ def test_fifo_given_as_an_image_is_refused_without_waiting(tmp_path: Path) -> No
 
 
 def _listing(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    """The files and folders under ``root``, without vitkit's output-folder marker."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != MARKER)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vitkit.errors import cli_errors, positive_int
+from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import redundancy_test
 from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> list[SweepRun]:
             f"output.dir={out / 'runs'}", *args.overrides]
     # Fail on a bad recipe or head count before the first run trains.
     configs = [load_recipe(args.recipe, [*base, f"model.num_heads={heads}"]) for heads in args.heads]
+    claim_output_dir(out, "ablate_heads")
     splits = eval_loaders(configs[0].data)
     held_out = splits.test if splits.test is not None else splits.val
     runs = []

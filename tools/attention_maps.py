@@ -34,7 +34,7 @@ import torch
 
 from vitkit import VisionTransformer
 from vitkit.data import DataInfo
-from vitkit.errors import UsageError, cli_errors, positive_int
+from vitkit.errors import UsageError, cli_errors, int_at_least, positive_int
 from vitkit.explain import GRADIENT_METHODS, HEAD_FUSIONS, METHODS, capture_attention, maps_from_capture
 from vitkit.explain.cli import (
     ConversionNote,
@@ -49,6 +49,7 @@ from vitkit.explain.cli import (
     output_clashes,
 )
 from vitkit.explain.render import attention_figure
+from vitkit.output_dirs import claim_output_dir
 
 
 class Sample(NamedTuple):
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_model_arguments(parser)
     parser.add_argument("images", nargs="*", help="image files and/or folders")
     parser.add_argument(
-        "--test-images", type=int, default=0, metavar="N",
+        "--test-images", type=int_at_least(0), default=0, metavar="N",
         help="also explain the first N test images of the dataset the checkpoint was trained on",
     )
     parser.add_argument("--out", required=True, help="output folder for the PNGs")
@@ -128,11 +129,11 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         attention_figure(picture, panels, heads, args.layer % num_layers, num_layers, title, sample.figure)
 
 
-def test_samples(extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
+def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
     """The first ``count`` preprocessed test images of the model's dataset, figures named after their label."""
     return [
         Sample(loaded.name, loaded.image, loaded.label, out / f"test_{index:03d}_{file_safe(info.class_names[loaded.label])}.png")
-        for index, loaded in enumerate(load_test_images(extra, count))
+        for index, loaded in enumerate(load_test_images(model, extra, count))
     ]
 
 
@@ -164,12 +165,12 @@ def _main(argv: list[str] | None) -> int:
     start = time.perf_counter()
     samples: list[Sample] = []
     if args.test_images:
-        samples = test_samples(extra, info, args.test_images, out)
+        samples = test_samples(model, extra, info, args.test_images, out)
     figures = [out / name for name in figure_names(paths, {s.figure.relative_to(out) for s in samples})]
     clashes = output_clashes(out, args.images, paths, [*figures, *(s.figure for s in samples)])
     if clashes:
         raise UsageError(f"{'; '.join(clashes)}.")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "attention_maps")
     note = ConversionNote(info)
     failed: list[str] = []
     written = 0

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from vitkit.data import build_datasets
-from vitkit.errors import cli_errors, positive_int
+from vitkit.errors import UsageError, cli_errors, positive_int
 from vitkit.explain import HeadThresholds, head_warnings, model_head_stats
 from vitkit.explain.cli import add_model_arguments, load_model_from_arguments
 from vitkit.explain.render import head_grid_figure
+from vitkit.output_dirs import claim_output_dir
 from vitkit.prune.report import write_csv
-from vitkit.train.evaluate import data_config_for
+from vitkit.train.evaluate import datasets_for
 
 DEFAULTS = HeadThresholds()
 
@@ -57,14 +56,15 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     model, extra = load_model_from_arguments(args)
-    dataset = getattr(build_datasets(data_config_for(extra, args.data)), args.split)
+    if not sum(model.heads_per_layer()):
+        raise UsageError(f"{args.checkpoint} has no attention heads left (all were pruned): there is no head to report on.")
+    dataset = getattr(datasets_for(model, extra, args.data), args.split)
     batches = (images for images, _ in DataLoader(dataset, batch_size=args.batch_size))
     stats = model_head_stats(model, batches, max_images=args.num_images)
     thresholds = HeadThresholds(args.uniform_entropy, args.self_attention, args.cls_sink, args.collapse_similarity)
     warnings = head_warnings(stats, thresholds)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_output_dir(args.out, "attention_report")
     rows = stats.rows()
     write_csv(out / "head_stats.csv", rows)
     best, _ = stats.most_similar()

@@ -31,6 +31,7 @@ from torch import nn
 
 import vitkit
 from vitkit.bench import interleaved_times, median_ratio
+from vitkit.errors import positive_int
 from vitkit.layers.attention_autotune import bucket, cpu_model
 from vitkit.layers.attention_kernels import (
     IMPL_ENV,
@@ -85,6 +86,20 @@ def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int]]:
     name, batch_size, *rest = spec.split(":")
     overrides = {key: int(value) for key, value in (item.split("=") for item in rest[0].split(","))} if rest else {}
     return name, int(batch_size), overrides
+
+
+def model_spec(spec: str) -> str:
+    """``argparse`` type of ``--models`` / ``--memory-model``: ``spec`` if :func:`parse_model_spec`
+    reads it, with a batch of at least 1 and integer overrides."""
+    try:
+        _, batch_size, _ = parse_model_spec(spec)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME:BATCH or NAME:BATCH:key=value,... with whole numbers, got {spec!r}"
+        ) from None
+    if batch_size < 1:
+        raise argparse.ArgumentTypeError(f"the batch size of {spec!r} must be at least 1")
+    return spec
 
 
 def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,11 +309,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", default=["kernels", "models", "casts", "memory", "data"],
                         choices=["kernels", "models", "casts", "memory", "data"])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
+    parser.add_argument("--models", nargs="+", type=model_spec, default=list(DEFAULT_MODELS),
                         help="NAME:BATCH or NAME:BATCH:key=value,... (ViTConfig overrides)")
-    parser.add_argument("--memory-model", default="vit_small_patch16_224:32", help="NAME:BATCH for the memory section")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs per cell (medians are reported)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--memory-model", type=model_spec, default="vit_small_patch16_224:32", help="NAME:BATCH for the memory section")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved pairs per cell (medians are reported)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from vitkit.errors import cli_errors
+from vitkit.output_dirs import claim_output_dir
 from vitkit.train import evaluate
 
 
@@ -31,6 +32,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
+    claim_output_dir(out, "evaluate")
     report = evaluate(args.model, args.data, out_dir=out, split=args.split)
     per_class = "  ".join(f"{name}: {acc:.1f}" for name, acc in report["per_class"].items())
     print(f"{report['dataset']} {report['split']} ({report['num_images']} images): "

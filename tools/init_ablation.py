@@ -16,13 +16,13 @@ import argparse
 import csv
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 
 from vitkit.errors import cli_errors
 from vitkit.models.init import init_parts
+from vitkit.output_dirs import claim_output_dir
 from vitkit.train import RUN_EXIT_STATUSES, load_recipe, train
 
 #: Parts whose vitkit and timm rules differ (both draw the head from N(0, 0.02)).
@@ -67,9 +67,9 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--no-parts", action="store_true", help="skip the one-part-at-a-time variants")
     parser.add_argument("--out", default="runs/init_ablation", help="output folder")
     args = parser.parse_intermixed_args(argv)
-    out = Path(args.out)
     results: list[dict[str, Any]] = []
     load_recipe(args.recipe, args.overrides)  # fail before any training
+    out = claim_output_dir(args.out, "init_ablation")
     for seed in args.seeds:
         for label, overrides, callbacks in variants(not args.no_parts):
             run_overrides = [*args.overrides, *overrides, f"trainer.seed={seed}", f"output.dir={out / 'runs'}"]

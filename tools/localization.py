@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.data import build_datasets
-from vitkit.errors import UsageError, cli_errors, positive_int
+from vitkit.errors import UsageError, cli_errors, number_in, positive_int
 from vitkit.explain import HEAD_FUSIONS, evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
+from vitkit.output_dirs import claim_output_dir
 from vitkit.prune.report import markdown_table, write_csv
 from vitkit.train import load_for_inference, train
-from vitkit.train.evaluate import data_config_for
+from vitkit.train.evaluate import datasets_for
 
 METHODS = ("rollout", "grad_rollout", "chefer")
 
@@ -43,11 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE", help="data option changes")
     parser.add_argument("--num-images", type=positive_int, default=500)
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
-    parser.add_argument("--discard-ratio", type=float, default=0.0)
+    parser.add_argument("--discard-ratio", type=number_in(0, 1, high_open=True), default=0.0,
+                        help="share of the lowest attention weights dropped per head, in [0, 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-weight model")
     parser.add_argument("--explain", choices=("label", "predicted"), default="label",
                         help="class the gradient methods explain (the pointing game cues the true label)")
-    parser.add_argument("--tolerance", type=float, default=None,
+    parser.add_argument("--tolerance", type=number_in(0), default=None,
                         help="pointing-game tolerance in pixels (default: TorchRay's 15 px at 224 px, scaled)")
     parser.add_argument("--out", help="folder for localization.csv / localization.md")
     return parser.parse_args(argv)
@@ -62,7 +62,7 @@ def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     checkpoint = args.checkpoint or train(args.recipe, args.overrides).run_dir / "model.safetensors"
     model, extra = load_for_inference(checkpoint)
-    dataset = build_datasets(data_config_for(extra, args.data)).test
+    dataset = datasets_for(model, extra, args.data).test
     boxes = getattr(dataset, "boxes", None)
     if boxes is None:
         dataset_name = extra.get("dataset")
@@ -88,8 +88,7 @@ def _main(argv: list[str] | None) -> int:
     print(f"{len(scores.pointing)} test images of {extra.get('dataset')!r}, model {checkpoint}, explaining the "
           f"{args.explain} class, pointing tolerance {tolerance:g} px\n\n{table}", end="")
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = claim_output_dir(args.out, "localization")
         write_csv(out / "localization.csv", rows)
         (out / "localization.md").write_text(table)
     return 0

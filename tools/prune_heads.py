@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 
 from vitkit import save_model
-from vitkit.errors import cli_errors, positive_int
+from vitkit.errors import cli_errors, number_in, positive_int
 from vitkit.evaluation import evaluate_model
 from vitkit.models import count_parameters, vit_flops
+from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import (
     entropy_scorer,
     importance_scorer,
@@ -52,7 +53,7 @@ from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
 from vitkit.train import load_for_inference
 from vitkit.train.artifacts import write_json
-from vitkit.train.evaluate import data_config_for
+from vitkit.train.evaluate import check_model_fits, data_config_for
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,8 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True, help="model.safetensors or a training .ckpt")
     parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE", help="changes to the saved data options")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--max-drop", type=float, default=1.0, help="accuracy budget in percentage points")
-    parser.add_argument("--step-fraction", type=float, default=0.1, help="share of remaining heads pruned per step")
+    parser.add_argument("--max-drop", type=number_in(0), default=1.0, help="accuracy budget in percentage points")
+    parser.add_argument("--step-fraction", type=number_in(0, 1, low_open=True), default=0.1, help="share of remaining heads pruned per step")
     parser.add_argument("--random-seeds", type=positive_int, default=5, help="random orders to average")
     parser.add_argument("--entropy-order", choices=("high", "low"), default="high", help="entropy heads pruned first")
     parser.add_argument("--batch-size", type=positive_int, default=256,
@@ -76,9 +77,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
+    out = claim_output_dir(args.out, "prune_heads")
     model, extra = load_for_inference(args.checkpoint)
-    splits = eval_loaders(data_config_for(extra, args.data), args.batch_size)
+    splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
     train, val, info = splits.train, splits.val, splits.info
+    check_model_fits(model, info)
     if splits.test is None:
         print(f"note: {info.name!r} has no held-out test split; test accuracy is not reported (null), "
               "since the validation split already chose the pruning depth.", file=sys.stderr)
@@ -97,7 +100,6 @@ def run(args: argparse.Namespace) -> dict:
     label = f"entropy ({args.entropy_order}est first)"
     curves[label] = [iterative_pruning(model, train, scorer=entropy, desc=label, **common)]
 
-    out = Path(args.out)
     rows = [row for label, runs in curves.items() for seed, records in enumerate(runs)
             for row in curve_rows(label, seed if label == "random" else None, records)]
     write_csv(out / "curves.csv", rows)

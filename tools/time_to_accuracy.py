@@ -19,9 +19,9 @@ import argparse
 import csv
 import json
 import sys
-from pathlib import Path
 
-from vitkit.errors import cli_errors, positive_int
+from vitkit.errors import cli_errors, number_in, positive_int
+from vitkit.output_dirs import claim_output_dir
 from vitkit.train import RUN_EXIT_STATUSES, RecipeConfig, load_recipe, train
 from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise
 
@@ -55,13 +55,13 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("recipe", help="recipe YAML file")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to both runs")
     parser.add_argument("--eval-every", type=positive_int, default=211, metavar="STEPS", help="test every N steps")
-    parser.add_argument("--budget-minutes", type=float, default=None, help="cap each run's training time")
+    parser.add_argument("--budget-minutes", type=number_in(0, low_open=True), default=None, help="cap each run's training time")
     parser.add_argument("--targets", type=float, nargs="+", default=[80.0, 85.0, 88.0], help="accuracies (%%)")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="models to train")
     parser.add_argument("--out", default="runs/time_to_accuracy", help="output folder")
     args = parser.parse_args(argv)
-    out = Path(args.out)
     config = load_recipe(args.recipe, args.overrides)  # fail before any training
+    out = claim_output_dir(args.out, "time_to_accuracy")
     curves = {}
     for label, extra in runs_to_make(config, args.impls).items():
         timer = TestAccuracyTimer(args.eval_every)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import sys
 from collections.abc import Callable, Sequence
 
@@ -32,15 +33,44 @@ class UnsupportedModelError(VitkitError, ValueError):
     the message names the features."""
 
 
-def positive_int(text: str) -> int:
-    """``argparse`` type of counts and sizes (``--batch-size``): an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An ``argparse`` type of whole numbers of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+#: ``argparse`` type of counts and sizes (``--batch-size``): an integer of at least 1.
+positive_int = int_at_least(1)
+
+
+def number_in(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False
+              ) -> Callable[[str], float]:
+    """An ``argparse`` type of finite numbers in ``[low, high]`` (``(`` / ``)`` where open): NaN and
+    infinities are refused, as are values outside, with the range in the message."""
+    left, right = "(" if low_open else "[", ")" if high_open or high == math.inf else "]"
+    shown = f"{left}{low:g}, {'inf' if high == math.inf else f'{high:g}'}{right}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number in {shown}, got {text!r}") from None
+        inside = math.isfinite(value) and (value > low if low_open else value >= low) and (
+            value < high if high_open else value <= high)
+        if not inside:
+            raise argparse.ArgumentTypeError(f"must be a finite number in {shown}, got {text}")
+        return value
+
+    return parse
 
 
 def describe_os_error(error: OSError) -> str:

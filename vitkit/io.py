@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .models.config import ViTConfig
+from .models.config import MAX_IMG_SIDE, ViTConfig
 from .models.vision_transformer import VisionTransformer
-from .schema import ConfigError, FieldError, bounds, check_value
+from .schema import ConfigError, FieldError, bounds, check_value, describe
 
 FORMAT_KEY = "vitkit_format"
 CONFIG_KEY = "vitkit_config"
@@ -34,7 +36,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except (RuntimeError, SafetensorError) as error:  # torch.save and safetensors wrap the OS error
+            if _disk_full(error, path.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
+            raise
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual mode
@@ -43,6 +50,22 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether a library's write ``error`` means the disk is full: its message (or a cause's) says
+    so (``os error 28``, torch's "file write failed"), or the folder's filesystem has no space left."""
+    texts = []
+    while error is not None:
+        texts.append(str(error))
+        error = error.__cause__ or error.__context__
+    if any("No space left" in text or "os error 28" in text for text in texts):
+        return True
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 1 << 20  # under 1 MiB free
 
 
 def _current_umask() -> int:
@@ -81,6 +104,8 @@ def read_model_file(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any],
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             config, extra = _read_metadata(metadata, path)
+            shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+            check_tensor_shapes(config, shapes, f"model file {path}", ModelFileError)
             state = {key: handle.get_tensor(key) for key in handle.keys()}
     except ModelFileError:
         raise
@@ -100,26 +125,94 @@ def _read_metadata(metadata: dict[str, str], path: Path) -> tuple[ViTConfig, dic
     config = ViTConfig.from_dict(
         _json_object(metadata[CONFIG_KEY], CONFIG_KEY, path), source=source, error=ModelFileError
     )
-    extra = _json_object(metadata.get(EXTRA_KEY, "{}"), EXTRA_KEY, path)
+    extra = check_extra(_json_object(metadata.get(EXTRA_KEY, "{}"), EXTRA_KEY, path), config, source, ModelFileError)
+    return config, extra
+
+
+#: The ``extra`` metadata vitkit writes and reads back, with the type each must have (other keys
+#: a user passes to :func:`save_model` are kept as they are).
+EXTRA_FIELDS: dict[str, Any] = {
+    "class_names": tuple[str, ...] | None,
+    "mean": tuple[float, ...] | None,
+    "std": tuple[float, ...] | None,
+    "img_size": tuple[int, int] | None,
+    "in_chans": Literal[1, 3] | None,
+    "crop_pct": float | None,
+    "dataset": str | None,
+    "recipe": str | None,
+    "data_config": dict | None,
+}
+_EXTRA_BOUNDS: dict[str, dict[str, float]] = {
+    "std": bounds(gt=0),
+    "img_size": bounds(ge=1, le=MAX_IMG_SIDE),
+    "crop_pct": bounds(gt=0, le=1),
+}
+
+
+def check_extra(extra: Any, config: ViTConfig, source: str, error: type[ConfigError]) -> dict[str, Any]:
+    """``extra`` metadata checked against :data:`EXTRA_FIELDS` and the model's ``config`` (one class
+    name per class, one mean/std per channel, the model's channels). Returns a new dict with the
+    same keys, values coerced (lists for tuples).
+
+    Raises:
+        ``error``: naming the key, ``source`` and what is allowed.
+    """
+    if not isinstance(extra, dict):
+        raise error(f"{EXTRA_KEY} in {source} must be a mapping, got {describe(extra)}.")
+    checked = dict(extra)
     try:
-        names = check_value("class_names", extra.get("class_names"), tuple[str, ...] | None)
+        for key, hint in EXTRA_FIELDS.items():
+            checked[key] = check_value(key, extra.get(key), hint, _EXTRA_BOUNDS.get(key))
+        names = checked["class_names"]
         if names is not None and len(names) != config.num_classes:
             raise FieldError("class_names", f"has {len(names)} names for the model's {config.num_classes} classes.")
+        if checked["in_chans"] is not None and checked["in_chans"] != config.in_chans:
+            raise FieldError("in_chans", f"is {checked['in_chans']}, but the model takes {config.in_chans} channel(s).")
         for key in ("mean", "std"):
-            values = check_value(key, extra.get(key), tuple[float, ...] | None, bounds(gt=0) if key == "std" else {})
+            values = checked[key]
             if values is not None and len(values) != config.in_chans:
                 raise FieldError(key, f"has {len(values)} values for the model's {config.in_chans} channel(s).")
-    except FieldError as error:
-        raise ModelFileError(f"{error.key} in {source} {error.problem}") from None
-    return config, extra
+    except FieldError as problem:
+        raise error(f"{problem.key} in {source} {problem.problem}") from None
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in checked.items() if key in extra}
+
+
+def check_tensor_shapes(
+    config: ViTConfig, shapes: dict[str, tuple[int, ...]], source: str, error: type[ConfigError]
+) -> None:
+    """Refuse tensors that are not exactly those ``config``'s model holds (names and shapes),
+    before anything is allocated: the expected shapes come from the model built on the ``meta``
+    device, which holds no memory. A ``sincos`` model's fixed ``pos_embed`` may be present or not.
+
+    Raises:
+        ``error``: naming up to three missing, unexpected or misshapen tensors.
+    """
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in VisionTransformer(config).state_dict().items()}
+    if config.pos_embed == "sincos":
+        shapes = {name: shape for name, shape in shapes.items() if name != "pos_embed"}
+    problems = [f"{name} missing" for name in expected if name not in shapes]
+    problems += [f"unexpected {name}" for name in shapes if name not in expected]
+    problems += [
+        f"{name} is {list(shapes[name])}, the config needs {list(shape)}"
+        for name, shape in expected.items()
+        if name in shapes and shapes[name] != shape
+    ]
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise error(
+            f"the tensors of {source} do not match its model config: {shown}. The file is damaged or its "
+            "weights and config come from different models."
+        )
 
 
 def _json_object(text: str, key: str, path: Path) -> dict[str, Any]:
     """The JSON object stored under metadata ``key`` of model file ``path``."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as error:
-        reason = error.msg if isinstance(error, json.JSONDecodeError) else "nested too deeply"
+    except (ValueError, RecursionError) as error:  # ValueError: also an integer of over 4300 digits
+        reason = error.msg if isinstance(error, json.JSONDecodeError) else str(error) if isinstance(error, ValueError) \
+            else "nested too deeply"
         raise ModelFileError(
             f"model file {path}: its metadata {key!r} is not valid JSON ({reason}); the file is damaged or was "
             "not written by vitkit.save_model."

@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import operator
 import reprlib
 import types
 import typing
@@ -252,7 +253,10 @@ def load_yaml(text: str, *, source: str, error: type[ConfigError] = ConfigError)
                 f"{source} expands to {size:,} YAML nodes once its aliases (*name) are resolved, more than the "
                 f"limit of {MAX_YAML_NODES:,}; a recipe has a few dozen keys, so remove the repeated aliases."
             )
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except ValueError as problem:  # int() of more digits than Python converts (4300)
+            raise error(f"{source} holds a value YAML cannot convert: {describe(str(problem), with_type=False)}") from None
     finally:
         loader.dispose()
 
@@ -268,6 +272,10 @@ def _expanded_size(
         raise error(f"{source} holds a recursive YAML alias (a node that contains itself); remove it.")
     open_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
+        names = [key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode)]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise error(f"{source} gives key {describe(twice[0], with_type=False)} twice in one mapping; give it once.")
         children = [child for pair in node.value for child in pair]
     elif isinstance(node, yaml.SequenceNode):
         children = node.value
@@ -301,6 +309,8 @@ def parse_overrides(
             value = load_yaml(text, source=f"override {key}", error=error) if text.strip() else ""
         except yaml.YAMLError:
             value = text
+        if key in keys:
+            raise error(f"override {describe(key, with_type=False)} is given twice; give each key once.")
         *parents, leaf = key.split(".")
         node = nested
         for part in parents:
@@ -397,12 +407,9 @@ def _choice_hint(value: Any, hint: Any) -> str:
 
 def _check_bounds(key: str, value: Any, metadata: Mapping[str, Any]) -> None:
     """Raise :class:`FieldError` if ``value`` (or any number in it) breaks the bounds in ``metadata``."""
-    tests = {
-        "ge": (float.__ge__, ">="),
-        "gt": (float.__gt__, ">"),
-        "le": (float.__le__, "<="),
-        "lt": (float.__lt__, "<"),
-    }
+    # Python compares ints and floats exactly, so a 400-digit integer is simply out of range
+    # (``float(int)`` would overflow).
+    tests = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
     rules = {name: bound for name, bound in metadata.items() if name in tests}
     if not rules:
         return
@@ -410,15 +417,18 @@ def _check_bounds(key: str, value: Any, metadata: Mapping[str, Any]) -> None:
     for number in numbers:
         if number is None or isinstance(number, bool) or not isinstance(number, (int, float)):
             continue
-        if not all(tests[name][0](float(number), float(bound)) for name, bound in rules.items()):
+        if not all(tests[name][0](number, bound) for name, bound in rules.items()):
             rule = " and ".join(f"{tests[name][1]} {_number(bound)}" for name, bound in rules.items())
             shown = _number(number) if value is number else describe(list(value), with_type=False)
             raise FieldError(key, f"is out of range: got {shown}, must be {rule}.")
 
 
 def _number(value: float) -> str:
-    """``4096`` for integral values (bounds are written as ints or floats), ``0.001`` otherwise."""
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
+    """``4096`` for integral values (bounds are written as ints or floats), ``0.001`` otherwise;
+    an integer too long to show is cut like any echoed value."""
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10**16 else f"an integer of {len(str(abs(value)))} digits"
+    return str(int(value)) if value.is_integer() and abs(value) < 1e16 else f"{value:g}"
 
 
 # ------------------------------------------------------------------------------------ coercion
@@ -491,10 +501,15 @@ def _coerce_scalar(value: Any, hint: type) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise TypeError(value)
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float's range
+            raise ValueError(value) from None
         if not math.isfinite(number):
             raise ValueError(value)
         return number
+    if hint is str and isinstance(value, str) and "\x00" in value:
+        raise ValueError(value)  # no file name, path or choice holds a NUL byte (the OS refuses them)
     if isinstance(value, hint):
         return value
     raise TypeError(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ..errors import VitkitError
 from .batch_transforms import BatchTransform
 
 #: One image (``uint8 [H, W, C]`` array or PIL image) -> float tensor ``[C, H, W]``.
@@ -83,15 +85,57 @@ def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) 
     return [np.sort(np.concatenate(part)) for part in parts]
 
 
+#: Float32 working memory of :func:`resize_images` per chunk of images.
+RESIZE_CHUNK_BYTES = 64 * 2**20
+
+
+class ResizeMemoryError(VitkitError, MemoryError):
+    """Resizing a split would need more memory than this machine has."""
+
+
 def resize_images(images: np.ndarray, size: tuple[int, int], scale: float = 1.0) -> np.ndarray:
     """``[N, H, W, C]`` images times ``scale``, bilinearly resized to ``size``, as ``uint8``
-    ``[N, size[0], size[1], C]``; unscaled images already at ``size`` are returned as they are."""
+    ``[N, size[0], size[1], C]``; unscaled images already at ``size`` are returned as they are.
+
+    Images are resized a chunk at a time (about :data:`RESIZE_CHUNK_BYTES` of float32 each), so the
+    memory needed is the ``uint8`` result plus one chunk, and the result is refused
+    (:class:`ResizeMemoryError`) before allocation when it exceeds the memory this machine has free.
+    """
     if tuple(images.shape[1:3]) == tuple(size) and scale == 1.0 and images.dtype == np.uint8:
         return images
-    pixels = torch.from_numpy(images.astype(np.float32) * scale).permute(0, 3, 1, 2)
-    if tuple(pixels.shape[2:]) != tuple(size):
-        pixels = F.interpolate(pixels, size=size, mode="bilinear", align_corners=False)
-    return np.ascontiguousarray(pixels.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy())
+    count, height, width, channels = images.shape
+    needed = count * size[0] * size[1] * channels
+    free = _free_memory()
+    if free is not None and needed > free:
+        raise ResizeMemoryError(
+            f"resizing {count:,} images to {size[0]}x{size[1]} needs {needed / 2**30:.1f} GiB, more than the "
+            f"{free / 2**30:.1f} GiB of memory free; choose a smaller data.img_size."
+        )
+    result = np.empty((count, size[0], size[1], channels), dtype=np.uint8)
+    per_image = 4 * channels * max(height * width, size[0] * size[1])
+    step = max(1, RESIZE_CHUNK_BYTES // per_image)
+    for start in range(0, count, step):
+        pixels = torch.from_numpy(images[start : start + step].astype(np.float32) * scale).permute(0, 3, 1, 2)
+        if tuple(pixels.shape[2:]) != tuple(size):
+            pixels = F.interpolate(pixels, size=size, mode="bilinear", align_corners=False)
+        result[start : start + step] = pixels.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return result
+
+
+def _free_memory() -> int | None:
+    """Bytes of memory available now: Linux's ``MemAvailable`` (free plus reclaimable cache), else
+    the free physical pages; ``None`` where the OS says neither."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 #: ITU-R 601 luma weights, as PIL's ``convert('L')`` uses.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ from torchvision.datasets.utils import download_and_extract_archive
 from .info import DataFileError
 
 try:  # numpy >= 2
-    from numpy._core import multiarray, numeric
+    from numpy._core import multiarray
 except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core import multiarray, numeric
+    from numpy.core import multiarray
 
 #: Standard per-channel statistics of the training sets.
 CIFAR_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
@@ -32,27 +33,48 @@ CIFAR_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 
 _SOURCES: dict[str, tuple[type, str]] = {"cifar10": (CIFAR10, "labels"), "cifar100": (CIFAR100, "fine_labels")}
 
-#: The only globals a CIFAR pickle may name: numpy array reconstruction, and ``_codecs.encode``,
-#: which Python 3 protocol-2 pickles use for bytes.
-_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("numpy.core.multiarray", "_reconstruct"): multiarray._reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): multiarray._reconstruct,
-    ("numpy.core.numeric", "_frombuffer"): numeric._frombuffer,
-    ("numpy._core.numeric", "_frombuffer"): numeric._frombuffer,
-    ("_codecs", "encode"): codecs.encode,
-}
-
-
 class CifarFileError(DataFileError):
     """A CIFAR batch file that is not a plain pickle of numpy arrays and lists."""
 
 
+class _NdarrayClass:
+    """Stands for ``numpy.ndarray`` in a CIFAR pickle: :func:`_reconstruct` needs the class as an
+    argument, but calling ``ndarray(shape)`` itself would allocate whatever the file asks for."""
+
+
+def _bounded_reconstruct(limit: int) -> Any:
+    """numpy's ``_reconstruct(ndarray, shape, dtype)``, refused when the array it creates would be
+    larger than ``limit`` bytes (the file's size: numpy writes ``(0,)``, the data comes after)."""
+
+    def reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        count = math.prod(int(n) for n in shape) if isinstance(shape, tuple) else int(shape)
+        if subtype is not _NdarrayClass or count * dtype.itemsize > limit:
+            raise pickle.UnpicklingError(f"an array of {count:,} x {dtype.itemsize} bytes, more than the file holds")
+        return multiarray._reconstruct(np.ndarray, shape, dtype)
+
+    return reconstruct
+
+
 class _ArrayUnpickler(pickle.Unpickler):
+    """Rebuilds numpy arrays and plain containers only, each array at most the file's size (so a
+    135-byte pickle cannot request 28 GiB); any other global is refused. ``_codecs.encode`` is how
+    Python 3 protocol-2 pickles store bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data), encoding="latin1")
+        reconstruct = _bounded_reconstruct(len(data))
+        self._allowed: dict[tuple[str, str], Any] = {
+            ("numpy", "ndarray"): _NdarrayClass,
+            ("numpy", "dtype"): np.dtype,
+            ("numpy.core.multiarray", "_reconstruct"): reconstruct,
+            ("numpy._core.multiarray", "_reconstruct"): reconstruct,
+            ("_codecs", "encode"): codecs.encode,
+        }
+
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return _ALLOWED_GLOBALS[(module, name)]
+            return self._allowed[(module, name)]
         except KeyError:
             raise pickle.UnpicklingError(f"refusing to load global {module}.{name}") from None
 
@@ -61,8 +83,9 @@ def read_pickle(path: Path) -> dict[str, Any]:
     """Load a CIFAR batch file (Python 2 pickle, latin1 strings), refusing any global but numpy
     array reconstruction; :class:`CifarFileError` names the file otherwise."""
     try:
-        content = _ArrayUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
+        content = _ArrayUnpickler(path.read_bytes()).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            OverflowError, KeyError) as err:
         raise CifarFileError(f"{path} is not a valid CIFAR batch file: {err}") from err
     if not isinstance(content, dict):
         raise CifarFileError(f"{path} holds a {type(content).__name__}, expected a dict of arrays.")

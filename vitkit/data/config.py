@@ -9,8 +9,11 @@ Fields left at ``None`` take the dataset's default (:data:`DATASET_DEFAULTS`); c
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
+
+from timm.data import auto_augment
 
 from ..models.config import MAX_IMG_SIDE, Channels
 from ..schema import Config, FieldError, bounds
@@ -30,6 +33,19 @@ MAX_NUM_WORKERS = 256
 
 #: timm AutoAugment policy names (``timm.data.auto_augment.auto_augment_policy``).
 AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("original", "originalr", "v0", "v0r", "3a")
+
+
+def timm_policy(policy: str, hparams: dict[str, Any]) -> Callable[[Any], Any]:
+    """timm's PIL transform for the augmentation ``policy`` (RandAugment ``rand-*``, AugMix
+    ``augmix-*``, or an AutoAugment policy name); ``ValueError`` when timm cannot parse it."""
+    try:
+        if policy.startswith("rand"):
+            return auto_augment.rand_augment_transform(policy, hparams)
+        if policy.startswith("augmix"):
+            return auto_augment.augment_and_mix_transform(policy, hparams)
+        return auto_augment.auto_augment_transform(policy, hparams)
+    except (AssertionError, ValueError, KeyError, IndexError) as err:
+        raise ValueError(f"timm cannot parse {policy!r}: {err or type(err).__name__}") from None
 
 
 @dataclass(frozen=True)
@@ -90,14 +106,15 @@ class AugmentConfig(Config):
         if self.ratio[0] > self.ratio[1]:
             raise FieldError("ratio", f"must satisfy 0 < min <= max, got {list(self.ratio)}.")
         policy = self.rand_augment
-        if policy is not None and not (
-            policy.startswith(("rand-", "augmix-")) or policy in ("rand", "augmix") or policy in AUTO_AUGMENT_POLICIES
-        ):
-            raise FieldError(
-                "rand_augment",
-                f"{policy!r} is no timm policy: use 'rand-m9-mstd0.5' (RandAugment), "
-                f"'augmix-m5-w3' (AugMix) or one of the AutoAugment policies {AUTO_AUGMENT_POLICIES}.",
-            )
+        if policy is not None:
+            try:  # timm parses the whole string, as the transform will (``rand-q7`` has no section q)
+                timm_policy(policy, {})
+            except ValueError as err:
+                raise FieldError(
+                    "rand_augment",
+                    f"{policy!r} is no timm policy ({err}): use 'rand-m9-mstd0.5' (RandAugment), "
+                    f"'augmix-m5-w3' (AugMix) or one of the AutoAugment policies {AUTO_AUGMENT_POLICIES}.",
+                ) from None
 
 
 @dataclass

@@ -25,6 +25,10 @@ class DataFileError(VitkitError, ValueError):
     """A dataset file that cannot be read as its format says (the message names the file)."""
 
 
+class MetadataError(VitkitError, ValueError):
+    """A model's saved metadata lacks what a tool needs (normalisation, class names, dataset)."""
+
+
 @dataclass(frozen=True)
 class DataInfo:
     """Classes, image geometry and normalisation of a dataset.
@@ -84,10 +88,14 @@ class DataInfo:
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> DataInfo:
-        """Inverse of :meth:`to_extra`; ``KeyError`` names a missing key."""
-        missing = [key for key in ("mean", "std", "img_size", "in_chans", "class_names") if key not in extra]
+        """Inverse of :meth:`to_extra`; :class:`MetadataError` names the missing keys."""
+        missing = [key for key in ("mean", "std", "img_size", "in_chans", "class_names") if extra.get(key) is None]
         if missing:
-            raise KeyError(f"model metadata lacks {missing}; it was not saved with DataInfo.to_extra().")
+            raise MetadataError(
+                f"the model's metadata lacks {', '.join(missing)}, which say how to prepare its input images; it "
+                "was saved without them (vitkit.save_model(model, path) without extra=). Save it again with "
+                "extra={**info.to_extra(), ...} from the DataInfo of its training data."
+            )
         height, width = extra["img_size"]
         return cls(
             num_classes=len(extra["class_names"]),

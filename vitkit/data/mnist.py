@@ -11,6 +11,7 @@ length) and returns numpy arrays, so a truncated or foreign file is named instea
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +62,19 @@ class IdxFileError(DataFileError):
     """An IDX file whose header or length is not what MNIST-format data needs."""
 
 
+#: The most a deflate stream can inflate: 1032 bytes out per byte in (RFC 1951's longest match,
+#: 258 bytes, per 2 bits), with room for the gzip header. A ``.gz`` declaring more data than its
+#: size allows cannot be genuine and is refused before anything is decompressed.
+MAX_GZIP_RATIO = 1032
+
+#: MNIST-format images are 28 x 28; any IDX image size is read, but each side must fit this.
+MAX_IDX_SIDE = 4096
+
+
 def read_idx(path: str | Path, magic: int) -> np.ndarray:
-    """Read an unsigned-byte IDX file (gzipped when its name ends in ``.gz``).
+    """Read an unsigned-byte IDX file (gzipped when its name ends in ``.gz``), streaming: the header
+    is read and checked first, then exactly the bytes it declares (one more to detect over-long
+    data), so memory is bounded by the declared size however far a gzip bomb would inflate.
 
     Args:
         path: the file.
@@ -72,33 +84,54 @@ def read_idx(path: str | Path, magic: int) -> np.ndarray:
         ``uint8`` array of the shape the header declares.
 
     Raises:
-        IdxFileError: wrong magic number, truncated or over-long data, or not gzip when named ``.gz``.
+        IdxFileError: wrong magic number, dimensions out of range, more data declared than the file
+            can hold, truncated or over-long data, or not gzip when named ``.gz``.
     """
     path = Path(path)
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as err:
-        if isinstance(err, FileNotFoundError):
-            raise
-        raise IdxFileError(f"{path} is not a readable gzip file: {err}") from err
     rank = magic & 0xFF
     header_size = 4 * (1 + rank)
-    found = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
+    compressed = path.suffix == ".gz"
+    try:
+        file_size = path.stat().st_size
+        with gzip.open(path, "rb") if compressed else open(path, "rb") as handle:
+            header = handle.read(header_size)
+            shape, expected = _check_idx_header(path, header, magic, header_size)
+            capacity = file_size * MAX_GZIP_RATIO if compressed else file_size - header_size
+            if expected > capacity:
+                raise IdxFileError(
+                    f"{path} declares shape {list(shape)} ({expected:,} bytes of data), more than a "
+                    f"{file_size:,}-byte {'gzip ' if compressed else ''}file can hold; it is corrupt (or a decompression bomb)."
+                )
+            raw = handle.read(expected + 1)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise IdxFileError(f"{path} is not a readable {'gzip' if compressed else 'IDX'} file: {err}") from err
+    if len(raw) != expected:
+        held = f"{len(raw)}" if len(raw) <= expected else "more"
+        raise IdxFileError(
+            f"{path} declares shape {list(shape)} ({expected} bytes of data) but holds {held}; "
+            "the file is truncated or corrupt."
+        )
+    return np.frombuffer(raw, dtype=np.uint8).reshape(shape).copy()
+
+
+def _check_idx_header(path: Path, header: bytes, magic: int, header_size: int) -> tuple[tuple[int, ...], int]:
+    """The shape an IDX ``header`` declares and its size in bytes (exact Python integers, so no
+    dimensions overflow), after checking the magic number and, for images, the sides."""
+    rank = magic & 0xFF
+    found = struct.unpack(">I", header[:4])[0] if len(header) >= 4 else None
     if found is not None and found != magic:
         raise IdxFileError(
             f"{path} has magic number 0x{found:08x}, expected 0x{magic:08x} "
             f"({'images' if magic == IMAGES_MAGIC else 'labels'}, unsigned bytes, rank {rank})."
         )
-    if len(raw) < header_size:
-        raise IdxFileError(f"{path} is {len(raw)} bytes long, shorter than an IDX header ({header_size} bytes).")
-    shape = struct.unpack(f">{rank}I", raw[4:header_size])
-    expected = int(np.prod(shape))
-    if len(raw) - header_size != expected:
-        raise IdxFileError(
-            f"{path} declares shape {list(shape)} ({expected} bytes of data) but holds {len(raw) - header_size}; "
-            "the file is truncated or corrupt."
-        )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header_size).reshape(shape).copy()
+    if len(header) < header_size:
+        raise IdxFileError(f"{path} is {len(header)} bytes long, shorter than an IDX header ({header_size} bytes).")
+    shape = struct.unpack(f">{rank}I", header[4:header_size])
+    if any(not 1 <= side <= MAX_IDX_SIDE for side in shape[1:]):
+        raise IdxFileError(f"{path} declares images of {' x '.join(map(str, shape[1:]))} pixels; each side must be 1..{MAX_IDX_SIDE}.")
+    return shape, math.prod(shape)
 
 
 def find_idx_file(root: Path, name: str, folder: str) -> Path | None:
@@ -150,7 +183,15 @@ def load_mnist(name: str, root: str | Path, download: bool) -> MnistArrays:
             raise IdxFileError(
                 f"{paths[(split, 'labels')]} has label {labels.max()}, outside 0..{len(source.classes) - 1}."
             )
+        if not len(images):
+            raise IdxFileError(f"{paths[(split, 'images')]} holds no images; a {split} set needs at least one.")
         arrays += [images[..., None], labels]
+    if arrays[0].shape[1:] != arrays[2].shape[1:]:
+        raise IdxFileError(
+            f"{paths[('test', 'images')]} holds {arrays[2].shape[1]}x{arrays[2].shape[2]} images but "
+            f"{paths[('train', 'images')]} {arrays[0].shape[1]}x{arrays[0].shape[2]}; the test set must be "
+            "the training set's geometry (the files are from different datasets or damaged)."
+        )
     return (*arrays, source.classes)
 
 

@@ -16,9 +16,8 @@ import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
 from PIL import Image
-from timm.data import auto_augment
 
-from .config import AugmentConfig
+from .config import AugmentConfig, timm_policy
 from .images import to_array
 from .info import DataInfo
 
@@ -116,14 +115,7 @@ def _timm_policy(policy: str, info: DataInfo) -> PilPolicy:
     # timm fills uncovered pixels with the mean colour; policies always see RGB (see _apply_policy).
     rgb_mean = info.mean if len(info.mean) == 3 else info.mean * 3
     hparams = {"translate_const": int(min(info.img_size) * 0.45), "img_mean": tuple(round(255 * m) for m in rgb_mean)}
-    try:
-        if policy.startswith("rand"):
-            return auto_augment.rand_augment_transform(policy, hparams)
-        if policy.startswith("augmix"):
-            return auto_augment.augment_and_mix_transform(policy, hparams)
-        return auto_augment.auto_augment_transform(policy, hparams)
-    except (AssertionError, ValueError, KeyError) as err:
-        raise ValueError(f"timm cannot parse augment.rand_augment {policy!r}: {err}") from err
+    return timm_policy(policy, hparams)
 
 
 def _apply_policy(policy: PilPolicy, array: np.ndarray) -> np.ndarray:

@@ -18,16 +18,17 @@ import numpy as np
 import timm
 import torch
 from PIL import Image
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..data import DataInfo, ImageReadError, build_datasets, build_eval_transform, denormalize, load_image
+from ..data import DataInfo, ImageReadError, build_eval_transform, denormalize, load_image
 from ..data.images import convert_channels, describe_conversion
 from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
 from ..models.timm_interop import pretrained_preprocessing
-from ..train import load_for_inference
-from ..train.evaluate import data_config_for
+from ..train import load_checkpoint, load_for_inference
+from ..train.evaluate import datasets_for
 
 
 class FigureNameError(VitkitError, ValueError):
@@ -99,12 +100,22 @@ def load_explained_model(
     if not path.is_file():
         raise FileNotFoundError(f"timm weights file {path} does not exist.")
     if path.suffix == ".safetensors":
-        state = load_file(str(path))
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError) as error:
+            raise UsageError(f"{path} is not a readable safetensors file ({error}).") from None
     else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_checkpoint(path)  # weights_only: refuses pickled code, names a truncated file
     if not isinstance(state, dict) or "patch_embed.proj.weight" not in state:
         raise UsageError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
-    model = from_timm(state, name=model_name.split(".")[0]).eval()
+    try:
+        model = from_timm(state, name=model_name.split(".")[0]).eval()
+    except (RuntimeError, ValueError, KeyError, TypeError) as error:  # load_state_dict's size mismatches
+        first = str(error).strip().splitlines()
+        raise UsageError(
+            f"{path} does not fit model {model_name!r}: {first[0] if first else type(error).__name__}; "
+            "give the weights of that architecture."
+        ) from None
     config = model.config
     timm_cfg = pretrained_preprocessing(timm.get_pretrained_cfg(model_name), config)
     if timm_cfg is not None:
@@ -254,10 +265,11 @@ class LoadedImage(NamedTuple):
     path: Path | None  # the file it was read from (None for test images)
 
 
-def load_test_images(extra: dict[str, Any], count: int) -> list[LoadedImage]:
+def load_test_images(model: VisionTransformer, extra: dict[str, Any], count: int) -> list[LoadedImage]:
     """The first ``count`` preprocessed test images of the dataset the model was trained on
-    (``extra["data_config"]``, see :func:`load_explained_model`), with their labels."""
-    test_set = build_datasets(data_config_for(extra)).test
+    (``extra["data_config"]``, see :func:`load_explained_model`), with their labels; data that no
+    longer fits ``model`` is refused (:func:`~vitkit.train.evaluate.datasets_for`)."""
+    test_set = datasets_for(model, extra).test
     loaded = []
     for index in range(min(count, len(test_set))):
         image, label = test_set[index]

@@ -52,6 +52,8 @@ class HeadStats:
         eye = torch.eye(others.shape[-1], dtype=torch.bool)
         others[:, eye] = float("nan")
         filled = others.nan_to_num(nan=-1.0)
+        if filled.shape[-1] == 0:  # every head pruned: nothing to compare
+            return filled.new_full(filled.shape[:-1], float("nan")), torch.full(filled.shape[:-1], -1)
         values, index = filled.max(dim=-1)
         missing = values < 0
         return values.masked_fill(missing, float("nan")), index.masked_fill(missing, -1)

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import platform
+import stat
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -239,7 +240,7 @@ class Autotuner:
 def _load_entries(path: Path) -> dict[str, dict[str, Any]] | None:
     """The entries of the cache file ``path``; ``None`` (with a warning) if it is unreadable."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read_regular_file(path))
         entries = data["entries"]
         if data.get("vitkit_autotune") != CACHE_FORMAT or not isinstance(entries, dict):
             raise ValueError(f"format {data.get('vitkit_autotune')!r}, expected {CACHE_FORMAT}")
@@ -253,6 +254,20 @@ def _load_entries(path: Path) -> dict[str, dict[str, Any]] | None:
             stacklevel=2,
         )
         return None
+
+
+def _read_regular_file(path: Path) -> str:
+    """The text of ``path``, opened without blocking and refused (``OSError``) unless it is a
+    regular file: opening a FIFO for reading would otherwise wait forever for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "r", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
 
 
 def _choice_from_json(entry: dict[str, Any]) -> AutotuneChoice:

@@ -108,7 +108,7 @@ def _measure(
     return PruningStep(
         step=step,
         heads_left=heads_left,
-        fraction_pruned=1.0 - heads_left / total_heads,
+        fraction_pruned=1.0 - heads_left / total_heads if total_heads else 0.0,  # a model with no heads: none pruned
         accuracy=evaluate_accuracy(pruned, eval_loader, max_batches=max_batches),
         parameters=count_parameters(pruned),
         flops=vit_flops(pruned.config),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -24,11 +25,14 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from ..errors import VitkitError
 from ..io import atomic_write
+from ..output_dirs import mark, written_by
 from .config import RecipeConfig
 
 #: Set by rank 0 for the processes Lightning launches for DDP, so they share its run directory.
 RUN_DIR_ENV = "VITKIT_RUN_DIR"
 CONFIG_FILE = "config.yaml"
+#: What a run directory's marker (:mod:`vitkit.output_dirs`) names.
+RUN_KIND = "train"
 
 
 class RunDirError(VitkitError):
@@ -36,23 +40,33 @@ class RunDirError(VitkitError):
 
 
 def resolve_run_dir(config: RecipeConfig, resume: str | os.PathLike | None) -> Path:
-    """The run directory, created: inherited from the launching rank, the directory of the
-    checkpoint to resume (when it is a run directory), or a new ``<output.dir>/<name>/<timestamp>``
-    claimed by rank 0 (:func:`claim_run_dir`; other ranks of an externally launched job get the
-    path without creating anything, they write nothing there)."""
+    """The run directory, created: inherited from the launching rank, the run directory of the
+    checkpoint to resume (only when vitkit's marker says it is one: see :func:`adopted_run_dir`), or
+    a new ``<output.dir>/<name>/<timestamp>`` claimed by rank 0 (:func:`claim_run_dir`; other ranks
+    of an externally launched job get the path without creating anything, they write nothing there)."""
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited:
         return Path(inherited)
-    if resume is not None:
-        candidate = Path(resume).resolve().parent.parent
-        if (candidate / CONFIG_FILE).is_file():
-            return candidate
+    adopted = adopted_run_dir(resume)
+    if adopted is not None:
+        return adopted
     base = Path(config.output.dir) / config.name
     check_latest_link(base)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if rank_zero_only.rank != 0 or int(os.environ.get("NODE_RANK", "0")) != 0:
         return base / stamp
     return claim_run_dir(base, stamp)
+
+
+def adopted_run_dir(resume: str | os.PathLike | None) -> Path | None:
+    """The run directory ``<run>/checkpoints/<file>`` of the checkpoint ``resume`` when vitkit's
+    marker in ``<run>`` says a training run wrote it, else ``None`` (the resumed run gets a new one)."""
+    if resume is None:
+        return None
+    candidate = Path(resume).resolve().parent
+    if candidate.name != "checkpoints" or written_by(candidate.parent) != RUN_KIND:
+        return None
+    return candidate.parent
 
 
 def claim_run_dir(base: Path, stamp: str) -> Path:
@@ -64,7 +78,7 @@ def claim_run_dir(base: Path, stamp: str) -> Path:
     while True:
         try:
             run_dir.mkdir()
-            return run_dir
+            return mark(run_dir, RUN_KIND)
         except FileExistsError:
             run_dir, suffix = base / f"{stamp}-{suffix}", suffix + 1
 
@@ -107,8 +121,20 @@ def merge_metrics(run_dir: Path) -> list[dict[str, str]]:
 
 
 def write_json(path: Path, values: dict[str, Any]) -> Path:
-    """``values`` as indented JSON, atomically."""
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(values, indent=2) + "\n"))
+    """``values`` as indented JSON, atomically; NaN and infinities (a diverged loss) become ``null``,
+    which JSON can hold."""
+    text = json.dumps(_finite(values), indent=2, allow_nan=False)
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def point_latest(run_dir: Path) -> None:

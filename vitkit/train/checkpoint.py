@@ -5,7 +5,7 @@ beside the target that replaces it only once complete and synced (a crash mid-sa
 good file; the orphan temporary files of a killed save are removed at the next save or resume), and
 every load uses ``torch.load(weights_only=True)``, which refuses pickled objects other than tensors
 and plain containers. :func:`check_resumable` refuses a checkpoint that cannot continue a recipe
-before anything is written; :func:`load_for_inference` rebuilds the model from a ``.ckpt`` or an
+(model, data, or any piece of the training state) before anything is written; :func:`load_for_inference` rebuilds the model from a ``.ckpt`` or an
 exported ``.safetensors`` file.
 """
 
@@ -21,9 +21,10 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
-from ..io import atomic_write, read_model_file
+from ..io import atomic_write, check_extra, check_tensor_shapes, read_model_file
 from ..models import VisionTransformer, ViTConfig
-from .module import EMA_PREFIX, MODEL_PREFIX, non_finite_tensors
+from .module import EMA_PREFIX, MODEL_PREFIX, ViTClassifier, non_finite_tensors
+from .optim import build_optimizer
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
@@ -70,11 +71,12 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def check_resumable(path: str | os.PathLike, vit_config: dict[str, Any], dataset: str) -> None:
-    """Refuse to resume from ``path`` unless it is a readable vitkit training checkpoint whose model
-    is the one the recipe builds (``vit_config``: architecture, image size, channels, classes) on the
-    same ``dataset``. Changes nothing unless it can resume: then it removes the orphan temporary
-    files of a killed save beside it.
+def check_resumable(path: str | os.PathLike, module: ViTClassifier, dataset: str) -> None:
+    """Refuse to resume from ``path`` unless it is a readable vitkit training checkpoint that
+    ``module`` can continue from: the model the recipe builds (``vit_config``: architecture, image
+    size, channels, classes) on the same ``dataset``, with every piece of training state Lightning
+    restores (weights of the right names and shapes, the optimiser's state for this model's parameter
+    groups, the schedule, the loop counters). Reads only; changes nothing.
 
     Raises:
         FileNotFoundError, UnsafeCheckpointError, CheckpointError: the message names each difference.
@@ -88,13 +90,15 @@ def check_resumable(path: str | os.PathLike, vit_config: dict[str, Any], dataset
     checkpoint = load_checkpoint(path)
     is_dict = isinstance(checkpoint, dict)
     hparams = checkpoint.get("hyper_parameters", {}) if is_dict else {}
-    if not is_dict or LIGHTNING_VERSION_KEY not in checkpoint or "vit_config" not in hparams:
+    extra = hparams.get("extra", {}) if isinstance(hparams, dict) else None
+    if not is_dict or LIGHTNING_VERSION_KEY not in checkpoint or not isinstance(hparams, dict) \
+            or not isinstance(hparams.get("vit_config"), dict) or not isinstance(extra, dict):
         raise CheckpointError(
             f"--resume {path}: not a vitkit training checkpoint (no Lightning training state or model config); "
             "give the run's checkpoints/last.ckpt."
         )
-    saved = {**_plain(hparams["vit_config"]), "dataset": hparams.get("extra", {}).get("dataset")}
-    wanted = {**_plain(vit_config), "dataset": dataset}
+    saved = {**_plain(hparams["vit_config"]), "dataset": extra.get("dataset")}
+    wanted = {**_plain(module.hparams["vit_config"]), "dataset": dataset}
     differences = [
         f"{key} (checkpoint {saved.get(key)!r}, recipe {wanted.get(key)!r})"
         for key in sorted(set(saved) | set(wanted))
@@ -106,7 +110,59 @@ def check_resumable(path: str | os.PathLike, vit_config: dict[str, Any], dataset
             f"builds: {'; '.join(differences)}. Resume with the run's own config.yaml (beside checkpoints/), "
             "or start a new run."
         )
-    remove_orphan_temp_files(path.parent)
+    problem = _training_state_problem(checkpoint, module)
+    if problem:
+        raise CheckpointError(
+            f"--resume {path}: the checkpoint cannot continue this run: {problem}. It was not saved by a vitkit "
+            "training run, or was edited; resume from another checkpoint, or start a new run (a model file or "
+            "weights-only checkpoint can still be evaluated)."
+        )
+
+
+#: What Lightning restores on resume, besides the weights.
+TRAINING_STATE_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "epoch", "global_step", "loops")
+
+
+def _training_state_problem(checkpoint: dict[str, Any], module: ViTClassifier) -> str | None:
+    """Why ``checkpoint`` cannot be restored into ``module`` and its optimiser, or ``None``. Compares
+    names, shapes and group sizes only: nothing is copied or allocated."""
+    missing = [key for key in TRAINING_STATE_KEYS if key not in checkpoint]
+    if missing:
+        return f"it lacks {', '.join(missing)} (a weights-only checkpoint?)"
+    weights = checkpoint["state_dict"]
+    if not isinstance(weights, dict):
+        return "its state_dict is not a mapping of tensors"
+    expected = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+    found = {name: tuple(t.shape) if isinstance(t, torch.Tensor) else None for name, t in weights.items()}
+    wrong = [
+        f"{name} (checkpoint {list(found[name]) if found.get(name) is not None else found.get(name, 'missing')}, "
+        f"model {list(expected[name]) if name in expected else 'none'})"
+        for name in sorted(set(expected) | set(found))
+        if found.get(name, "missing") != expected.get(name, "none")
+    ]
+    if wrong:
+        shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+        return f"its weights do not fit the model: {shown}"
+    optimizer = build_optimizer(module.model, module.optim_config)
+    states, schedulers = checkpoint["optimizer_states"], checkpoint["lr_schedulers"]
+    if not (isinstance(states, list) and len(states) == 1 and isinstance(states[0], dict)):
+        return "it does not hold exactly one optimiser state"
+    if not (isinstance(schedulers, list) and len(schedulers) == 1 and isinstance(schedulers[0], dict)):
+        return "it does not hold exactly one learning-rate schedule"
+    groups, state = states[0].get("param_groups"), states[0].get("state")
+    ours = optimizer.param_groups
+    if not (isinstance(groups, list) and isinstance(state, dict) and len(groups) == len(ours)):
+        return f"its optimiser state has {len(groups) if isinstance(groups, list) else 'no'} parameter groups, this run {len(ours)}"
+    params = [param for group in ours for param in group["params"]]
+    for saved_group, group in zip(groups, ours):
+        if not isinstance(saved_group, dict) or len(saved_group.get("params", ())) != len(group["params"]):
+            return "its optimiser's parameter groups differ in size from this run's"
+    ids = [index for group in groups for index in group["params"]]
+    for index, param in zip(ids, params):
+        for name, value in (state.get(index) or {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                return f"optimiser state {name!r} of parameter {index} has shape {list(value.shape)}, the parameter {list(param.shape)}"
+    return None
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -114,9 +170,10 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(values))
 
 
-def remove_orphan_temp_files(folder: str | os.PathLike) -> list[Path]:
-    """Delete the ``.<name>.ckpt.<random>.tmp`` files a save killed mid-write left in ``folder``."""
-    orphans = list(Path(folder).glob(ORPHAN_GLOB))
+def remove_orphan_temp_files(folder: str | os.PathLike, pattern: str = ORPHAN_GLOB) -> list[Path]:
+    """Delete the temporary files a save killed mid-write left in ``folder``: ``.<name>.ckpt.<random>.tmp``
+    (``pattern``: another glob, e.g. every ``.*.tmp`` of :func:`~vitkit.io.atomic_write`)."""
+    orphans = [path for path in Path(folder).glob(pattern) if path.is_file()]
     for orphan in orphans:
         orphan.unlink(missing_ok=True)
     return orphans
@@ -171,11 +228,18 @@ def load_for_inference(path: str | os.PathLike) -> tuple[VisionTransformer, dict
 
 
 def _read_training_checkpoint(path: Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Config, weights (EMA when kept) and ``extra`` of a training checkpoint, validated as a model
+    file's are (:func:`~vitkit.io.check_extra`, :func:`~vitkit.io.check_tensor_shapes`)."""
     checkpoint = load_checkpoint(path)
-    hparams = checkpoint.get("hyper_parameters", {})
-    if "vit_config" not in hparams or "state_dict" not in checkpoint:
+    hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    weights = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(hparams, dict) or not isinstance(hparams.get("vit_config"), dict) or not isinstance(weights, dict):
         raise CheckpointError(f"{path} is not a vitkit training checkpoint (no model config in its hyper-parameters).")
-    weights = checkpoint["state_dict"]
-    prefix = EMA_PREFIX if any(key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
-    state = {key[len(prefix):]: value for key, value in weights.items() if key.startswith(prefix)}
-    return ViTConfig.from_dict(hparams["vit_config"]), state, dict(hparams.get("extra", {}))
+    source = f"the hyper-parameters of checkpoint {path}"
+    config = ViTConfig.from_dict(hparams["vit_config"], source=source, error=CheckpointError)
+    extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)
+    prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
+    state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
+    shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
+    check_tensor_shapes(config, shapes, f"checkpoint {path}", CheckpointError)
+    return config, state, extra

@@ -11,12 +11,14 @@ the ranges are in each field's metadata.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from lightning.pytorch.strategies import StrategyRegistry
 
 from ..data import DataConfig
 from ..io import atomic_write
@@ -178,7 +180,19 @@ class TrainerConfig(Config):
     max_time_minutes: float | None = field(default=None, metadata=bounds(gt=0))
 
     def validate(self) -> None:
-        """``devices``: a count in [1, MAX_DEVICES] or distinct ids in [0, MAX_DEVICES)."""
+        """``devices``: a count in [1, MAX_DEVICES] or distinct ids in [0, MAX_DEVICES); what Lightning
+        accepts for the batch limits (a fraction in (0, 1] or a count) and the strategy (its registry)."""
+        for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+            value = getattr(self, key)
+            if isinstance(value, float) and value > 1.0:
+                raise FieldError(key, f"must be a fraction of the epoch in (0, 1] or a whole number of batches, got {value:g}.")
+        strategies = ("auto", *StrategyRegistry.available_strategies())
+        if self.strategy not in strategies:
+            close = difflib.get_close_matches(self.strategy, strategies, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise FieldError(
+                "strategy", f"must be a Lightning strategy ('auto', 'ddp', 'fsdp', ...), got {describe(self.strategy)}.{hint}"
+            )
         devices = self.devices
         count_ok = isinstance(devices, int) and 1 <= devices <= MAX_DEVICES
         ids_ok = isinstance(devices, list) and 0 < len(set(devices)) == len(devices)
@@ -208,7 +222,11 @@ class RecipeConfig(Config):
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def validate(self) -> None:
-        """Mixup pairs need an even batch."""
+        """The name is one folder name (runs stay inside ``output.dir``); Mixup pairs need an even batch."""
+        if not self.name or self.name in (".", "..") or "/" in self.name or "\\" in self.name:
+            raise FieldError(
+                "name", f"must be a single folder name (the run goes to output.dir/<name>/), got {describe(self.name)}."
+            )
         if self.optim.mixes and self.trainer.batch_size % 2:
             raise ValueError(
                 f"Mixup/CutMix pairs images within a batch, so trainer.batch_size must be even, "

@@ -12,8 +12,11 @@ import numpy as np
 from sklearn.metrics import confusion_matrix
 from torch.utils.data import DataLoader
 
-from ..data import DataConfig, build_datasets
+from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
+from ..data.info import MetadataError
+from ..errors import VitkitError
 from ..evaluation import default_device, evaluate_model
+from ..models import VisionTransformer
 from .artifacts import write_json
 from .checkpoint import load_for_inference
 from .plots import plot_confusion_matrix
@@ -45,13 +48,8 @@ def evaluate(
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}.")
     model, extra = load_for_inference(model_path)
-    bundle = build_datasets(data_config_for(extra, data_overrides))
+    bundle = datasets_for(model, extra, data_overrides)
     info = bundle.info
-    if info.num_classes != model.num_classes:
-        raise ValueError(
-            f"the model predicts {model.num_classes} classes but dataset {info.name!r} has {info.num_classes}; "
-            "evaluate it on the dataset it was trained on."
-        )
     scores = evaluate_model(model.to(default_device()), DataLoader(getattr(bundle, split), batch_size=batch_size))
     k = info.num_classes
     matrix = confusion_matrix(scores.labels.numpy(), scores.predictions.numpy(), labels=list(range(k)))
@@ -75,15 +73,63 @@ def evaluate(
     return report
 
 
-def data_config_for(extra: dict[str, Any], overrides: Iterable[str] = ()) -> DataConfig:
+def data_config_for(
+    extra: dict[str, Any], overrides: Iterable[str] = (), model: VisionTransformer | None = None
+) -> DataConfig:
     """The data options saved with a model (``extra['data_config']``, else its dataset name and
-    geometry) with ``key=value`` overrides, validated like a recipe's data section."""
-    saved = extra.get("data_config") or {
-        "name": extra.get("dataset", "digits"),
-        "img_size": extra.get("img_size"),
-        "in_chans": extra.get("in_chans"),
-    }
+    geometry, else ``model``'s geometry) with ``key=value`` overrides, validated like a recipe's
+    data section.
+
+    Raises:
+        MetadataError: the model records no dataset and the overrides name none.
+        ConfigError: the options are invalid.
+    """
     updates, keys = parse_overrides(f"data.{item}" for item in overrides)
+    saved = extra.get("data_config") or {
+        "name": extra.get("dataset"),
+        "img_size": extra.get("img_size", list(model.config.img_size) if model else None),
+        "in_chans": extra.get("in_chans", model.config.in_chans if model else None),
+    }
     values = merge(saved, updates.get("data", {}))
+    if values.get("name") is None:
+        raise MetadataError(
+            "the model's metadata names no dataset (it was saved without extra=); give the data to use, "
+            "e.g. --data name=cifar10 root=/data/cifar."
+        )
     return build(DataConfig, values, source="the model's saved data options", path="data.",
                  all_keys=dotted_keys(DataConfig, prefix="data."), override_keys=keys)
+
+
+def datasets_for(model: VisionTransformer, extra: dict[str, Any], overrides: Iterable[str] = ()) -> DatasetBundle:
+    """The splits of the data ``model`` was trained on (:func:`data_config_for`), checked to fit it
+    (:func:`check_model_fits`)."""
+    bundle = build_datasets(data_config_for(extra, overrides, model))
+    check_model_fits(model, bundle.info)
+    return bundle
+
+
+def check_model_fits(model: VisionTransformer, info: DataInfo) -> None:
+    """Refuse data the model cannot take: another class count, channel count or (unless the model
+    has ``dynamic_img_size``) image size, as ``--data`` overrides can give.
+
+    Raises:
+        DataMismatchError: naming each difference.
+    """
+    config = model.config
+    problems = []
+    if info.num_classes != config.num_classes:
+        problems.append(f"{info.num_classes} classes (the model predicts {config.num_classes})")
+    if info.in_chans != config.in_chans:
+        problems.append(f"{info.in_chans} channel(s) (the model takes {config.in_chans})")
+    if tuple(info.img_size) != tuple(config.img_size) and not config.dynamic_img_size:
+        problems.append(f"{info.img_size[0]}x{info.img_size[1]} images (the model takes "
+                        f"{config.img_size[0]}x{config.img_size[1]})")
+    if problems:
+        raise DataMismatchError(
+            f"dataset {info.name!r} as configured has {', '.join(problems)}; use the data the model was trained on, "
+            "or leave out the --data overrides that change it."
+        )
+
+
+class DataMismatchError(VitkitError, ValueError):
+    """The data (after ``--data`` overrides) does not fit the model."""

@@ -26,6 +26,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -35,9 +36,24 @@ from ..errors import VitkitError
 from ..io import save_model
 from ..layers.attention_kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
-from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, point_latest, resolve_run_dir, write_json
+from ..output_dirs import hold
+from .artifacts import (
+    CONFIG_FILE,
+    RUN_DIR_ENV,
+    adopted_run_dir,
+    merge_metrics,
+    point_latest,
+    resolve_run_dir,
+    write_json,
+)
 from .callbacks import LastCheckpoint, Throughput
-from .checkpoint import AtomicCheckpointIO, CheckpointError, check_resumable, newest_finite_checkpoint
+from .checkpoint import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_resumable,
+    newest_finite_checkpoint,
+    remove_orphan_temp_files,
+)
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .module import NonFiniteLossError, ViTClassifier
@@ -105,8 +121,23 @@ def train(
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
     module = build_module(config, datamodule.info)
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
-        check_resumable(resume, module.hparams["vit_config"], datamodule.info.name)
+        check_resumable(resume, module, datamodule.info.name)
+    check_hardware(config.trainer)
     run_dir = resolve_run_dir(config, resume)
+    with _own_run_dir(run_dir, adopted=run_dir == adopted_run_dir(resume)):
+        return _fit(config, datamodule, module, run_dir, resume, callbacks, started)
+
+
+def _fit(
+    config: RecipeConfig,
+    datamodule: ViTDataModule,
+    module: ViTClassifier,
+    run_dir: Path,
+    resume: str | os.PathLike | None,
+    callbacks: list[L.Callback] | tuple[L.Callback, ...],
+    started: float,
+) -> RunResult:
+    """Fit, test and export into ``run_dir`` (see :func:`train`)."""
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
     trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput, monitor_lr, *callbacks])
@@ -189,6 +220,40 @@ def check_precision(config: TrainerConfig) -> None:
             "trainer.precision='16-mixed' (float16 autocast with loss scaling) needs a GPU, but this run "
             "trains on the CPU; use trainer.precision=bf16-mixed (fast on CPUs with bfloat16 support) or 32-true."
         )
+
+
+def check_hardware(config: TrainerConfig) -> None:
+    """Refuse, before a run directory is claimed, what Lightning would refuse at ``fit``: an
+    accelerator this machine lacks, device ids it does not have, a strategy it cannot run. Lightning
+    itself decides (a throwaway ``Trainer`` with the recipe's hardware options, which writes nothing)."""
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # the real Trainer prints the device summary once
+    try:
+        L.Trainer(
+            accelerator=config.accelerator,
+            devices=config.devices,
+            num_nodes=config.num_nodes,
+            strategy=config.strategy,
+            precision=config.precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as error:
+        raise RecipeError(
+            f"trainer options accelerator={config.accelerator!r}, devices={config.devices!r}, "
+            f"strategy={config.strategy!r}, num_nodes={config.num_nodes} cannot run on this machine: "
+            f"{_first_sentence(error)}"
+        ) from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _first_sentence(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callback]) -> L.Trainer:
@@ -280,6 +345,21 @@ def _without_lightning_tips() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(tips)
+
+
+@contextlib.contextmanager
+def _own_run_dir(run_dir: Path, adopted: bool) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for the run (the process that claimed or adopted it; the processes it
+    launches share it). A resumed run then removes the temporary files a killed save left there:
+    with the lock held, no other process can be writing them."""
+    if RUN_DIR_ENV in os.environ or not run_dir.is_dir():  # launched by rank 0, or a rank that writes nothing
+        yield
+        return
+    with hold(run_dir):
+        if adopted:
+            remove_orphan_temp_files(run_dir / "checkpoints")
+            remove_orphan_temp_files(run_dir, pattern=".*.tmp")  # model.safetensors, summary.json, ...
+        yield
 
 
 @contextlib.contextmanager

@@ -1,0 +1,142 @@
+"""Folders vitkit writes results into: marked as vitkit's, never mixed, and locked while in use.
+
+Every run directory and every tool's ``--out`` folder holds a small marker file, ``.vitkit``, that
+names what wrote it (``{"written_by": "train"}``, ``"prune_heads"``, ...). That marker is how vitkit
+knows a folder is its own:
+
+- ``--resume`` continues in a checkpoint's run directory only when the marker says ``train``
+  (a user's folder that happens to hold a ``config.yaml`` is not adopted);
+- a tool refuses an ``--out`` folder that another tool or a training run wrote, or that holds
+  result files (``summary.json``, ``model.safetensors``, ...) without a marker; rerunning the same
+  tool into its own folder replaces its results, as before;
+- :func:`hold` takes an exclusive ``flock`` on the marker for as long as a run uses its folder, so
+  two resumes of one run (or a resume of a run still training) cannot share it. The kernel releases
+  the lock when the process ends, however it ends, so a killed run leaves no stale lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .errors import VitkitError
+
+MARKER = ".vitkit"
+
+#: Files only vitkit's runs and tools write; a folder holding one without a marker is refused.
+RESULT_FILES = (
+    "summary.json",
+    "model.safetensors",
+    "pruned.safetensors",
+    "config.yaml",
+    "curves.png",
+    "curves.csv",
+    "metrics.csv",
+    "eval.json",
+    "checkpoints",
+)
+
+
+class OutputDirError(VitkitError):
+    """A folder vitkit would write into holds results it must not overwrite, or is in use."""
+
+
+def written_by(folder: str | os.PathLike) -> str | None:
+    """What the marker of ``folder`` names (``'train'``, a tool's name), or ``None`` without one."""
+    path = Path(folder) / MARKER
+    try:
+        if not path.is_file():
+            return None
+        value = json.loads(path.read_text()).get("written_by")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def mark(folder: str | os.PathLike, kind: str) -> Path:
+    """Create ``folder`` if needed and write its marker naming ``kind``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / MARKER
+    marker.write_text(json.dumps({"written_by": kind}) + "\n")
+    return folder
+
+
+def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = ()) -> Path:
+    """``folder``, created and marked as ``tool``'s, unless it holds another writer's results.
+
+    Args:
+        folder: the ``--out`` folder.
+        tool: the tool's name, stored in the marker.
+        extra_results: more file names the tool writes (refused without a marker, like
+            :data:`RESULT_FILES`).
+
+    Raises:
+        OutputDirError: ``folder`` is a file, another tool's or a training run's folder, or holds
+            result files vitkit did not mark.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputDirError(f"--out {folder} is a file, not a folder; choose a folder.")
+    owner = written_by(folder) if folder.is_dir() else None
+    if owner is not None and owner != tool:
+        what = "a training run" if owner == "train" else f"{owner}'s output folder"
+        raise OutputDirError(
+            f"--out {folder} is {what}; writing {tool}'s results there would overwrite its files. "
+            "Choose another folder (e.g. a subfolder)."
+        )
+    if owner is None and folder.is_dir():
+        found = sorted(name for name in {*RESULT_FILES, *extra_results} if (folder / name).exists())
+        if found:
+            raise OutputDirError(
+                f"--out {folder} already holds {', '.join(found)}, not written by {tool} (or by an older vitkit); "
+                "choose another folder, or move those files first."
+            )
+    return mark(folder, tool)
+
+
+@contextlib.contextmanager
+def hold(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder``'s marker for the block.
+
+    Raises:
+        OutputDirError: another process holds it (the message gives its process id).
+    """
+    marker = Path(folder) / MARKER
+    fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(marker)
+            raise OutputDirError(
+                f"{folder} is in use by another vitkit process{holder} (a run still training, or another "
+                "--resume of it); wait for it to finish, or resume a copy of the checkpoint into a new run."
+            ) from None
+        _set_holder(marker)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _holder(marker: Path) -> str:
+    try:
+        pid = json.loads(marker.read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f" (pid {pid})" if isinstance(pid, int) else ""
+
+
+def _set_holder(marker: Path) -> None:
+    """Record the lock holder's pid in the marker (for the message a second process gets)."""
+    try:
+        values = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        values = {}
+    if not isinstance(values, dict):
+        values = {}
+    marker.write_text(json.dumps({**values, "pid": os.getpid()}) + "\n")
