@@ -98,7 +98,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "rows = joint[:, 0]", ("tests/test_explain_readout.py",), "read-out ignores average pooling"),
     Mutation("explain", "vitkit/explain/rollout.py", "relevance = relevance + cam @ relevance",
              "relevance = cam @ relevance", ("tests/test_explain_readout.py",), "Chefer without the identity term"),
-    Mutation("explain", "vitkit/explain/cli.py", 'names = [path.with_suffix(".png") for path in relative]',
+    Mutation("explain", "vitkit/cli/explain_io.py", 'names = [path.with_suffix(".png") for path in relative]',
              'names = [Path(path.stem + ".png") for path in relative]', ("tests/test_faults_data.py",),
              "figure names drop the image's folder"),
     Mutation("prune", "vitkit/prune/importance.py", "total += grad.abs().sum(0).cpu()",

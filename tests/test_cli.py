@@ -3,6 +3,8 @@ listing its options with their defaults before torch is imported, one exit-statu
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import shutil
 import site
@@ -60,14 +62,23 @@ def test_a_non_editable_install_gives_the_vitkit_command_with_every_subcommand(t
 def test_help_of_every_subcommand_lists_each_option_with_its_default_and_debug() -> None:
     for command, module in MODULES.items():
         parser = parsers.build(command, module)
-        text = parser.format_help()
-        assert text.startswith(f"usage: vitkit {command}"), command
-        assert "--debug" in text and "exit status" in text, command
+        text = " ".join(parser.format_help().split())
+        assert text.startswith(f"usage: vitkit {command}") and "--debug" in text and "exit status" in text, command
         for action in parser._actions:
-            if action.option_strings and action.default is not None and action.help != "==SUPPRESS==":
-                assert "%(default)" in (action.help or "") or "(default:" in parser._get_formatter()._expand_help(
-                    action
-                ), f"{command} {action.option_strings[0]}"
+            if action.option_strings and action.help != argparse.SUPPRESS and action.dest != "help":
+                shown = " ".join(f"{action.help.replace('%%', '%')} (default: {action.default})".split())
+                assert shown in text, f"vitkit {command} {action.option_strings[0]}: {shown}"
+
+
+def test_the_written_out_library_constants_equal_the_librarys() -> None:
+    from vitkit.explain import DEFAULT_MAX_BYTES, HEAD_FUSIONS, METHODS, HeadThresholds
+
+    assert parsers.LIBRARY_CONSTANTS == {
+        "vitkit.explain.METHODS": METHODS,
+        "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
+        "vitkit.explain.HeadThresholds()": dataclasses.asdict(HeadThresholds()),
+        "vitkit.explain.DEFAULT_MAX_BYTES": DEFAULT_MAX_BYTES,
+    }
 
 
 def test_help_and_usage_errors_need_no_torch() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-import runpy
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,13 +15,12 @@ from PIL import Image
 import vitkit
 from vitkit.data import shapes_info
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
 TINY_SHAPES = {"name": "shapes", "img_size": 32, "num_workers": 0, "shapes_num_samples": 60, "test_fraction": 0.2}
 
 
 def tool_main(name: str) -> Callable[[list[str]], int]:
-    """The ``main(argv)`` of ``tools/<name>.py``."""
-    return runpy.run_path(str(TOOLS / f"{name}.py"))["main"]
+    """The ``main(argv)`` of ``tools/<name>.py`` (``vitkit.cli.<name>``)."""
+    return importlib.import_module(f"vitkit.cli.{name}").main
 
 
 def tiny_shapes_model() -> vitkit.VisionTransformer:

@@ -31,11 +31,11 @@ from tiny_runs import ROOT, tool_env
 
 import vitkit
 import vitkit.data.arrays as arrays_module
+from vitkit.cli.common import describe_os_error
 from vitkit.data import CifarFileError, DataConfig, build_datasets
 from vitkit.data.arrays import ResizeMemoryError, resize_images
 from vitkit.data.cifar import read_pickle
 from vitkit.data.mnist import IMAGES_MAGIC, IdxFileError, read_idx
-from vitkit.errors import describe_os_error
 from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold
 from vitkit.prune import prune_heads

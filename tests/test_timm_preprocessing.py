@@ -15,8 +15,8 @@ import torch
 from PIL import Image
 
 import vitkit
+from vitkit.cli.explain_io import load_explained_model
 from vitkit.data import DataInfo, build_eval_transform
-from vitkit.explain.cli import load_explained_model
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))

@@ -30,7 +30,9 @@ import torch
 from vitkit.data import DataInfo
 from vitkit.errors import UsageError
 from vitkit.explain import explorer_html, explorer_size
-from vitkit.explain.cli import (
+
+from .common import SKIPPED_INPUTS
+from .explain_io import (
     ConversionNote,
     find_images,
     load_image_files,
@@ -38,8 +40,6 @@ from vitkit.explain.cli import (
     load_test_images,
     output_clashes,
 )
-
-from .common import SKIPPED_INPUTS
 from .main import run_command
 
 

@@ -83,7 +83,7 @@ def recipe_arguments(parser: argparse.ArgumentParser, overrides: str = "dotted k
 
 def model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--checkpoint CKPT | --model NAME --timm-weights FILE [--mean ...] [--std ...] [--crop-pct P]``,
-    for ``vitkit.cli.explain_io.load_model_from_arguments``."""
+    for :func:`vitkit.cli.explain_io.load_model_from_arguments`."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="vitkit model file (.safetensors from training / save_model, or a .ckpt)")
     source.add_argument(

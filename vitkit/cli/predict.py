@@ -20,10 +20,10 @@ from tqdm import tqdm
 
 from vitkit.data import ImageReadError, load_image
 from vitkit.errors import UsageError
-from vitkit.explain.cli import ConversionNote, find_images
 from vitkit.inference import load_predictor, predict
 
 from .common import SKIPPED_INPUTS
+from .explain_io import ConversionNote, find_images
 from .main import run_command
 
 

@@ -106,6 +106,12 @@ def denormalize(images: torch.Tensor, info: DataInfo) -> torch.Tensor:
     return (images * std + mean).clamp(0.0, 1.0)
 
 
+def display_image(image: torch.Tensor, info: DataInfo) -> np.ndarray:
+    """A normalised ``[C, H, W]`` model input as an ``[H, W, 3]`` float RGB array in ``[0, 1]``."""
+    pixels = denormalize(image.float(), info).permute(1, 2, 0).numpy()
+    return np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
+
+
 def _finish(info: DataInfo, color_jitter: float) -> A.Compose:
     jitter = [A.ColorJitter(color_jitter, color_jitter, color_jitter, hue=0.0, p=1.0)] if color_jitter > 0 else []
     return A.Compose([*jitter, A.Normalize(mean=info.mean, std=info.std, max_pixel_value=255.0), ToTensorV2()])

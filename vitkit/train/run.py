@@ -70,10 +70,6 @@ class RunStoppedError(VitkitError):
     exit_status = SIGTERM_EXIT
 
 
-#: Exit statuses of the tools that train, for ``cli_errors`` (any other error: 1).
-RUN_EXIT_STATUSES = ((RunStoppedError, SIGTERM_EXIT), (RecipeError, 2))
-
-
 @dataclass
 class RunResult:
     """What :func:`train` returns: the run directory, its ``summary.json`` content and the

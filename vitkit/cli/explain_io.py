@@ -1,7 +1,7 @@
-"""Shared by the explanation tools: model source arguments and loading (with the metadata the model
-was trained with), image discovery in folders and loading (files or the model's test set),
-figure names that keep the images' folders, the note that says how images were adapted to the
-model, and display images."""
+"""Shared by the explanation commands (maps, explore, report) and predict: loading the model a
+command names (with the metadata it was trained with), image discovery in folders and loading
+(files or the model's test set), figure names that keep the images' folders, the note that says
+how images were adapted to the model, and display images."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import timm
 import torch
 from PIL import Image
@@ -22,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..data import DataInfo, ImageReadError, build_eval_transform, denormalize, load_image
+from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
 from ..data.images import convert_channels, describe_conversion
 from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
@@ -37,28 +36,8 @@ class FigureNameError(VitkitError, ValueError):
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--checkpoint CKPT | --model NAME --timm-weights FILE [--mean ...] [--std ...] [--crop-pct P]``,
-    for :func:`load_model_from_arguments`."""
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="vitkit model file (.safetensors from training / save_model, or a .ckpt)")
-    source.add_argument(
-        "--model",
-        help="vitkit variant name (vitkit.list_models()), with --timm-weights; add timm's tag for the weights' own "
-        "preprocessing (vit_small_patch16_224.dino)",
-    )
-    parser.add_argument(
-        "--timm-weights",
-        help="timm ViT state dict (.safetensors or torch file) for --model, preprocessed as timm's pretrained_cfg "
-        "of --model says",
-    )
-    parser.add_argument("--mean", type=float, nargs="+", help="with --timm-weights: normalisation mean, per channel")
-    parser.add_argument("--std", type=float, nargs="+", help="with --timm-weights: normalisation std, per channel")
-    parser.add_argument("--crop-pct", type=float, help="with --timm-weights: eval crop (resize to size / crop_pct)")
-
-
 def load_model_from_arguments(args: argparse.Namespace) -> tuple[VisionTransformer, dict[str, Any]]:
-    """:func:`load_explained_model` of :func:`add_model_arguments`' options; with --timm-weights,
+    """:func:`load_explained_model` of ``vitkit.cli.parsers.model_arguments``' options; with --timm-weights,
     prints a ``note:`` line saying which normalisation and crop the images get, and from where."""
     overrides = {key: getattr(args, key) for key in ("mean", "std", "crop_pct") if getattr(args, key) is not None}
     if overrides and args.timm_weights is None:
@@ -294,9 +273,3 @@ def load_image_files(
         note.add(path, image)
         loaded.append(LoadedImage(str(path), transform(convert_channels(image, info.in_chans)), None, path))
     return loaded, failed
-
-
-def display_image(image: torch.Tensor, info: DataInfo) -> np.ndarray:
-    """A normalised ``[C, H, W]`` model input as an ``[H, W, 3]`` float RGB array in ``[0, 1]``."""
-    pixels = denormalize(image.float(), info).permute(1, 2, 0).numpy()
-    return np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
