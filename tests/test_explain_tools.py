@@ -55,7 +55,7 @@ def test_attention_maps_on_mixed_folder_writes_figures_and_names_the_broken_file
 ) -> None:
     out = tmp_path / "maps"
     code = tool_main("attention_maps")(["--checkpoint", str(checkpoint), str(mixed_folder), "--out", str(out)])
-    assert code == 1
+    assert code == 3
     written = sorted(p.name for p in out.glob("*.png"))
     assert written == ["gray.png", "rgb.png", "rgba.png"]
     # image + rollout + grad rollout + Chefer in the first row, 3 heads in the second: 32 px shown 4x

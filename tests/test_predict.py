@@ -92,7 +92,7 @@ def test_predict_command_writes_csv_and_names_the_unreadable_file(
     out = tmp_path / "predictions.csv"
     code = predict_main([str(trained), str(folder), "--top-k", "2", "--csv", str(out), "--batch-size", "1"])
     captured = capsys.readouterr()
-    assert code == 1  # a file was skipped
+    assert code == 3  # a file was skipped
     assert [line for line in captured.err.splitlines() if line.startswith("error:")] == [
         line for line in captured.err.splitlines() if "broken.png" in line and line.startswith("error:")
     ] != []

@@ -57,7 +57,7 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
 
 def test_prune_heads_tool_reports_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture, load_tool) -> None:
     code = load_tool("prune_heads").main(["--checkpoint", str(tmp_path / "none.safetensors"), "--out", str(tmp_path)])
-    assert code == 1
+    assert code == 2
     assert "none.safetensors does not exist" in capsys.readouterr().err
 
 
