@@ -48,8 +48,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def summary(module: str) -> str:
-    """The first paragraph of ``vitkit.cli.<module>``'s docstring, on one line."""
-    return " ".join(_docstring(module).split("\n\n", 1)[0].split()).rstrip(".")
+    """What ``vitkit.cli.<module>`` does: its docstring's first paragraph, on one line, up to a colon."""
+    return " ".join(_docstring(module).split("\n\n", 1)[0].split()).split(": ", 1)[0].rstrip(".")
 
 
 def _docstring(module: str) -> str:
