@@ -18,6 +18,7 @@ import math
 from functools import partial
 from typing import Any
 
+import timm
 import torch
 from timm.layers import GELU as TimmGELU
 from timm.layers import AttentionPoolLatent, GELUTanh, LayerScale, Mlp, PatchEmbed, QuickGELU
@@ -267,6 +268,8 @@ def _config_from_state_dict(
     side = math.isqrt(grid_tokens)
     grid = (side, side) if side * side == grid_tokens else _non_square_grid(grid_tokens, (p1, p2), img_size)
     values: dict[str, Any] = dict(MODEL_CONFIGS.get(name, {})) if name else {}
+    if name and name not in MODEL_CONFIGS and timm.is_model(name):
+        values.update(_named_timm_hyper_parameters(name))
     values.update(
         img_size=(grid[0] * p1, grid[1] * p2),
         patch_size=(p1, p2),
@@ -287,6 +290,16 @@ def _config_from_state_dict(
         pre_norm="norm_pre.weight" in state,
     )
     return values
+
+
+def _named_timm_hyper_parameters(name: str) -> dict[str, Any]:
+    """What a state dict does not record (head count, activation, norm epsilon), read off timm's
+    model ``name`` built on the meta device (no memory, no init), which must convert."""
+    with torch.device("meta"):
+        source = timm.create_model(name, pretrained=False)
+    _config_from_timm_model(source)  # refuses a model vitkit lacks a feature of
+    block = source.blocks[0]
+    return dict(num_heads=block.attn.num_heads, act_layer=_activation_name(block.mlp.act), norm_eps=block.norm1.eps)
 
 
 def _reads_as_no_embed_class(rows: int, prefix: int, patch: tuple[int, int], img_size: Any) -> bool:
@@ -325,7 +338,8 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
     Args:
         source: a timm model, or its ``state_dict()`` (e.g. loaded with
             ``safetensors.torch.load_file`` from a checkpoint on disk).
-        name: variant name, needed with a state dict unless ``num_heads`` is in ``overrides``.
+        name: vitkit variant or timm model name (``'vit_small_patch14_reg4_dinov2'``), needed with
+            a state dict unless ``num_heads`` is in ``overrides``.
         overrides: :class:`ViTConfig` fields; ``img_size`` resamples the position embedding
             (bicubic) to the new grid, except for a state dict with a non-square grid, whose own
             size it then gives. A ``num_classes`` other than the source's keeps a freshly
