@@ -25,7 +25,6 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingMixe
 from timm.models.eva import Eva, EvaBlock
 from torch import nn
 
-from ..errors import UnsupportedModelError
 from ..layers.rope import DEFAULT_ROPE_THETA
 from .config import ViTConfig
 
@@ -97,14 +96,8 @@ def eva_config_and_state(model: Eva) -> tuple[dict[str, Any], dict[str, torch.Te
     """:class:`ViTConfig` fields and the state dict, in timm ``VisionTransformer``'s key layout,
     of a timm Eva model.
 
-    Raises:
-        UnsupportedModelError: the model uses a feature vitkit lacks (:func:`eva_unsupported`).
+    The caller checks it first (:func:`eva_unsupported`, through ``timm_interop.refuse_unsupported``).
     """
-    lacking = eva_unsupported(model)
-    if lacking:
-        raise UnsupportedModelError(
-            f"this timm Eva model uses {', '.join(lacking)}, which vitkit's VisionTransformer does not support."
-        )
     block, rope = model.blocks[0], model.rope
     kind = "none" if rope is None else "mixed" if isinstance(rope, RotaryEmbeddingMixed) else "axial"
     values: dict[str, Any] = dict(
