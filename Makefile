@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench mutations
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,10 @@ test: setup
 
 lint: setup
 	$(PY) -m ruff check .
+
+# The mutation list still fits the code (a fragment check; `$(PY) dev/mutation_check.py` runs the mutants).
+mutations: setup
+	$(PY) dev/mutation_check.py --check
 
 bench: setup
 	$(PY) tools/benchmark.py

@@ -177,5 +177,5 @@ def test_train_tool_reports_a_corrupt_idx_file_in_one_line(tmp_path: Path, load_
     (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x01\x00\x00\x00\x09abc"))
     code = load_tool("train").main(["recipes/fashion_mnist.yaml", f"data.root={tmp_path}", f"output.dir={tmp_path}"])
     error = capsys.readouterr().err
-    assert code == 1 and error.startswith("error: ") and "declares shape [9]" in error
+    assert code == 2 and error.startswith("error: ") and "declares shape [9]" in error
     assert "Traceback" not in error

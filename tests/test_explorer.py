@@ -256,7 +256,7 @@ def test_explore_reads_image_files_and_names_unreadable_ones(
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(folder / "a.png")
     (folder / "broken.png").write_bytes(b"not a png")
     out = tmp_path / "explorer.html"
-    assert load_tool("explore").main(["--checkpoint", str(checkpoint), str(folder), "--out", str(out)]) == 1
+    assert load_tool("explore").main(["--checkpoint", str(checkpoint), str(folder), "--out", str(out)]) == 3
     assert [r["name"] for r in payload_of(out.read_text())["images"]] == [str(folder / "a.png")]
     captured = capsys.readouterr()
     assert "broken.png" in captured.err and "resized" in captured.out

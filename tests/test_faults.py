@@ -239,7 +239,7 @@ def test_full_disk_during_a_checkpoint_is_one_error_line(tmp_path: Path, monkeyp
     monkeypatch.setattr("vitkit.train.checkpoint.torch.save", no_space)
     code = load_tool("train").main([str(write_tiny_recipe(tmp_path, **SHORT, checkpoint_every_n_steps=1))])
     err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "no space left on device" in lines[0], err[-2000:]
     assert not list((tmp_path / "runs").rglob("*.tmp"))  # the partial file is removed
@@ -248,11 +248,11 @@ def test_full_disk_during_a_checkpoint_is_one_error_line(tmp_path: Path, monkeyp
 TOOL_MISTAKES: dict[str, tuple[list[str], int, str]] = {
     # tool: (arguments, exit status, words of the message)
     "train": (["recipes/quickstart.yaml", "trainer.max_epoch=1"], 2, "trainer.max_epoch"),
-    "evaluate": (["missing/model.safetensors"], 1, "does not exist"),
+    "evaluate": (["missing/model.safetensors"], 2, "does not exist"),
     "attention_maps": (["--checkpoint", "missing.safetensors", "x.png", "--out", "OUT"], 2, "does not exist"),
     "attention_report": (["--checkpoint", "missing.safetensors", "--out", "OUT"], 2, "does not exist"),
     "localization": (["--checkpoint", "missing.safetensors"], 2, "does not exist"),
-    "prune_heads": (["--checkpoint", "missing.safetensors", "--out", "OUT"], 1, "does not exist"),
+    "prune_heads": (["--checkpoint", "missing.safetensors", "--out", "OUT"], 2, "does not exist"),
     "ablate_heads": (["recipes/quickstart.yaml", "optim.lr=-1", "--out", "OUT"], 2, "optim.lr"),
     "make_subset": (["missing_source", "OUT", "--classes", "1", "--images", "1"], 2, "source folder"),
     "time_to_accuracy": (["recipes/quickstart.yaml", "model.dept=1", "--out", "OUT"], 2, "model.dept"),
@@ -287,4 +287,4 @@ def test_an_output_folder_that_is_a_file_is_one_error_line(finished: RunResult, 
     blocker.write_text("a file where the output folder should go")
     code = load_tool("evaluate").main([str(finished.run_dir / "model.safetensors"), "--out", str(blocker)])
     err = capsys.readouterr().err
-    assert code == 1 and err.startswith("error: ") and str(blocker) in err and "Traceback" not in err
+    assert code == 2 and err.startswith("error: ") and str(blocker) in err and "Traceback" not in err

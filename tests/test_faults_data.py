@@ -22,6 +22,7 @@ from PIL import Image
 from test_explain_tools import save_tiny, tiny_shapes_model
 
 import vitkit
+from vitkit.cli.explain_io import FigureNameError, figure_names
 from vitkit.data import (
     CifarFileError,
     DataConfig,
@@ -35,7 +36,6 @@ from vitkit.data import (
 )
 from vitkit.data.images import check_image
 from vitkit.data.transforms import build_eval_transform
-from vitkit.explain.cli import FigureNameError, figure_names
 from vitkit.output_dirs import MARKER
 from vitkit.train import load_for_inference
 

@@ -31,11 +31,11 @@ from tiny_runs import ROOT, tool_env
 
 import vitkit
 import vitkit.data.arrays as arrays_module
+from vitkit.cli.common import describe_os_error
 from vitkit.data import CifarFileError, DataConfig, build_datasets
 from vitkit.data.arrays import ResizeMemoryError, resize_images
 from vitkit.data.cifar import read_pickle
 from vitkit.data.mnist import IMAGES_MAGIC, IdxFileError, read_idx
-from vitkit.errors import describe_os_error
 from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold
 from vitkit.prune import prune_heads
@@ -274,7 +274,7 @@ def test_d23_prune_heads_refuses_a_training_run_as_its_output(finished: RunResul
     run_dir = _copy_run(finished, tmp_path)
     before = snapshot(run_dir)
     code = load_tool("prune_heads").main(["--checkpoint", str(run_dir / "model.safetensors"), "--out", str(run_dir)])
-    assert code == 1 and "is a training run" in _one_error_line(capsys.readouterr().err)
+    assert code == 2 and "is a training run" in _one_error_line(capsys.readouterr().err)
     assert snapshot(run_dir) == before
 
 
@@ -383,7 +383,7 @@ def test_d8_d9_a_model_saved_without_extra_loads_and_tools_say_what_is_missing(t
     path = vitkit.save_model(_tiny_model(), tmp_path / "m.safetensors")  # the README's own call
     model, extra = load_for_inference(path)
     assert extra == {} and model.num_classes == 6
-    assert load_tool("evaluate").main([str(path)]) == 1
+    assert load_tool("evaluate").main([str(path)]) == 2
     assert "names no dataset" in _one_error_line(capsys.readouterr().err)
     images = tmp_path / "images"
     images.mkdir()
@@ -577,7 +577,7 @@ def test_d25_data_overrides_that_do_not_fit_the_model_are_one_error(tmp_path: Pa
     if words is None:
         assert code == 0  # a change that keeps the geometry is fine
     else:
-        assert code == 1 and words in _one_error_line(capsys.readouterr().err)
+        assert code == 2 and words in _one_error_line(capsys.readouterr().err)
 
 
 # --- minor points --------------------------------------------------------------------------------
@@ -602,7 +602,7 @@ def test_overrides_may_follow_resume(load_tool, monkeypatch: pytest.MonkeyPatch)
     tool = load_tool("train")
     monkeypatch.setattr(tool, "train", lambda recipe, overrides, resume: seen.update(o=overrides, r=resume) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        tool._main(["r.yaml", "--resume", "x.ckpt", "trainer.max_epochs=3"])
+        tool.main(["r.yaml", "--resume", "x.ckpt", "trainer.max_epochs=3"])
     assert seen == {"o": ["trainer.max_epochs=3"], "r": "x.ckpt"}
 
 

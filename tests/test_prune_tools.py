@@ -49,6 +49,7 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
     splits = eval_loaders(data_config_for(extra, []))
     assert summary["test_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.test))
     assert summary["val_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.val))
+    assert summary["test_images"] == [len(splits.test.dataset)] * 2  # the whole test split without --max-batches
     pruned, saved_extra = load_for_inference(out / "pruned.safetensors")
     assert pruned.heads_per_layer() == [0, 0]
     assert saved_extra["recipe"] == "tiny" and saved_extra["pruning"]["heads_per_layer"] == [0, 0]
@@ -56,7 +57,7 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
 
 def test_prune_heads_tool_reports_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture, load_tool) -> None:
     code = load_tool("prune_heads").main(["--checkpoint", str(tmp_path / "none.safetensors"), "--out", str(tmp_path)])
-    assert code == 1
+    assert code == 2
     assert "none.safetensors does not exist" in capsys.readouterr().err
 
 

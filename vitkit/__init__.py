@@ -1,15 +1,41 @@
-"""vitkit: a Vision Transformer toolkit for PyTorch built around multi-head self-attention."""
+"""vitkit: a Vision Transformer toolkit for PyTorch built around multi-head self-attention.
 
-import importlib
-from types import ModuleType
+Every name below is imported on first use (PEP 562), so ``import vitkit`` (and the ``vitkit``
+command's ``--help``) stays instant; torch loads with the first model, Lightning with ``train``.
+"""
 
-from .errors import VitkitError
-from .io import load_model, save_model
-from .models import VisionTransformer, ViTConfig, create_model, from_timm, list_models, to_timm_state_dict
+from __future__ import annotations
+
+import importlib as _importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import data, explain, layers, prune, train
+    from .errors import VitkitError
+    from .inference import Prediction, predict
+    from .io import load_model, save_model
+    from .models import VisionTransformer, ViTConfig, create_model, from_timm, list_models, to_timm_state_dict
 
 __version__ = "0.1.0"
 
+#: Public name -> the submodule that defines it.
+_ATTRIBUTES = {
+    "Prediction": "inference",
+    "ViTConfig": "models",
+    "VitkitError": "errors",
+    "VisionTransformer": "models",
+    "create_model": "models",
+    "from_timm": "models",
+    "list_models": "models",
+    "load_model": "io",
+    "predict": "inference",
+    "save_model": "io",
+    "to_timm_state_dict": "models",
+}
+_SUBPACKAGES = ("data", "explain", "layers", "prune", "train")
+
 __all__ = [
+    "Prediction",
     "ViTConfig",
     "VitkitError",
     "VisionTransformer",
@@ -17,6 +43,7 @@ __all__ = [
     "from_timm",
     "list_models",
     "load_model",
+    "predict",
     "save_model",
     "to_timm_state_dict",
     "data",
@@ -26,13 +53,18 @@ __all__ = [
     "train",
 ]
 
-#: Subpackages imported on first use, so ``import vitkit`` stays light (Lightning loads with ``train``).
-_LAZY_SUBPACKAGES = frozenset({"data", "explain", "layers", "prune", "train"})
+
+def __getattr__(name: str) -> Any:
+    """``vitkit.create_model``, ``vitkit.train``, ... imported when first asked for."""
+    if name in _ATTRIBUTES:
+        value = getattr(_importlib.import_module(f".{_ATTRIBUTES[name]}", __name__), name)
+    elif name in _SUBPACKAGES:
+        value = _importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
 
-def __getattr__(name: str) -> ModuleType:
-    """``vitkit.train``, ``vitkit.explain``, ... without importing them explicitly."""
-    if name in _LAZY_SUBPACKAGES:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

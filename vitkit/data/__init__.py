@@ -12,7 +12,7 @@ from .info import DataFileError, DataInfo, DatasetBundle
 from .mnist import IdxFileError
 from .shapes import SHAPE_CLASSES, ShapesDataset, generate_shapes, shapes_info
 from .subset import SubsetError, make_subset
-from .transforms import build_eval_transform, build_train_transform, denormalize
+from .transforms import build_eval_transform, build_train_transform, denormalize, display_image
 
 __all__ = [
     "DATASET_NAMES",
@@ -35,6 +35,7 @@ __all__ = [
     "build_train_transform",
     "data_info",
     "denormalize",
+    "display_image",
     "generate_shapes",
     "load_image",
     "make_subset",

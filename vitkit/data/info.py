@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from timm.data import DEFAULT_CROP_PCT
 from torch.utils.data import Dataset
 
 from ..errors import VitkitError
@@ -13,6 +14,11 @@ from ..errors import VitkitError
 #: ImageNet statistics, the default for image folders.
 IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
+
+#: How the eval transform fits an image to ``img_size`` (timm's ``crop_mode`` values).
+CROP_MODES = ("center", "squash", "border")
+#: Resampling filters of the eval resize (timm's ``interpolation`` values).
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area", "lanczos")
 
 
 class DataFileError(VitkitError, ValueError):
@@ -35,7 +41,11 @@ class DataInfo:
         mean: per-channel normalisation mean, ``in_chans`` values on the 0-1 scale.
         std: per-channel normalisation std.
         name: dataset name (``'cifar10'``, ``'digits'``, ...).
-        crop_pct: the eval transform resizes the shorter side to ``img_size / crop_pct``.
+        crop_pct: the eval transform resizes to ``img_size / crop_pct``, then crops ``img_size``.
+        crop_mode: ``'center'`` resizes the shorter side and centre-crops, ``'squash'`` resizes
+            both sides (aspect ratio not kept), ``'border'`` resizes the longer side and pads
+            with the mean colour (timm's eval crop modes).
+        interpolation: the resize's resampling filter.
     """
 
     num_classes: int
@@ -46,6 +56,8 @@ class DataInfo:
     std: tuple[float, ...]
     name: str
     crop_pct: float = 1.0
+    crop_mode: str = "center"
+    interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
         if len(self.class_names) != self.num_classes:
@@ -55,6 +67,10 @@ class DataInfo:
                 f"mean ({len(self.mean)} values) and std ({len(self.std)}) must have one value per channel "
                 f"(in_chans={self.in_chans})."
             )
+        if self.crop_mode not in CROP_MODES:
+            raise ValueError(f"crop_mode must be one of {CROP_MODES}, got {self.crop_mode!r}.")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}.")
 
     def to_extra(self) -> dict[str, Any]:
         """The ``extra`` metadata saved with an exported model (JSON types only)."""
@@ -66,6 +82,8 @@ class DataInfo:
             "class_names": list(self.class_names),
             "dataset": self.name,
             "crop_pct": self.crop_pct,
+            "crop_mode": self.crop_mode,
+            "interpolation": self.interpolation,
         }
 
     @classmethod
@@ -88,6 +106,30 @@ class DataInfo:
             std=tuple(float(s) for s in extra["std"]),
             name=str(extra.get("dataset", "unknown")),
             crop_pct=float(extra.get("crop_pct", 1.0)),
+            crop_mode=str(extra.get("crop_mode", "center")),
+            interpolation=str(extra.get("interpolation", "bilinear")),
+        )
+
+    @classmethod
+    def from_pretrained_cfg(
+        cls, cfg: dict[str, Any], num_classes: int, class_names: tuple[str, ...] | None = None
+    ) -> DataInfo:
+        """The eval preprocessing that a timm ``pretrained_cfg`` (``model.pretrained_cfg`` or
+        ``timm.get_pretrained_cfg(name).to_dict()``) describes: ``input_size`` ``(C, H, W)``,
+        ``mean``, ``std``, ``crop_pct``, ``crop_mode``, ``interpolation``; classes named by index
+        unless ``class_names`` are given."""
+        in_chans, height, width = cfg["input_size"]
+        return cls(
+            num_classes=num_classes,
+            class_names=class_names or tuple(f"class {i}" for i in range(num_classes)),
+            img_size=(int(height), int(width)),
+            in_chans=int(in_chans),
+            mean=tuple(float(m) for m in cfg["mean"]),
+            std=tuple(float(s) for s in cfg["std"]),
+            name=str(cfg.get("architecture") or "timm"),
+            crop_pct=float(cfg.get("crop_pct") or DEFAULT_CROP_PCT),
+            crop_mode=str(cfg.get("crop_mode") or "center"),
+            interpolation=str(cfg.get("interpolation") or "bilinear"),
         )
 
 

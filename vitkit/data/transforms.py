@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 import albumentations as A
+import cv2
 import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
@@ -42,11 +43,34 @@ class ImageTransform:
         return f"ImageTransform(spatial={self.spatial}, policy={self.policy}, finish={self.finish})"
 
 
+#: OpenCV's resampling filter for each of :data:`INTERPOLATIONS` (albumentations resizes with OpenCV).
+_CV2_INTERPOLATION = {
+    "nearest": cv2.INTER_NEAREST,
+    "bilinear": cv2.INTER_LINEAR,
+    "bicubic": cv2.INTER_CUBIC,
+    "area": cv2.INTER_AREA,
+    "lanczos": cv2.INTER_LANCZOS4,
+}
+
+
 def build_eval_transform(info: DataInfo) -> ImageTransform:
-    """Resize the shorter side to ``img_size / crop_pct``, centre-crop ``img_size``, Normalize."""
+    """Resize to ``floor(img_size / crop_pct)`` as ``info.crop_mode`` says (shorter side, both sides
+    or longer side plus mean-colour padding), centre-crop ``img_size``, Normalize: timm's
+    ``transforms_imagenet_eval`` sizes, with OpenCV's filter of ``info.interpolation``."""
     height, width = info.img_size
-    resize = math.ceil(max(height, width) / info.crop_pct)
-    spatial = A.Compose([A.SmallestMaxSize(max_size=resize), A.CenterCrop(height, width)])
+    scaled = (math.floor(height / info.crop_pct), math.floor(width / info.crop_pct))
+    interpolation = _CV2_INTERPOLATION[info.interpolation]
+    if info.crop_mode == "squash":
+        resize = [A.Resize(*scaled, interpolation=interpolation)]
+    elif info.crop_mode == "border":
+        fill = tuple(round(255 * m) for m in info.mean)
+        resize = [
+            A.LongestMaxSize(max_size=max(scaled), interpolation=interpolation),
+            A.PadIfNeeded(height, width, border_mode=cv2.BORDER_CONSTANT, fill=fill),
+        ]
+    else:
+        resize = [A.SmallestMaxSize(max_size=max(scaled), interpolation=interpolation)]
+    spatial = A.Compose([*resize, A.CenterCrop(height, width)])
     return ImageTransform(spatial, _finish(info, color_jitter=0.0))
 
 
@@ -80,6 +104,12 @@ def denormalize(images: torch.Tensor, info: DataInfo) -> torch.Tensor:
     mean = torch.tensor(info.mean, dtype=images.dtype, device=images.device).view(shape)
     std = torch.tensor(info.std, dtype=images.dtype, device=images.device).view(shape)
     return (images * std + mean).clamp(0.0, 1.0)
+
+
+def display_image(image: torch.Tensor, info: DataInfo) -> np.ndarray:
+    """A normalised ``[C, H, W]`` model input as an ``[H, W, 3]`` float RGB array in ``[0, 1]``."""
+    pixels = denormalize(image.float(), info).permute(1, 2, 0).numpy()
+    return np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
 
 
 def _finish(info: DataInfo, color_jitter: float) -> A.Compose:

@@ -36,10 +36,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..data import DataInfo
+from ..data import DataInfo, display_image
 from ..errors import VitkitError
 from ..models import VisionTransformer
-from .cli import display_image
 from .head_stats import HeadStats, attention_statistics, head_warnings
 from .maps import AttentionCapture, capture_attention
 from .rollout import attention_rollout, chefer_relevance, grad_rollout

@@ -354,7 +354,24 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
         state.update({key: value for key, value in model.state_dict().items() if key.startswith("head.")})
     _check_keys(state, model)
     model.load_weights(state, source_grid=source_config.grid_size)
+    model.pretrained_cfg = pretrained_preprocessing(getattr(source, "pretrained_cfg", None), model.config)
     return model
+
+
+#: The keys of a timm ``pretrained_cfg`` that say how its weights see images (and which weights).
+PREPROCESSING_KEYS = ("architecture", "tag", "input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")
+
+
+def pretrained_preprocessing(cfg: Any, config: ViTConfig) -> dict[str, Any] | None:
+    """The eval preprocessing part of a timm ``pretrained_cfg`` (``model.pretrained_cfg``, a dict,
+    or ``timm.get_pretrained_cfg(name)``, a ``PretrainedCfg``; ``None`` gives ``None``), with the
+    ``input_size`` ``(C, H, W)`` of the vitkit model of ``config`` (which may be resized).
+    ``vitkit.data.DataInfo.from_pretrained_cfg`` turns it into the eval transform's settings."""
+    if cfg is None:
+        return None
+    values = cfg if isinstance(cfg, dict) else cfg.to_dict()
+    kept = {key: values[key] for key in PREPROCESSING_KEYS if values.get(key) is not None}
+    return {**kept, "input_size": (config.in_chans, *config.img_size)}
 
 
 def _check_keys(state: dict[str, torch.Tensor], model: VisionTransformer) -> None:

@@ -129,6 +129,7 @@ def iterative_pruning(
     speed_batch: torch.Tensor | None = None,
     max_batches: int | None = None,
     progress: bool = True,
+    desc: str = "pruning heads",
 ) -> list[PruningStep]:
     """Gate off the lowest-scoring ``step_fraction`` of the remaining heads, again and again.
 
@@ -154,6 +155,7 @@ def iterative_pruning(
         speed_batch: images to time each pruned model on (``time_forward``); None skips timing.
         max_batches: cap on the batches of each scoring and evaluation pass.
         progress: show a tqdm bar over the steps.
+        desc: the bar's label (which order is running).
 
     Returns:
         One :class:`PruningStep` per step, starting with the unpruned model; ``heads_left``
@@ -169,7 +171,7 @@ def iterative_pruning(
         return _measure(model, gates, step, total, eval_loader, speed_batch, max_batches)
 
     records = [measure(0)]
-    with tqdm(total=max(total - min_heads, 0), desc="pruning heads", disable=not progress) as bar:
+    with tqdm(total=max(total - min_heads, 0), desc=desc, disable=not progress) as bar:
         while records[-1].heads_left > min_heads:
             heads_on = records[-1].heads_left
             count = min(max(1, round(step_fraction * heads_on)), heads_on - min_heads)

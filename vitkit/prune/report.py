@@ -48,21 +48,21 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_pruning_curves(
+def pruning_curves_figure(
     curves: Mapping[str, Sequence[Sequence[PruningStep]]],
-    path: str | os.PathLike,
     *,
     max_drop: float | None = None,
+    chosen: PruningStep | None = None,
     title: str = "",
-) -> Path:
-    """Accuracy (percent) vs fraction of heads pruned, one line per order (mean, with a ±1 std
-    band clipped to [0, 100] when an order has several runs, e.g. random seeds). Runs of one
-    order must have the same steps.
+) -> Figure:
+    """Validation accuracy (percent) vs fraction of heads pruned, one line per order (mean, with a
+    ±1 std band clipped to [0, 100] when an order has several runs, e.g. random seeds). Runs of
+    one order must have the same steps.
 
     Args:
-        curves: ``{order label: [records of each run]}``.
-        path: PNG to write.
+        curves: ``{order label: [records of each run]}``, accuracies measured on the validation split.
         max_drop: draw the accuracy budget ``baseline - max_drop`` as a dashed line.
+        chosen: the step kept (``within_budget``), marked with a star.
         title: figure title.
     """
     fig = Figure(figsize=(6.4, 4.2), dpi=100)
@@ -80,12 +80,26 @@ def plot_pruning_curves(
         baseline = runs[0][0].accuracy
     if max_drop is not None and baseline is not None:
         ax.axhline(baseline - max_drop, color="grey", linestyle="--", linewidth=1, label=f"-{max_drop:g} pt budget")
+    if chosen is not None:
+        pruned = sum(len(heads) for heads in chosen.pruned.values())
+        ax.plot(
+            [chosen.fraction_pruned], [chosen.accuracy], marker="*", markersize=14, linestyle="none",
+            color="black", label=f"chosen: {pruned} head(s) pruned",
+        )
     ax.set_xlabel("fraction of heads pruned")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel("validation accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot_pruning_curves(
+    curves: Mapping[str, Sequence[Sequence[PruningStep]]], path: str | os.PathLike, **options: Any
+) -> Path:
+    """:func:`pruning_curves_figure` (``options``: ``max_drop``, ``chosen``, ``title``) written as PNG."""
+    fig = pruning_curves_figure(curves, **options)
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 

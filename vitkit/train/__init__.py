@@ -10,11 +10,10 @@ from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, Traine
 from .datamodule import ViTDataModule
 from .evaluate import evaluate
 from .module import NonFiniteLossError, ViTClassifier
-from .run import RUN_EXIT_STATUSES, RunResult, RunStoppedError, train
+from .run import RunResult, RunStoppedError, train
 from .schema import RecipeError
 
 __all__ = [
-    "RUN_EXIT_STATUSES",
     "AtomicCheckpointIO",
     "CheckpointError",
     "ModelConfig",

@@ -67,9 +67,7 @@ SIGTERM_EXIT = 143
 class RunStoppedError(VitkitError):
     """The run was stopped by SIGTERM; ``last.ckpt`` holds its last step."""
 
-
-#: Exit statuses of the tools that train, for ``cli_errors`` (any other error: 1).
-RUN_EXIT_STATUSES = ((RunStoppedError, SIGTERM_EXIT), (RecipeError, 2))
+    exit_status = SIGTERM_EXIT
 
 
 @dataclass
@@ -163,7 +161,7 @@ def _fit(
     summary = {
         "recipe": config.name,
         "dataset": datamodule.info.name,
-        "model": config.model.name,
+        "model": describe_model(config),
         "num_parameters": count_parameters(model),
         "val_acc": _metric(validated, "val/acc1"),
         "test_acc": _metric(tested, "test/acc1"),
@@ -261,6 +259,14 @@ def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callbac
     loggers: list[Logger] = [CSVLogger(run_dir, name="logs")]
     if importlib.util.find_spec("tensorboard") is not None:
         loggers.append(TensorBoardLogger(run_dir, name="tensorboard"))
+    with _without_lightning_tips():
+        return _trainer(config, options, run_dir, callbacks, loggers)
+
+
+def _trainer(
+    config: RecipeConfig, options: TrainerConfig, run_dir: Path, callbacks: list[L.Callback], loggers: list[Logger]
+) -> L.Trainer:
+    """:func:`build_trainer`'s ``Trainer`` (built while Lightning's tips are filtered out)."""
     return L.Trainer(
         accelerator=options.accelerator,
         devices=options.devices,
@@ -278,6 +284,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callbac
         num_sanity_val_steps=options.num_sanity_val_steps,
         deterministic=options.deterministic,
         enable_progress_bar=options.enable_progress_bar,
+        enable_model_summary=False,  # its "Total Flops 0" (no example input); summary.json counts the parameters
         callbacks=callbacks,
         logger=loggers,
         default_root_dir=run_dir,
@@ -301,15 +308,39 @@ def _callbacks(config: RecipeConfig, run_dir: Path) -> tuple[ModelCheckpoint, La
     return best, last, Throughput()
 
 
+def describe_model(config: RecipeConfig) -> str:
+    """The variant a recipe builds and the fields it overrides (``summary.json``'s ``model``)."""
+    overrides = config.model.vit_overrides()
+    if not overrides:
+        return config.model.name
+    return f"{config.model.name}, overridden: {', '.join(f'{key}={value}' for key, value in overrides.items())}"
+
+
 @contextlib.contextmanager
 def _quiet_third_party_warnings() -> Iterator[None]:
-    """Silence, for the run only, warnings users cannot act on: Lightning 2.6's pytree helper builds
-    torch's ``LeafSpec``, deprecated since torch 2.10 (Lightning's to fix), and Lightning's model
-    summary cannot size bf16-mixed parameters (it says it counts 32 bits instead)."""
-    with warnings.catch_warnings():
+    """Silence, for the run only, what users cannot act on: Lightning 2.6's pytree helper builds
+    torch's ``LeafSpec``, deprecated since torch 2.10 (Lightning's to fix), and Lightning's tips."""
+    with warnings.catch_warnings(), _without_lightning_tips():
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
-        warnings.filterwarnings("ignore", message="Precision bf16-mixed is not supported by the model summary")
         yield
+
+
+class _LightningTips(logging.Filter):
+    """Lightning's "💡 Tip: try installing litlogger / litmodels" lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+@contextlib.contextmanager
+def _without_lightning_tips() -> Iterator[None]:
+    """Lightning's advertising tips left out while vitkit builds and runs a Trainer."""
+    logger, tips = logging.getLogger("lightning.pytorch.utilities.rank_zero"), _LightningTips()
+    logger.addFilter(tips)
+    try:
+        yield
+    finally:
+        logger.removeFilter(tips)
 
 
 @contextlib.contextmanager

@@ -1,29 +1,31 @@
-"""Shared by the explanation tools: model source arguments and loading (with the metadata the model
-was trained with), image discovery in folders and loading (files or the model's test set),
-figure names that keep the images' folders, the note that says how images were adapted to the
-model, and display images."""
+"""Shared by the explanation commands (maps, explore, report) and predict: loading the model a
+command names (with the metadata it was trained with), image discovery in folders and loading
+(files or the model's test set), figure names that keep the images' folders, the note that says
+how images were adapted to the model, and display images."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
+import timm
 import torch
 from PIL import Image
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..data import DataInfo, ImageReadError, build_eval_transform, denormalize, load_image
+from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
 from ..data.images import convert_channels, describe_conversion
 from ..errors import UsageError, VitkitError
 from ..models import VisionTransformer, from_timm
+from ..models.timm_interop import pretrained_preprocessing
 from ..train import load_checkpoint, load_for_inference
 from ..train.evaluate import datasets_for
 
@@ -34,30 +36,40 @@ class FigureNameError(VitkitError, ValueError):
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 
-#: Eval crop of ImageNet models (resize the shorter side to img_size / 0.875, centre-crop).
-IMAGENET_CROP_PCT = 0.875
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--checkpoint CKPT | --model NAME --timm-weights FILE``, for :func:`load_explained_model`."""
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="vitkit model file (.safetensors from training / save_model, or a .ckpt)")
-    source.add_argument("--model", help="vitkit variant name (vitkit.list_models()), with --timm-weights")
-    parser.add_argument("--timm-weights", help="timm ViT state dict (.safetensors or torch file) for --model")
+def load_model_from_arguments(args: argparse.Namespace) -> tuple[VisionTransformer, dict[str, Any]]:
+    """:func:`load_explained_model` of ``vitkit.cli.parsers.model_arguments``' options; with --timm-weights,
+    prints a ``note:`` line saying which normalisation and crop the images get, and from where."""
+    overrides = {key: getattr(args, key) for key in ("mean", "std", "crop_pct") if getattr(args, key) is not None}
+    if overrides and args.timm_weights is None:
+        flags = ", ".join(_flag(key) for key in overrides)
+        raise UsageError(f"{flags} only apply to --timm-weights; a vitkit model file keeps its own preprocessing.")
+    model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights, **overrides)
+    if args.timm_weights is not None:
+        info = DataInfo.from_extra(extra)
+        print(
+            f"note: --timm-weights images are normalised with mean {info.mean} and std {info.std}, resized "
+            f"({info.interpolation}, crop_pct {info.crop_pct}, {info.crop_mode} crop) to {info.img_size[1]}x"
+            f"{info.img_size[0]}: {extra['preprocessing']}."
+        )
+    return model, extra
 
 
 def load_explained_model(
     checkpoint: str | os.PathLike | None = None,
     model_name: str | None = None,
     timm_weights: str | os.PathLike | None = None,
+    **overrides: Any,
 ) -> tuple[VisionTransformer, dict[str, Any]]:
     """A model in eval mode and its saved metadata ``extra`` (``DataInfo.from_extra(extra)`` gives
     the preprocessing; ``extra["data_config"]``, when present, the training data).
 
     Either ``checkpoint`` (a vitkit ``.safetensors`` model file or training ``.ckpt``, whose saved
     metadata gives size, normalisation and class names) or ``model_name`` with ``timm_weights`` (a
-    timm ViT state dict as ``.safetensors`` or a torch file read with ``weights_only=True``;
-    ImageNet mean/std, the model's img_size, classes named by index).
+    timm ViT state dict as ``.safetensors`` or a torch file read with ``weights_only=True``; classes
+    named by index). Timm weights are preprocessed as ``timm.get_pretrained_cfg(model_name)`` says
+    (``model_name`` may carry timm's tag: ``vit_small_patch16_224.dino``), with ImageNet mean/std
+    and crop 0.875 where timm has no such config; ``overrides`` (``mean``, ``std``, ``crop_pct``)
+    replace those values, and ``extra["preprocessing"]`` says where they came from.
     """
     if checkpoint is not None:
         return load_for_inference(checkpoint)
@@ -76,7 +88,7 @@ def load_explained_model(
     if not isinstance(state, dict) or "patch_embed.proj.weight" not in state:
         raise UsageError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
     try:
-        model = from_timm(state, name=model_name).eval()
+        model = from_timm(state, name=model_name.split(".")[0]).eval()
     except (RuntimeError, ValueError, KeyError, TypeError) as error:  # load_state_dict's size mismatches
         first = str(error).strip().splitlines()
         raise UsageError(
@@ -84,17 +96,30 @@ def load_explained_model(
             "give the weights of that architecture."
         ) from None
     config = model.config
-    info = DataInfo(
-        num_classes=config.num_classes,
-        class_names=tuple(f"class {i}" for i in range(config.num_classes)),
-        img_size=config.img_size,
-        in_chans=config.in_chans,
-        mean=tuple(IMAGENET_DEFAULT_MEAN),
-        std=tuple(IMAGENET_DEFAULT_STD),
-        name="imagenet",
-        crop_pct=IMAGENET_CROP_PCT,
-    )
-    return model, info.to_extra()
+    timm_cfg = pretrained_preprocessing(timm.get_pretrained_cfg(model_name), config)
+    if timm_cfg is not None:
+        source = f"timm's pretrained_cfg of {timm_cfg['architecture']}.{timm_cfg['tag']}"
+    else:
+        timm_cfg = {
+            "input_size": (config.in_chans, *config.img_size),
+            "mean": IMAGENET_DEFAULT_MEAN,
+            "std": IMAGENET_DEFAULT_STD,
+            "crop_pct": DEFAULT_CROP_PCT,
+        }
+        source = f"ImageNet defaults (timm has no pretrained_cfg for {model_name})"
+    if overrides:
+        source += f", with {', '.join(_flag(key) for key in overrides)} given"
+    try:
+        info = DataInfo.from_pretrained_cfg({**timm_cfg, **overrides}, config.num_classes)
+    except ValueError as error:
+        raise UsageError(f"--mean/--std/--crop-pct: {error}") from None
+    if not 0 < info.crop_pct <= 1:
+        raise UsageError(f"--crop-pct must lie in (0, 1], got {info.crop_pct}.")
+    return model, {**info.to_extra(), "preprocessing": source}
+
+
+def _flag(key: str) -> str:
+    return f"--{key.replace('_', '-')}"
 
 
 def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
@@ -109,6 +134,12 @@ def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
         for file in files:
             found.setdefault(os.path.abspath(file), file)
     return list(found.values())
+
+
+def file_safe(text: str) -> str:
+    """``text`` usable in a file name without quoting: runs of whitespace and path separators
+    become ``_`` (a class "Ankle boot" gives ``test_000_Ankle_boot.png``)."""
+    return re.sub(r"[\s/\\]+", "_", text.strip())
 
 
 def figure_names(files: Sequence[Path], reserved: Collection[Path] = ()) -> list[Path]:
@@ -242,9 +273,3 @@ def load_image_files(
         note.add(path, image)
         loaded.append(LoadedImage(str(path), transform(convert_channels(image, info.in_chans)), None, path))
     return loaded, failed
-
-
-def display_image(image: torch.Tensor, info: DataInfo) -> np.ndarray:
-    """A normalised ``[C, H, W]`` model input as an ``[H, W, 3]`` float RGB array in ``[0, 1]``."""
-    pixels = denormalize(image.float(), info).permute(1, 2, 0).numpy()
-    return np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels

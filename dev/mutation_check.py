@@ -1,14 +1,17 @@
 """Do the tests catch one-line bugs? Apply each mutation of a list to a copy of the repository, run
 the tests that should catch it, and report which mutations survive.
 
-    python tools/mutation_check.py                  # every mutation (~10-15 min on 2 cores)
-    python tools/mutation_check.py --only layers train
-    python tools/mutation_check.py --list           # the mutations, without running anything
+    python dev/mutation_check.py                    # every mutation (~10-15 min on 2 cores)
+    python dev/mutation_check.py --only layers train
+    python dev/mutation_check.py --list             # the mutations, without running anything
+    python dev/mutation_check.py --check            # each fragment applies once, its tests exist (.ci/run)
 
 Each mutation replaces one exact source fragment (it must occur exactly once in its file, so the
 list fails loudly when the code moves) and names the test files to run. "killed" means those
 tests failed, as they should; "survived" means the bug went unnoticed. Exit code 1 if any
-mutation survived or no longer applies.
+mutation survived or no longer applies. A developer tool: not part of the installed package, and
+its fragment check runs as a CI step of its own, so refactoring a listed line does not fail the
+unit tests.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "rows = joint[:, 0]", ("tests/test_explain_readout.py",), "read-out ignores average pooling"),
     Mutation("explain", "vitkit/explain/rollout.py", "relevance = relevance + cam @ relevance",
              "relevance = cam @ relevance", ("tests/test_explain_readout.py",), "Chefer without the identity term"),
-    Mutation("explain", "vitkit/explain/cli.py", 'names = [path.with_suffix(".png") for path in relative]',
+    Mutation("explain", "vitkit/cli/explain_io.py", 'names = [path.with_suffix(".png") for path in relative]',
              'names = [Path(path.stem + ".png") for path in relative]', ("tests/test_faults_data.py",),
              "figure names drop the image's folder"),
     Mutation("prune", "vitkit/prune/importance.py", "total += grad.abs().sum(0).cpu()",
@@ -155,12 +158,36 @@ def run_mutation(mutation: Mutation, work: Path) -> str:
     return "killed" if done.returncode != 0 else "survived"
 
 
+def stale(mutations: tuple[Mutation, ...]) -> list[str]:
+    """Why each mutation that no longer fits the code does not (empty when all apply): its fragment
+    must occur exactly once in its file, differ from its replacement, and name existing tests."""
+    problems = []
+    for mutation in mutations:
+        path = ROOT / mutation.path
+        count = path.read_text().count(mutation.old) if path.is_file() else 0
+        if count != 1:
+            problems.append(f"{mutation.path}: {mutation.what}: the fragment occurs {count} times, not once")
+        if mutation.old == mutation.new:
+            problems.append(f"{mutation.path}: {mutation.what}: the replacement equals the fragment")
+        problems += [f"{mutation.path}: {mutation.what}: no test file {test}" for test in mutation.tests
+                     if not (ROOT / test).is_file()]
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="PACKAGE", help="mutations of these packages only")
     parser.add_argument("--list", action="store_true", help="print the mutations and exit")
+    parser.add_argument("--check", action="store_true", help="check that every mutation still applies, run nothing")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or m.package in args.only]
+    if args.check:
+        problems = stale(tuple(chosen))
+        for problem in problems:
+            print(f"error: stale mutation: {problem}", file=sys.stderr)
+        if not problems:
+            print(f"all {len(chosen)} mutations apply")
+        return 1 if problems else 0
     if args.list:
         for mutation in chosen:
             print(f"{mutation.package:8} {mutation.path}: {mutation.what}")

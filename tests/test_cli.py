@@ -1,0 +1,115 @@
+"""The ``vitkit`` command: installed by a non-editable ``pip install``, every subcommand's ``--help``
+listing its options with their defaults before torch is imported, one exit-status rule."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vitkit.cli import parsers
+from vitkit.cli.main import MODULES, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without this checkout on PYTHONPATH (so only an installed vitkit is found)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "NO_ALBUMENTATIONS_UPDATE": "1", **extra}
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_gives_the_vitkit_command_with_every_subcommand(tmp_path: Path) -> None:
+    source = tmp_path / "src"  # a copy, so the build writes nothing into the checkout
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "runs", "build", "*.egg-info", "__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    # the new venv sees this venv's packages (torch, timm, ...) as plain paths: their .pth files, the
+    # editable vitkit's among them, are not run there
+    (packages,) = list((venv / "lib").glob("python3*/site-packages"))
+    (packages / "shared.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-build-isolation", "--ignore-installed", str(source)],
+        check=True, timeout=300, cwd=tmp_path, env=clean_env(),
+    )
+    command = venv / "bin" / "vitkit"
+    listed = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env=clean_env())
+    assert listed.returncode == 0 and all(name in listed.stdout for name in MODULES)
+    where = subprocess.run(
+        [python, "-c", "import importlib, vitkit.cli.main as m; [importlib.import_module('vitkit.cli.' + x) for x "
+         "in m.MODULES.values()]; print(m.__file__)"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=clean_env(),
+    )
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(packages)  # the installed copy, not the checkout
+    helped = subprocess.run([command, "predict", "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env=clean_env())
+    assert helped.returncode == 0 and "--top-k" in helped.stdout and "(default: 5)" in helped.stdout
+
+
+def test_help_of_every_subcommand_lists_each_option_with_its_default_and_debug() -> None:
+    for command, module in MODULES.items():
+        parser = parsers.build(command, module)
+        text = " ".join(parser.format_help().split())
+        assert text.startswith(f"usage: vitkit {command}") and "--debug" in text and "exit status" in text, command
+        for action in parser._actions:
+            if action.option_strings and action.help != argparse.SUPPRESS and action.dest != "help":
+                shown = " ".join(f"{action.help.replace('%%', '%')} (default: {action.default})".split())
+                assert shown in text, f"vitkit {command} {action.option_strings[0]}: {shown}"
+
+
+def test_the_written_out_library_constants_equal_the_librarys() -> None:
+    from vitkit.explain import DEFAULT_MAX_BYTES, HEAD_FUSIONS, METHODS, HeadThresholds
+
+    assert parsers.LIBRARY_CONSTANTS == {
+        "vitkit.explain.METHODS": METHODS,
+        "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
+        "vitkit.explain.HeadThresholds()": dataclasses.asdict(HeadThresholds()),
+        "vitkit.explain.DEFAULT_MAX_BYTES": DEFAULT_MAX_BYTES,
+    }
+
+
+def test_help_and_usage_errors_need_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "from vitkit.cli.main import main\n"
+        "for argv in (['--help'], *[[c, '--help'] for c in sys.argv[1:]], ['train'], ['predict', 'm', 'x', '--top-k', "
+        "'0']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as stop:\n"
+        "        assert stop.code == (0 if '--help' in argv else 2), (argv, stop.code)\n"
+        "print(sorted({'torch', 'lightning', 'timm', 'vitkit.models'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *MODULES], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["prune", "--help"], ["train", "--bogus"]])
+def test_help_and_a_bad_argument_answer_quickly(argv: list[str]) -> None:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "vitkit.cli.main", *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seconds = time.perf_counter() - started
+    print(f"vitkit {' '.join(argv)}: {seconds:.2f} s")
+    assert done.returncode == (2 if "--bogus" in argv else 0)
+    assert seconds < 3.0  # well under a second on an idle machine; generous, the CPUs are shared
+
+
+def test_an_unknown_command_suggests_the_closest(capsys: pytest.CaptureFixture) -> None:
+    assert main(["predcit"]) == 2
+    assert "did you mean 'predict'" in capsys.readouterr().err.lower()

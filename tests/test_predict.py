@@ -1,0 +1,121 @@
+"""vitkit.predict and ``vitkit predict`` on a model trained by vitkit.train, against preprocessing
+written out here with PIL and numpy."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from tiny_runs import SHORT, tiny_recipe
+
+import vitkit
+from vitkit.cli.predict import main as predict_main
+from vitkit.data import ImageReadError
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model file of a few-step training run on 8x8 digits (grayscale, crop_pct 1)."""
+    from vitkit.train import train
+
+    return train(tiny_recipe(tmp_path_factory.mktemp("run"), **SHORT)).run_dir / "model.safetensors"
+
+
+def block_image(seed: int) -> Image.Image:
+    """A 16x24 RGB image of 2x2 pixel blocks: halving it gives the block values under any
+    resampling filter (so the test does not depend on OpenCV's or PIL's kernels)."""
+    blocks = np.random.default_rng(seed).integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    return Image.fromarray(blocks.repeat(2, axis=0).repeat(2, axis=1))
+
+
+def by_hand(image: Image.Image, model_file: Path) -> torch.Tensor:
+    """The model input [1, 1, 8, 8] as the training metadata says: grayscale (ITU-R 601 luma),
+    shorter side resized to 8, centre crop 8x8, (x / 255 - mean) / std."""
+    with safe_open(str(model_file), framework="pt") as handle:
+        extra = json.loads(handle.metadata()["vitkit_extra"])
+    assert extra["img_size"] == [8, 8] and extra["in_chans"] == 1 and extra["crop_pct"] == 1.0
+    gray = image.convert("L").resize((12, 8), Image.BOX)  # 24x16 -> 12x8
+    cropped = gray.crop((2, 0, 10, 8))  # the centre 8 of 12 columns
+    pixels = np.asarray(cropped, dtype=np.float32) / 255.0
+    normalised = (pixels - extra["mean"][0]) / extra["std"][0]
+    return torch.from_numpy(normalised)[None, None]
+
+
+def test_predict_applies_the_model_files_preprocessing(trained: Path) -> None:
+    image = block_image(0)
+    model = vitkit.load_model(trained).eval()
+    with torch.no_grad():
+        expected = model(by_hand(image, trained)).softmax(dim=-1)[0]
+    (prediction,) = vitkit.predict(trained, image, top_k=10)
+    order = expected.argsort(descending=True)
+    assert prediction.indices == tuple(order.tolist())
+    assert prediction.classes == tuple(str(i) for i in order.tolist())  # digits are named "0".."9"
+    assert np.allclose(prediction.probabilities, expected[order].numpy(), atol=1e-5)
+    assert sum(prediction.probabilities) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_predict_takes_paths_images_and_pixel_tensors_alike(trained: Path, tmp_path: Path) -> None:
+    images = [block_image(1), block_image(2)]
+    path = tmp_path / "one.png"
+    images[0].save(path)
+    uint8 = torch.from_numpy(np.array(images[1])).permute(2, 0, 1)
+    batch = torch.stack([torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in images]).float() / 255
+    from_pil = vitkit.predict(trained, images, top_k=3)
+    assert [len(p.indices) for p in from_pil] == [3, 3]
+    assert vitkit.predict(trained, [path, uint8], top_k=3) == from_pil
+    from_floats = vitkit.predict(trained, batch, top_k=3)
+    assert [p.indices for p in from_floats] == [p.indices for p in from_pil]
+    assert np.allclose([p.probabilities for p in from_floats], [p.probabilities for p in from_pil], atol=1e-6)
+
+
+def test_predict_refuses_normalised_tensors_and_models_without_metadata(trained: Path) -> None:
+    with pytest.raises(vitkit.VitkitError, match=r"pixels in \[0, 1\]"):
+        vitkit.predict(trained, torch.randn(3, 8, 8))
+    with pytest.raises(vitkit.VitkitError, match="no preprocessing metadata"):
+        vitkit.predict(vitkit.load_model(trained), block_image(0))
+
+
+def test_predict_command_writes_csv_and_names_the_unreadable_file(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    block_image(3).save(folder / "a.png")
+    block_image(4).save(folder / "sub" / "b.png")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not a png")
+    out = tmp_path / "predictions.csv"
+    code = predict_main([str(trained), str(folder), "--top-k", "2", "--csv", str(out), "--batch-size", "1"])
+    captured = capsys.readouterr()
+    assert code == 3  # a file was skipped
+    assert [line for line in captured.err.splitlines() if line.startswith("error:")] == [
+        line for line in captured.err.splitlines() if "broken.png" in line and line.startswith("error:")
+    ] != []
+    with open(out, newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["path", "class_1", "probability_1", "class_2", "probability_2"]
+    expected = vitkit.predict(trained, [folder / "a.png", folder / "sub" / "b.png"], top_k=2)
+    assert [Path(row[0]).name for row in rows[1:]] == ["a.png", "b.png"]
+    for row, prediction in zip(rows[1:], expected):
+        assert (row[1], row[3]) == prediction.classes
+        assert np.allclose([float(row[2]), float(row[4])], prediction.probabilities, atol=1e-6)
+    assert "a.png: " in captured.out and "note: images converted" in captured.out
+
+
+def test_predict_command_exit_statuses(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    block_image(5).save(tmp_path / "ok.png")
+    assert predict_main([str(trained), str(tmp_path / "ok.png")]) == 0
+    assert predict_main([str(tmp_path / "missing.safetensors"), str(tmp_path / "ok.png")]) == 2
+    assert "error: " in capsys.readouterr().err
+    with pytest.raises(ImageReadError, match="missing.png"):
+        vitkit.predict(trained, tmp_path / "missing.png")
+
+
+def test_vitkit_lists_only_its_public_names() -> None:
+    assert dir(vitkit) == sorted([*vitkit.__all__, "__version__"])
+    assert all(getattr(vitkit, name) is not None for name in vitkit.__all__)

@@ -1,0 +1,172 @@
+"""Attention maps of a ViT for image files: one PNG per image.
+
+    vitkit maps --checkpoint runs/shapes/model.safetensors images/ --out maps/
+    vitkit maps --checkpoint runs/quickstart/latest/model.safetensors --test-images 4 --out maps/
+    vitkit maps --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
+        cat.jpg dog.png --out maps/ --method all --layer -1 --discard-ratio 0.9
+
+Each PNG shows the image as the model saw it, the attention-rollout overlay, the gradient-rollout
+and Chefer et al. relevance overlays for the predicted (or ``--target``) class and the per-head
+attention of block ``--layer`` (left out when that block's heads were all pruned; layers and heads
+count from 0), with a colour bar. The title gives the predicted class and its probability, and the
+true class for --test-images. Maps are read out as the model pools (class token or average).
+
+Figure names keep the images' folders: each figure mirrors its image's path below the images'
+deepest common folder, with the suffix .png (images/a/img.jpg and images/b/img.jpg give
+OUT/a/img.png and OUT/b/img.png); images that would share a name (img.png and img.jpg in one
+folder) keep their suffix (img.png.png, img.jpg.png). --test-images N writes
+OUT/test_000_<class>.png and on (spaces in class names become _). --out may not lie inside an input folder.
+
+Images are converted to the model's channels and size (one note says what was converted and how).
+Unreadable files (and FIFOs or other non-regular files) are reported by name and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from vitkit import VisionTransformer
+from vitkit.data import DataInfo, display_image
+from vitkit.errors import UsageError
+from vitkit.explain import GRADIENT_METHODS, METHODS, capture_attention, maps_from_capture
+from vitkit.explain.render import attention_figure
+from vitkit.output_dirs import claim_output_dir
+
+from .common import SKIPPED_INPUTS
+from .explain_io import (
+    ConversionNote,
+    figure_names,
+    file_safe,
+    find_images,
+    load_image_files,
+    load_model_from_arguments,
+    load_test_images,
+    output_clashes,
+)
+from .main import run_command
+
+
+class Sample(NamedTuple):
+    """One image to explain and where its figure goes."""
+
+    name: str  # shown in the title
+    image: torch.Tensor  # preprocessed [C, H, W]
+    label: int | None  # the true class, when known
+    figure: Path
+
+
+def option_problems(args: argparse.Namespace, num_classes: int, depth: int) -> list[str]:
+    """What is wrong with ``--target``, ``--layer`` or ``--discard-ratio`` (empty when nothing)."""
+    problems = []
+    if args.target is not None and not 0 <= args.target < num_classes:
+        problems.append(f"--target {args.target} is not a class index of this model (0..{num_classes - 1})")
+    if not -depth <= args.layer < depth:
+        problems.append(f"--layer {args.layer} is out of range for {depth} blocks (0..{depth - 1}, or -1 for the last)")
+    if not 0.0 <= args.discard_ratio < 1.0:
+        problems.append(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
+    return problems
+
+
+def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.Namespace, info: DataInfo) -> None:
+    """Capture one batch and write one figure per sample."""
+    methods = METHODS if args.method == "all" else (args.method,)
+    if args.method == "all" and model.heads_per_layer()[args.layer] == 0:
+        methods = tuple(m for m in methods if m != "heads")  # that block's heads were all pruned
+    images = torch.stack([sample.image for sample in batch])
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        capture = capture_attention(
+            model, images, args.target, with_gradients=any(m in GRADIENT_METHODS for m in methods)
+        )
+    options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
+    maps = {method: maps_from_capture(capture, method, **options) for method in methods}
+    probabilities = capture.logits.softmax(dim=-1)
+    num_layers = len(capture.attentions)
+    names = info.class_names
+    for index, sample in enumerate(batch):
+        predicted = int(probabilities[index].argmax())
+        title = f"{sample.name}: predicted {names[predicted]} ({probabilities[index, predicted]:.1%})"
+        if sample.label is not None:
+            title += f", true {names[sample.label]}"
+        panels = []
+        if "rollout" in maps:
+            panels.append(("attention rollout", maps["rollout"][index]))
+        for method, label in (("grad_rollout", "grad rollout"), ("chefer", "Chefer et al.")):
+            if method in maps:
+                panels.append((f"{label}: {names[int(capture.targets[index])]}", maps[method][index]))
+        heads = maps["heads"][index] if "heads" in maps else None
+        sample.figure.parent.mkdir(parents=True, exist_ok=True)
+        picture = display_image(sample.image, info)
+        attention_figure(picture, panels, heads, args.layer % num_layers, num_layers, title, sample.figure)
+
+
+def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
+    """The first ``count`` preprocessed test images of the model's dataset, figures named after their label."""
+    return [
+        Sample(loaded.name, loaded.image, loaded.label, out / f"test_{index:03d}_{file_safe(info.class_names[loaded.label])}.png")
+        for index, loaded in enumerate(load_test_images(model, extra, count))
+    ]
+
+
+def read_samples(
+    paths: list[Path], figures: list[Path], info: DataInfo, note: ConversionNote
+) -> tuple[list[Sample], list[str]]:
+    """``paths`` read and preprocessed for the model (conversions recorded in ``note``), and the
+    files that could not be read (reported on stderr)."""
+    figure_of = dict(zip(paths, figures))
+    loaded, failed = load_image_files(paths, info, note)
+    return [Sample(image.name, image.image, None, figure_of[image.path]) for image in loaded], failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vitkit maps`` in this process (``tools/attention_maps.py``, tests)."""
+    return run_command("maps", argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    model, extra = load_model_from_arguments(args)
+    info = DataInfo.from_extra(extra)
+    problems = option_problems(args, info.num_classes, len(model.blocks))
+    if problems:
+        raise UsageError(f"{'; '.join(problems)}.")
+    out = Path(args.out)
+    paths = find_images(args.images)
+    if not paths and not args.test_images:
+        raise UsageError("no image files in the given paths: give image files, folders or --test-images N.")
+    start = time.perf_counter()
+    samples: list[Sample] = []
+    if args.test_images:
+        samples = test_samples(model, extra, info, args.test_images, out)
+    figures = [out / name for name in figure_names(paths, {s.figure.relative_to(out) for s in samples})]
+    clashes = output_clashes(out, args.images, paths, [*figures, *(s.figure for s in samples)])
+    if clashes:
+        raise UsageError(f"{'; '.join(clashes)}.")
+    claim_output_dir(out, "attention_maps")
+    note = ConversionNote(info)
+    failed: list[str] = []
+    written = 0
+    for first in range(0, len(samples), args.batch_size):
+        render_batch(model, samples[first : first + args.batch_size], args, info)
+    written += len(samples)
+    for first in range(0, len(paths), args.batch_size):
+        batch, unread = read_samples(
+            paths[first : first + args.batch_size], figures[first : first + args.batch_size], info, note
+        )
+        failed += unread
+        if batch:
+            render_batch(model, batch, args, info)
+            written += len(batch)
+    if (message := note.message()) is not None:
+        print(message)
+    seconds = time.perf_counter() - start
+    per_image = seconds / max(written, 1)
+    print(f"wrote {written} figure(s) to {out} in {seconds:.1f} s ({per_image:.2f} s/image).")
+    if failed:
+        print(f"{len(failed)} file(s) could not be read: {', '.join(failed)}", file=sys.stderr)
+    return SKIPPED_INPUTS if failed else 0
+

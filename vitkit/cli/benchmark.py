@@ -1,0 +1,312 @@
+"""vitkit vs timm, side by side on this machine: throughput, attention kernels, training memory,
+and the input pipeline on its own.
+
+    vitkit benchmark                      # everything, Markdown tables on stdout
+    vitkit benchmark --sections models --models vit_cifar_small:128 --repeats 3
+
+Both libraries run the same architecture with the same weights (``vitkit.models.to_timm``). Times
+are medians over interleaved vitkit/timm pairs (``vitkit.bench``); a ratio > 1 means vitkit is
+faster. Each models row names the attention kernel vitkit's ``attn_impl="auto"`` measured and
+chose for that cell; the autotuner's full report (timings, measurement cost) follows the table.
+Training memory is measured in fresh processes as the peak resident size during one training step
+minus the resident size just before it (after a warm-up step, with glibc's mmap threshold fixed
+so freed activations go back to the OS). The casts section times one ``linear`` forward + backward
+in pure bfloat16 against the same layer under bfloat16 autocast with float32 weights, which casts
+the weights on every call: the cost mixed precision pays for its float32 master weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import vitkit
+from vitkit.bench import interleaved_times, median_ratio
+from vitkit.layers.attention_autotune import bucket, cpu_model
+from vitkit.layers.attention_kernels import (
+    IMPL_ENV,
+    autotune_report,
+    explicit_attention,
+    format_autotune_report,
+    sdpa_attention,
+)
+from vitkit.models import to_timm
+
+from .main import run_command
+from .parsers import parse_model_spec
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def autocast(precision: str) -> torch.autocast:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def make_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode: str, precision: str) -> Callable[[], None]:
+    """A closure running one inference forward or one AdamW training step."""
+    if mode == "forward":
+        model.eval()
+
+        def forward() -> None:
+            with torch.inference_mode(), autocast(precision):
+                model(images)
+
+        return forward
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(precision):
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+
+    return train_step
+
+
+def twins(name: str, **overrides: int) -> tuple[nn.Module, nn.Module]:
+    """A vitkit model (variant ``name`` with ``ViTConfig`` ``overrides``) and the timm model with the same weights."""
+    torch.manual_seed(0)
+    model = vitkit.create_model(name, **overrides)
+    return model, to_timm(model)
+
+
+def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    config = model.config
+    images = torch.randn(batch_size, config.in_chans, *config.img_size)
+    return images, torch.randint(0, config.num_classes, (batch_size,))
+
+
+def chosen_kernel(model: nn.Module, batch_size: int, mode: str, precision: str) -> str:
+    """The kernel ``attn_impl="auto"`` ran in this cell: pinned by ``VITKIT_ATTN_IMPL``, else the
+    autotuner's choice for the cell's key (dtype, mode, head width, bucketed tokens and B x H)."""
+    if os.environ.get(IMPL_ENV, "auto") != "auto":
+        return f"{os.environ[IMPL_ENV]} (pinned)"
+    config = model.config
+    tokens = config.num_tokens
+    key = {
+        "dtype": "bfloat16" if precision == "bf16" else "float32",
+        "training": mode == "train",
+        "head_dim": config.resolved_head_dim(),
+        "keys": bucket(tokens),
+        "batch_heads": bucket(batch_size * config.heads_per_layer()[0]),
+    }
+    kernels = {row["kernel"] for row in autotune_report() if all(row[name] == value for name, value in key.items())}
+    return "/".join(sorted(kernels)) or "sdpa (not measured)"
+
+
+def bench_models(specs: list[str], repeats: int) -> list[str]:
+    rows = [
+        "| model | batch | mode | precision | vitkit kernel | vitkit img/s | timm img/s | vitkit/timm |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for spec in specs:
+        name, batch_size, overrides = parse_model_spec(spec)
+        ours, theirs = twins(name, **overrides)
+        if overrides:
+            name += " (" + ", ".join(f"{key}={value}" for key, value in overrides.items()) + ")"
+        images, labels = batch_for(ours, batch_size)
+        for mode in ("forward", "train"):
+            for precision in PRECISIONS:
+                times = interleaved_times(
+                    {
+                        "vitkit": make_step(ours, images, labels, mode, precision),
+                        "timm": make_step(theirs, images, labels, mode, precision),
+                    },
+                    repeats=repeats,
+                )
+                ratio = median_ratio(times, "timm", "vitkit")
+                ours_ips = batch_size / statistics.median(times["vitkit"])
+                theirs_ips = batch_size / statistics.median(times["timm"])
+                kernel = chosen_kernel(ours, batch_size, mode, precision)
+                rows.append(
+                    f"| {name} | {batch_size} | {mode} | {precision} | {kernel} | {ours_ips:.1f} | {theirs_ips:.1f} | {ratio:.2f} |"
+                )
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def kernel_call(kernel: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, train: bool) -> Callable[[], None]:
+    """One attention call of ``kernel`` on ``[B, H, N, d]`` tensors, with the backward when ``train``."""
+
+    def call() -> None:
+        with torch.set_grad_enabled(train):
+            out = kernel(q, k, v, None, 0.0, q.shape[-1] ** -0.5)
+            out = out[0] if isinstance(out, tuple) else out
+        if train:
+            out.float().sum().backward()
+
+    return call
+
+
+def bench_kernels(repeats: int) -> list[str]:
+    """SDPA vs the explicit kernel at ViT shapes, at full size and with more repeats than the
+    autotuner behind ``attn_impl="auto"`` spends on each key."""
+    rows = ["| B x H x N x d | precision | mode | sdpa ms | explicit ms | sdpa/explicit |", "|---|---|---|---|---|---|"]
+    for batch, heads, tokens, dim in ((64, 4, 17, 64), (128, 4, 65, 64), (32, 6, 197, 64)):
+        for precision in PRECISIONS:
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            for mode in ("forward", "train"):
+                q, k, v = (torch.randn(batch, heads, tokens, dim, dtype=dtype, requires_grad=mode == "train") for _ in range(3))
+                calls = {name: kernel_call(kernel, q, k, v, mode == "train") for name, kernel in
+                         (("sdpa", sdpa_attention), ("explicit", explicit_attention))}
+                times = interleaved_times(calls, repeats=repeats)
+                rows.append(
+                    f"| {batch}x{heads}x{tokens}x{dim} | {precision} | {mode} | {1e3 * statistics.median(times['sdpa']):.2f} "
+                    f"| {1e3 * statistics.median(times['explicit']):.2f} | {median_ratio(times, 'sdpa', 'explicit'):.2f} |"
+                )
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def bench_casts(repeats: int) -> list[str]:
+    """``linear`` forward + backward: float32 weights under bf16 autocast vs pure bfloat16."""
+    rows = ["| tokens x in -> out | autocast ms | pure bf16 ms | autocast / pure |", "|---|---|---|---|"]
+    for tokens, width_in, width_out in ((128 * 65, 384, 1152), (128 * 65, 384, 1536), (32 * 197, 384, 1152)):
+        x = torch.randn(tokens, width_in, dtype=torch.bfloat16, requires_grad=True)  # activations: bf16 either way
+
+        def step(layer: nn.Linear, inputs: torch.Tensor, precision: str) -> Callable[[], None]:
+            def call() -> None:
+                with autocast(precision):
+                    out = layer(inputs)
+                out.float().sum().backward()
+
+            return call
+
+        times = interleaved_times(
+            {
+                "autocast": step(nn.Linear(width_in, width_out), x, "bf16"),
+                "pure": step(nn.Linear(width_in, width_out).bfloat16(), x, "fp32"),  # fp32: autocast off
+            },
+            repeats=repeats,
+        )
+        rows.append(
+            f"| {tokens} x {width_in} -> {width_out} | {1e3 * statistics.median(times['autocast']):.2f} "
+            f"| {1e3 * statistics.median(times['pure']):.2f} | {median_ratio(times, 'autocast', 'pure'):.2f} |"
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def memory_child(name: str, batch_size: int, library: str, checkpointing: bool) -> None:
+    """Fresh process: one warm-up step, then report the extra resident memory of one training step."""
+    ours, theirs = twins(name)
+    model = ours if library == "vitkit" else theirs
+    model.set_grad_checkpointing(checkpointing)
+    images, labels = batch_for(ours, batch_size)
+    step = make_step(model, images, labels, "train", "fp32")
+    step()  # warm-up: optimizer state, lazily imported modules, allocator pools
+    with open("/proc/self/clear_refs", "w") as handle:  # reset the peak resident size (VmHWM)
+        handle.write("5")
+    baseline = _status_kib("VmRSS")
+    step()
+    print(json.dumps({"step_mib": (_status_kib("VmHWM") - baseline) / 1024}))
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def bench_memory(spec: str, repeats: int) -> list[str]:
+    name, batch_size = spec.split(":")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    measured: dict[tuple[str, bool], float] = {}
+    for library in ("vitkit", "timm"):
+        for checkpointing in (False, True):
+            args = [sys.executable, "-m", "vitkit.cli.main", "benchmark", "--memory-child", name, batch_size, library,
+                    str(int(checkpointing))]
+            out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
+            measured[library, checkpointing] = json.loads(out.strip().splitlines()[-1])["step_mib"]
+    ours, _ = twins(name)
+    images, labels = batch_for(ours, int(batch_size))
+    plain = make_step(ours, images, labels, "train", "fp32")
+    checkpointed_model = vitkit.create_model(name)
+    checkpointed_model.set_grad_checkpointing(True)
+    checkpointed = make_step(checkpointed_model, images, labels, "train", "fp32")
+    slowdown = median_ratio(interleaved_times({"plain": plain, "ckpt": checkpointed}, repeats=repeats), "ckpt", "plain")
+    rows = [
+        f"Training-step memory, {name}, batch {batch_size}, fp32 (MiB added by one step):",
+        "",
+        "| library | no checkpointing | checkpointing | saved |",
+        "|---|---|---|---|",
+    ]
+    for library in ("vitkit", "timm"):
+        off, on = measured[library, False], measured[library, True]
+        rows.append(f"| {library} | {off:.0f} | {on:.0f} | {100 * (1 - on / off):.0f}% |")
+    rows += ["", f"vitkit step time with / without checkpointing: {slowdown:.2f}x"]
+    return rows
+
+
+def bench_data(repeats: int) -> list[str]:
+    """Input pipeline alone: in-memory images per second through the batched transform and through
+    the per-image albumentations pipeline (same pad-crop + flip + Normalize), and shapes generation."""
+    from torch.utils.data import DataLoader
+
+    from vitkit.data import ArrayDataset, AugmentConfig, build_train_transform, generate_shapes
+    from vitkit.data.batch_transforms import build_batch_transform
+    from vitkit.data.info import DataInfo
+
+    info = DataInfo(10, tuple("abcdefghij"), (28, 28), 1, (0.5,), (0.25,), "bench")
+    augment = AugmentConfig(crop="pad", padding=2, hflip=0.5)
+    images = torch.randint(0, 256, (8192, 28, 28, 1), dtype=torch.uint8).numpy()
+    labels = torch.randint(0, 10, (8192,)).numpy()
+    datasets = {
+        "batched (torch)": ArrayDataset(images, labels, build_train_transform(augment, info),
+                                        build_batch_transform(augment, info, (28, 28))),
+        "per image (albumentations)": ArrayDataset(images, labels, build_train_transform(augment, info)),
+    }
+
+    def epoch(dataset: ArrayDataset) -> Callable[[], None]:
+        def run() -> None:
+            for _ in DataLoader(dataset, batch_size=128, shuffle=True, drop_last=True):
+                pass
+
+        return run
+
+    times = interleaved_times({name: epoch(d) for name, d in datasets.items()}, repeats=repeats, warmup=1)
+    rows = ["| input pipeline (28x28x1, pad-crop + flip + Normalize, 1 process) | images/s |", "|---|---|"]
+    rows += [f"| {name} | {8064 / statistics.median(times[name]):,.0f} |" for name in datasets]
+    shapes = interleaved_times({"shapes": lambda: generate_shapes(6000, 32, seed=0)}, repeats=repeats, warmup=0)
+    rows.append(f"| generate_shapes, 6000 images of 32x32 | {statistics.median(shapes['shapes']):.2f} s |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vitkit benchmark`` in this process (``tools/benchmark.py``, tests)."""
+    return run_command("benchmark", argv)
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        name, batch_size, library, checkpointing = args.memory_child
+        memory_child(name, int(batch_size), library, checkpointing == "1")
+        return
+    print(f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs\n")
+    if "kernels" in args.sections:
+        print("\n".join(["Attention kernels (medians):", ""] + bench_kernels(args.repeats)) + "\n")
+    if "models" in args.sections:
+        print("\n".join(["vitkit vs timm, same weights (images/s, medians of interleaved pairs):", ""] + bench_models(args.models, args.repeats)) + "\n")
+        print("\n".join(["Attention autotuner (best times per call; speed-up = SDPA / explicit):", "", format_autotune_report(autotune_report())]) + "\n")
+    if "casts" in args.sections:
+        print("\n".join(["Linear forward + backward, bf16 autocast (float32 weights) vs pure bf16 (medians):", ""] + bench_casts(args.repeats)) + "\n")
+    if "memory" in args.sections:
+        print("\n".join(bench_memory(args.memory_model, args.repeats)) + "\n")
+    if "data" in args.sections:
+        print("\n".join(bench_data(args.repeats)))
+

@@ -1,0 +1,37 @@
+"""Evaluate a trained model: top-1, top-5 and per-class accuracy, and a confusion matrix.
+
+    vitkit evaluate runs/quickstart/<timestamp>/model.safetensors
+    vitkit evaluate runs/vit_small/<timestamp>/checkpoints/best.ckpt --data root=/data/cifar --out eval/
+
+Prints the accuracies; with --out (default: beside the model) writes eval.json and confusion_matrix.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vitkit.output_dirs import claim_output_dir
+from vitkit.train import evaluate
+
+from .main import run_command
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vitkit evaluate`` in this process (``tools/evaluate.py``, tests)."""
+    return run_command("evaluate", argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
+    claim_output_dir(out, "evaluate")
+    report = evaluate(args.model, args.data, out_dir=out, split=args.split)
+    per_class = "  ".join(f"{name}: {acc:.1f}" for name, acc in report["per_class"].items())
+    print(f"{report['dataset']} {report['split']} ({report['num_images']} images): "
+          f"top-1 {report['top1']:.2f}%  top-5 {report['top5']:.2f}%")
+    print(f"per class: {per_class}")
+    print(json.dumps({key: report[key] for key in ("top1", "top5", "num_images")}))
+    print(f"wrote {out / 'eval.json'} and {out / 'confusion_matrix.png'}")
+    return 0
+

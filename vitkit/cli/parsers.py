@@ -1,0 +1,319 @@
+"""The options of every ``vitkit`` command, kept free of torch so that ``--help`` and usage errors
+answer at once. Each command's description is its module's docstring, read without importing it.
+
+A few choices and defaults are the library's own constants, which live in modules that import
+torch; they are written out here (:data:`LIBRARY_CONSTANTS` lists them) and a test keeps them equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+from .common import int_at_least, number_in, positive_int
+
+EXIT_STATUS_HELP = """exit status (every command):
+  0    done
+  2    a user's mistake: bad argument, recipe, model or data file, output folder (one 'error:' line;
+       --debug adds the traceback)
+  3    done, but some inputs were skipped (each named on an 'error:' line)
+  143  stopped by SIGTERM (a training run saves last.ckpt and says how to resume)
+  1    a bug in vitkit (a traceback)"""
+
+#: Written out from the library (they live beside torch code): explain's map methods and rollout
+#: head fusions, HeadThresholds' defaults, the explorer's size cap.
+METHODS = ("rollout", "grad_rollout", "chefer", "heads")
+HEAD_FUSIONS = ("mean", "max", "min")
+HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
+EXPLORER_MAX_BYTES = 50_000_000
+LIBRARY_CONSTANTS = {
+    "vitkit.explain.METHODS": METHODS,
+    "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
+    "vitkit.explain.HeadThresholds()": HEAD_THRESHOLDS,
+    "vitkit.explain.DEFAULT_MAX_BYTES": EXPLORER_MAX_BYTES,
+}
+
+#: ``vitkit benchmark``'s default models (NAME:BATCH).
+BENCHMARK_MODELS = ("vit_small_patch16_224:32", "vit_cifar_small:128")
+BENCHMARK_SECTIONS = ("kernels", "models", "casts", "memory", "data")
+#: ``vitkit time-to-accuracy``'s implementations.
+IMPLS = ("vitkit", "timm")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring's layout kept, every option's default shown."""
+
+
+def summary(module: str) -> str:
+    """What ``vitkit.cli.<module>`` does: its docstring's first paragraph, on one line, up to a colon."""
+    return " ".join(_docstring(module).split("\n\n", 1)[0].split()).split(": ", 1)[0].rstrip(".")
+
+
+def _docstring(module: str) -> str:
+    spec = importlib.util.find_spec(f"{__package__}.{module}")
+    return ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
+
+
+def build(command: str, module: str) -> argparse.ArgumentParser:
+    """The parser of ``vitkit <command>`` (``vitkit.cli.<module>``), ``--debug`` included."""
+    parser = argparse.ArgumentParser(
+        prog=f"vitkit {command}", description=_docstring(module), epilog=EXIT_STATUS_HELP, formatter_class=HelpFormatter
+    )
+    OPTIONS[module](parser)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return parser
+
+
+def parse(command: str, module: str, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed for ``command``; recipe overrides may come after options (``--resume CKPT x=1``)."""
+    parser = build(command, module)
+    return parser.parse_intermixed_args(argv) if module in INTERMIXED else parser.parse_args(argv)
+
+
+# --- shared groups ----------------------------------------------------------------------------
+
+
+def recipe_arguments(parser: argparse.ArgumentParser, overrides: str = "dotted key=value overrides") -> None:
+    parser.add_argument("recipe", help="recipe YAML file (recipes/*.yaml)")
+    parser.add_argument("overrides", nargs="*", help=f"{overrides}, e.g. trainer.max_epochs=5")
+
+
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint CKPT | --model NAME --timm-weights FILE [--mean ...] [--std ...] [--crop-pct P]``,
+    for :func:`vitkit.cli.explain_io.load_model_from_arguments`."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="vitkit model file (.safetensors from training / save_model, or a .ckpt)")
+    source.add_argument(
+        "--model",
+        help="vitkit variant name (vitkit.list_models()), with --timm-weights; add timm's tag for the weights' own "
+        "preprocessing (vit_small_patch16_224.dino)",
+    )
+    parser.add_argument(
+        "--timm-weights",
+        help="timm ViT state dict (.safetensors or torch file) for --model, preprocessed as timm's pretrained_cfg "
+        "of --model says",
+    )
+    parser.add_argument("--mean", type=float, nargs="+", help="with --timm-weights: normalisation mean, per channel")
+    parser.add_argument("--std", type=float, nargs="+", help="with --timm-weights: normalisation std, per channel")
+    parser.add_argument("--crop-pct", type=float, help="with --timm-weights: eval crop (resize to size / crop_pct)")
+
+
+def data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data", nargs="*", default=[], metavar="KEY=VALUE",
+        help="changes to the data options saved with the model (DataConfig), e.g. root=/data/cifar num_workers=0",
+    )
+
+
+# --- argument types ---------------------------------------------------------------------------
+
+
+def layer_list(text: str) -> list[int]:
+    """``argparse`` type of ``--layers``: comma-separated block indices (``0,5,-1``)."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated block indices such as 0,5,11, got {text!r}") from None
+
+
+def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int]]:
+    """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."`` (integer ``ViTConfig`` overrides, e.g.
+    ``vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10``)."""
+    name, batch_size, *rest = spec.split(":")
+    overrides = {key: int(value) for key, value in (item.split("=") for item in rest[0].split(","))} if rest else {}
+    return name, int(batch_size), overrides
+
+
+def model_spec(spec: str) -> str:
+    """``argparse`` type of ``--models`` / ``--memory-model``: ``spec`` if :func:`parse_model_spec`
+    reads it, with a batch of at least 1 and integer overrides."""
+    try:
+        _, batch_size, _ = parse_model_spec(spec)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME:BATCH or NAME:BATCH:key=value,... with whole numbers, got {spec!r}"
+        ) from None
+    if batch_size < 1:
+        raise argparse.ArgumentTypeError(f"the batch size of {spec!r} must be at least 1")
+    return spec
+
+
+# --- the commands -----------------------------------------------------------------------------
+
+
+def train(parser: argparse.ArgumentParser) -> None:
+    recipe_arguments(parser)
+    parser.add_argument("--resume", metavar="CKPT", help="checkpoint to continue from (e.g. .../checkpoints/last.ckpt)")
+
+
+def evaluate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model.safetensors or a training .ckpt")
+    data_arguments(parser)
+    parser.add_argument("--split", choices=("test", "val"), default="test", help="split to evaluate")
+    parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
+
+
+def predict(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model file: .safetensors (training, save_model) or a training .ckpt")
+    parser.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files and/or folders")
+    parser.add_argument("--top-k", type=positive_int, default=5, help="classes per image")
+    parser.add_argument("--csv", metavar="FILE", help="also write the predictions to this CSV file")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
+
+
+def attention_maps(parser: argparse.ArgumentParser) -> None:
+    model_arguments(parser)
+    parser.add_argument("images", nargs="*", help="image files and/or folders")
+    parser.add_argument(
+        "--test-images", type=int_at_least(0), default=0, metavar="N",
+        help="also explain the first N test images of the dataset the checkpoint was trained on",
+    )
+    parser.add_argument("--out", required=True, help="output folder for the PNGs")
+    parser.add_argument("--method", choices=(*METHODS, "all"), default="all", help="maps drawn")
+    parser.add_argument("--layer", type=int, default=-1, help="block shown in the per-head grid (-1: the last)")
+    parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="rollout: how heads are combined")
+    parser.add_argument(
+        "--discard-ratio", type=float, default=0.0, help="both rollouts: share of each layer's weakest entries zeroed"
+    )
+    parser.add_argument("--target", type=int, default=None, help="class for gradient rollout (None: predicted)")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="images per forward pass")
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32",
+        help="bf16: run the model under bfloat16 autocast (~2.5x faster on CPUs with AMX; maps still in float32)",
+    )
+
+
+def explore(parser: argparse.ArgumentParser) -> None:
+    model_arguments(parser)
+    parser.add_argument("images", nargs="*", help="image files and/or folders")
+    parser.add_argument(
+        "--test-images", type=int_at_least(0), default=0, metavar="N",
+        help="also explore the first N test images of the dataset the checkpoint was trained on",
+    )
+    parser.add_argument("--out", required=True, help="the HTML file to write")
+    parser.add_argument("--layers", type=layer_list, default=None, help="blocks to embed, e.g. 0,5,11 (None: all)")
+    parser.add_argument("--max-images", type=positive_int, default=8, help="images kept, test images first")
+    parser.add_argument("--max-bytes", type=positive_int, default=EXPLORER_MAX_BYTES, help="refuse a larger file")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass")
+
+
+def attention_report(parser: argparse.ArgumentParser) -> None:
+    model_arguments(parser)
+    data_arguments(parser)
+    parser.add_argument("--split", choices=("test", "val"), default="test", help="split the images come from")
+    parser.add_argument("--num-images", type=positive_int, default=128, help="images averaged over")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
+    parser.add_argument("--out", required=True, help="output folder")
+    thresholds = {
+        "uniform_entropy": "unfocused head: normalised entropy at least this",
+        "self_attention": "self-attending head: diagonal share at least this",
+        "cls_sink": "attention sink: class-token share at least this",
+        "collapse_similarity": "collapsed heads: JS similarity at least this",
+    }
+    for key, help_text in thresholds.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=float, default=HEAD_THRESHOLDS[key], help=help_text)
+
+
+def localization(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="model trained on shapes (.safetensors or .ckpt)")
+    source.add_argument("--recipe", help="train this recipe first (with the dotted overrides given after it)")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. data.name=shapes trainer.max_epochs=10")
+    data_arguments(parser)
+    parser.add_argument("--num-images", type=positive_int, default=500, help="test images scored")
+    parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="rollout: how heads are combined")
+    parser.add_argument("--discard-ratio", type=number_in(0, 1, high_open=True), default=0.0,
+                        help="rollouts: share of each layer's weakest entries zeroed")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random-weight model")
+    parser.add_argument("--explain", choices=("label", "predicted"), default="label",
+                        help="class the gradient methods explain (the pointing game cues the true label)")
+    parser.add_argument("--tolerance", type=number_in(0), default=None,
+                        help="pointing-game tolerance in pixels (None: TorchRay's 15 px at 224 px, scaled)")
+    parser.add_argument("--out", help="folder for localization.csv / localization.md")
+
+
+def prune_heads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="model.safetensors or a training .ckpt")
+    data_arguments(parser)
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--max-drop", type=number_in(0), default=1.0, help="accuracy budget in percentage points")
+    parser.add_argument("--step-fraction", type=number_in(0, 1, low_open=True), default=0.1,
+                        help="share of remaining heads pruned per step")
+    parser.add_argument("--random-seeds", type=positive_int, default=5, help="random orders to average")
+    parser.add_argument("--entropy-order", choices=("high", "low"), default="high", help="entropy heads pruned first")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size of scoring, evaluation and timing")
+    parser.add_argument("--max-batches", type=positive_int,
+                        help="cap on the batches of every pass, the test pass too (quick runs; None: all)")
+    parser.add_argument("--rounds", type=positive_int, default=50, help="interleaved timing rounds for the speed-up")
+    parser.add_argument("--num-threads", type=positive_int, help="torch CPU threads (None: torch's); 1 on a busy machine")
+
+
+def ablate_heads(parser: argparse.ArgumentParser) -> None:
+    recipe_arguments(parser, "dotted key=value overrides for every run")
+    parser.add_argument("--heads", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16], help="head counts to train")
+    parser.add_argument("--seeds", type=positive_int, default=3, help="seeds per head count (0, 1, ...)")
+    parser.add_argument("--embed-dim", type=positive_int, default=128, help="fixed model width d_model")
+    parser.add_argument("--last-epochs", type=positive_int, default=3, help="epochs whose steps the oscillation covers")
+    parser.add_argument("--out", default="runs/ablate_heads", help="output folder")
+
+
+def init_ablation(parser: argparse.ArgumentParser) -> None:
+    recipe_arguments(parser, "dotted key=value overrides for every run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="trainer.seed values")
+    parser.add_argument("--no-parts", action="store_true", help="skip the one-part-at-a-time variants")
+    parser.add_argument("--out", default="runs/init_ablation", help="output folder")
+
+
+def time_to_accuracy(parser: argparse.ArgumentParser) -> None:
+    recipe_arguments(parser, "dotted key=value overrides applied to both runs")
+    parser.add_argument("--eval-every", type=positive_int, default=211, metavar="STEPS", help="test every N steps")
+    parser.add_argument("--budget-minutes", type=number_in(0, low_open=True), default=None,
+                        help="cap each run's training time (None: no cap)")
+    parser.add_argument("--targets", type=float, nargs="+", default=[80.0, 85.0, 88.0], help="accuracies (%%)")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="models to train")
+    parser.add_argument("--out", default="runs/time_to_accuracy", help="output folder")
+
+
+def make_subset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="ImageNet-style folder: SRC/train/<class>/*, SRC/val/<class>/*")
+    parser.add_argument("dst", help="new or empty output folder, outside SRC (and SRC not inside it)")
+    parser.add_argument("--classes", type=positive_int, required=True, help="number of classes to keep")
+    parser.add_argument("--images", type=positive_int, required=True, help="training images per class")
+    parser.add_argument("--val-images", type=positive_int, default=None, help="val/test images per class (None: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random draw")
+    parser.add_argument("--copy", action="store_true", help="copy files instead of symlinking them")
+
+
+def benchmark(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sections", nargs="+", default=list(BENCHMARK_SECTIONS), choices=BENCHMARK_SECTIONS,
+                        help="what to measure")
+    parser.add_argument("--models", nargs="+", type=model_spec, default=list(BENCHMARK_MODELS),
+                        help="NAME:BATCH or NAME:BATCH:key=value,... (ViTConfig overrides)")
+    parser.add_argument("--memory-model", type=model_spec, default="vit_small_patch16_224:32",
+                        help="NAME:BATCH for the memory section")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved pairs per cell (medians are reported)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (None: torch's choice)")
+    parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
+
+
+#: ``vitkit.cli.<module>`` -> the function that adds its options.
+OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "train": train,
+    "evaluate": evaluate,
+    "predict": predict,
+    "attention_maps": attention_maps,
+    "explore": explore,
+    "attention_report": attention_report,
+    "localization": localization,
+    "prune_heads": prune_heads,
+    "ablate_heads": ablate_heads,
+    "init_ablation": init_ablation,
+    "time_to_accuracy": time_to_accuracy,
+    "make_subset": make_subset,
+    "benchmark": benchmark,
+}
+#: Commands whose recipe overrides may follow their options.
+INTERMIXED = frozenset({"train", "ablate_heads", "init_ablation"})

@@ -1,0 +1,49 @@
+"""Train a ViT from a recipe.
+
+    vitkit train recipes/quickstart.yaml
+    vitkit train recipes/vit_small.yaml trainer.max_epochs=5 model.num_heads=8 trainer.precision=bf16-mixed
+    vitkit train recipes/vit_small.yaml --resume runs/vit_small/<timestamp>/checkpoints/last.ckpt
+
+Writes runs/<recipe>/<timestamp>/ (config.yaml, metrics.csv, checkpoints/, curves.png,
+summary.json, model.safetensors) and prints the test accuracy, the time taken and what to run
+next; summary.json holds the rest. Multi-GPU / multi-node: set trainer.devices, trainer.num_nodes
+and trainer.strategy=ddp; Lightning launches the other processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from vitkit.train import train
+
+from .main import run_command
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vitkit train`` in this process (``tools/train.py``, tests)."""
+    return run_command("train", argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = train(args.recipe, args.overrides, resume=args.resume)
+    print(closing_lines(result.summary, result.run_dir))
+    return 0
+
+
+def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
+    """The end of a run in a few lines: accuracy, time, speed, where it went and what to run next."""
+    def percent(key: str) -> str:
+        return "n/a" if summary.get(key) is None else f"{summary[key]:.2f}%"
+
+    model = run_dir / "model.safetensors"
+    return "\n".join([
+        f"test accuracy {percent('test_acc')} (top-5 {percent('test_acc5')}, validation {percent('val_acc')}), "
+        f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
+        f"run directory: {run_dir} (summary.json has the rest)",
+        "next:",
+        f"  vitkit evaluate {model}",
+        f"  vitkit maps --checkpoint {model} --test-images 4 --out maps/",
+        f"  vitkit predict {model} IMAGE_OR_FOLDER",
+    ])
