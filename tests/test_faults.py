@@ -248,7 +248,7 @@ def test_full_disk_during_a_checkpoint_is_one_error_line(tmp_path: Path, monkeyp
 TOOL_MISTAKES: dict[str, tuple[list[str], int, str]] = {
     # tool: (arguments, exit status, words of the message)
     "train": (["recipes/quickstart.yaml", "trainer.max_epoch=1"], 2, "trainer.max_epoch"),
-    "evaluate": (["missing/model.safetensors"], 2, "does not exist"),
+    "evaluate": (["MISSING/model.safetensors"], 2, "does not exist"),
     "attention_maps": (["--checkpoint", "missing.safetensors", "x.png", "--out", "OUT"], 2, "does not exist"),
     "attention_report": (["--checkpoint", "missing.safetensors", "--out", "OUT"], 2, "does not exist"),
     "localization": (["--checkpoint", "missing.safetensors"], 2, "does not exist"),
@@ -264,11 +264,13 @@ TOOL_MISTAKES: dict[str, tuple[list[str], int, str]] = {
 def test_every_tool_reports_a_mistake_in_one_line(tool: str, tmp_path: Path, capsys, load_tool) -> None:
     arguments, status, words = TOOL_MISTAKES[tool]
     arguments = [str(tmp_path / "out") if a == "OUT" else a for a in arguments]
+    arguments = [a.replace("MISSING", str(tmp_path / "missing")) for a in arguments]
     main: Callable[[list[str]], int] = load_tool(tool).main
     assert main(arguments) == status
     err = capsys.readouterr().err
     assert err.startswith("error: ") and words in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "missing").exists()  # no output folder claimed for an input that is not there
     with pytest.raises((VitkitError, OSError)):
         main([*arguments, "--debug"])  # --debug lets the error through, with its traceback
 

@@ -9,6 +9,7 @@ Prints the accuracies; with --out (default: beside the model) writes eval.json a
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.model).is_file():  # before the output folder beside it is claimed
+        raise FileNotFoundError(errno.ENOENT, "model file does not exist", args.model)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
     claim_output_dir(out, "evaluate")
     report = evaluate(args.model, args.data, out_dir=out, split=args.split)
