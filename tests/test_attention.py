@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -589,3 +590,30 @@ def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks
     # Causal without the diagonal: query 0 has no key left (zeros, not NaN); query i sees 0..i-1.
     assert causal[0, :, 0].abs().max() == 0 and torch.isfinite(causal).all()
     torch.testing.assert_close(causal[0, :, 1, 0], torch.ones(2))
+
+
+def test_a_model_file_from_before_per_head_temperatures_loads_with_the_same_outputs(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from vitkit.io import load_model, save_model
+    from vitkit.models import VisionTransformer, ViTConfig
+
+    config = ViTConfig(img_size=8, patch_size=4, num_classes=3, embed_dim=16, depth=2, num_heads=2,
+                       locality_attention=True)
+    model = VisionTransformer(config).eval()
+    with torch.no_grad():
+        for block, value in zip(model.blocks, (0.5, 0.9)):
+            block.attn.temperature.fill_(value)  # what a per-layer scalar could express
+    path = save_model(model, tmp_path / "new.safetensors")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    state = load_file(path)
+    for index, value in enumerate((0.5, 0.9)):  # rewrite as the former file layout
+        del state[f"blocks.{index}.attn.temperature"]
+        state[f"blocks.{index}.attn.log_scale"] = torch.tensor(value).log()
+    save_file(state, tmp_path / "old.safetensors", metadata=metadata)
+    old = load_model(tmp_path / "old.safetensors").eval()
+    torch.testing.assert_close(old.blocks[1].attn.temperature.detach(), torch.full((2,), 0.9))
+    images = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(old(images), model(images), atol=1e-6, rtol=1e-5)

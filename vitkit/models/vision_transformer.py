@@ -17,7 +17,7 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
+from ..layers import ConvPatchEmbed, EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
 from .config import ViTConfig
 from .init import init_parts
@@ -97,8 +97,10 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(
-            config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, **factory
+        self.patch_embed = (
+            ConvPatchEmbed(config.patch_size, config.in_chans, dim, **factory)
+            if config.patch_embed == "conv"
+            else PatchEmbed(config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, **factory)
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
         if config.pos_embed == "learn":

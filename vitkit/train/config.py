@@ -285,6 +285,11 @@ def load_recipe(
             f"model.impl=timm in {source}: timm's VisionTransformer has no shifted patch tokenization or locality "
             "self-attention; also set model.shifted_patches=false model.locality_attention=false."
         )
+    if config.model.impl == "timm" and vit_config.patch_embed != "linear":
+        raise RecipeError(
+            f"model.impl=timm in {source}: timm's VisionTransformer has no convolutional stem; "
+            "also set model.patch_embed=linear."
+        )
     return config
 
 
