@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import timm
 import torch
 from PIL import Image
 
 import vitkit
 from vitkit.data import shapes_info
+from vitkit.explain.cli import load_explained_model
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 TINY_SHAPES = {"name": "shapes", "img_size": 32, "num_workers": 0, "shapes_num_samples": 60, "test_fraction": 0.2}
@@ -90,6 +92,24 @@ def test_attention_maps_loads_timm_weights(seed: int, mixed_folder: Path, tmp_pa
     argv = ["--model", "vit_tiny_patch16_224", "--timm-weights", str(weights), image, "--out", str(out)]
     assert tool_main("attention_maps")(argv) == 0
     assert (out / "gray.png").is_file()
+
+
+def test_attention_maps_renders_timm_dinov2_with_registers_like_a_vitkit_model(
+    seed: int, mixed_folder: Path, tmp_path: Path
+) -> None:
+    source = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2, img_size=28, num_classes=4)
+    weights = tmp_path / "dinov2_reg4.pth"
+    torch.save(source.state_dict(), weights)
+    model, _ = load_explained_model(model_name="vit_small_patch14_reg4_dinov2", timm_weights=weights)
+    assert (model.config.reg_tokens, model.num_prefix_tokens, model.config.no_embed_class) == (4, 5, True)
+    image = str(mixed_folder / "gray.jpg")
+    out = tmp_path / "maps"
+    argv = ["--model", "vit_small_patch14_reg4_dinov2", "--timm-weights", str(weights), image, "--out", str(out)]
+    assert tool_main("attention_maps")(argv) == 0
+    vitkit_out = tmp_path / "vitkit_maps"
+    checkpoint = save_tiny(tiny_shapes_model(), tmp_path / "model.safetensors")
+    assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(vitkit_out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in vitkit_out.iterdir()) == ["gray.png"]
 
 
 def collapse_heads(model: vitkit.VisionTransformer, layer: int, heads: tuple[int, int], sharpen: float) -> None:

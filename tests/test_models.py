@@ -244,6 +244,8 @@ def test_no_weight_decay_names_real_parameters() -> None:
     names = dict(model.named_parameters())
     assert model.no_weight_decay() == {"pos_embed", "cls_token"}
     assert model.no_weight_decay() <= set(names)
+    with_tokens = tiny(reg_tokens=2)
+    assert with_tokens.no_weight_decay() == {"pos_embed", "cls_token", "reg_token"}
 
 
 def test_reset_classifier_replaces_head_and_config() -> None:
@@ -407,7 +409,7 @@ def test_unknown_model_name_suggests_the_closest() -> None:
     [
         (dict(embed_dim=100, num_heads=8), r"embed_dim \(100\).*num_heads \(8\)"),
         (dict(img_size=30), "height 30 is not divisible by patch_size 4"),
-        (dict(global_pool="max"), "global_pool must be 'token' or 'avg', got 'max'"),
+        (dict(global_pool="max"), "global_pool must be one of 'token', 'avg', 'map', got 'max'"),
         (dict(class_token=False), "global_pool='token' needs class_token=True"),
         (dict(pos_embed="rope"), "pos_embed must be one of 'learn', 'sincos', 'none'"),
         (dict(attn_impl="flash"), "attn_impl must be one of"),

@@ -60,6 +60,19 @@ def test_from_timm_rope_family_matches_timm_logits(name: str) -> None:
     assert model.config.pos_embed == ("learn" if "ape" in name else "none")
 
 
+@pytest.mark.parametrize("name", ["vit_betwixt_patch16_rope_reg4_gap_256", "vit_medium_patch16_rope_reg1_gap_256"])
+def test_rope_families_with_registers_match_timm_logits(name: str) -> None:
+    # At their own 256 px: their RoPE is defined on a 16x16 reference grid (ref_feat_shape).
+    source = eva(name, img_size=256)
+    model = from_timm(source).eval()
+    x = torch.randn(2, 3, 256, 256)
+    expected = logits(source, x)
+    assert expected.std() > 0.1
+    torch.testing.assert_close(logits(model, x), expected, **PARITY)
+    assert model.config.reg_tokens == source.reg_token.shape[1] and model.num_prefix_tokens == source.num_prefix_tokens
+    torch.testing.assert_close(logits(to_timm(model).eval(), x), expected, **PARITY)
+
+
 @pytest.mark.parametrize("name", ["vit_small_patch16_rope_224", "vit_small_patch16_rope_mixed_224"])
 def test_the_same_weights_without_rope_miss_timms_logits(name: str) -> None:
     source = eva(name)
@@ -141,9 +154,7 @@ REFUSED = {
     "eva02_enormous_patch14_clip_224": "residual post-norm blocks",
     "vit_small_patch16_dinov3": "RotaryEmbeddingDinoV3",
     "vit_small_patch16_dinov3_qkvb": "half-rotation RoPE layout",
-    "vit_small_patch16_lingbot": "register tokens",
-    "vit_betwixt_patch16_rope_reg4_gap_256": "register tokens",
-    "vit_medium_patch16_rope_reg1_gap_256": "register tokens",
+    "vit_small_patch16_lingbot": "half-rotation RoPE layout",
     "vit_pe_core_tiny_patch16_384": "attention-pool head",
     "vit_pe_spatial_tiny_patch16_512": "pre-norm before the blocks",
 }

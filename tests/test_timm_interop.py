@@ -11,7 +11,8 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import checkpoint_filter_fn
 
 from vitkit import create_model, from_timm, to_timm_state_dict
-from vitkit.models import model_config
+from vitkit.models import model_config, timm_interop, to_timm
+from vitkit.models.timm_interop import UnsupportedModelError, timm_features_vitkit_lacks
 
 PARITY = dict(rtol=1e-4, atol=1e-4)
 #: Small timm-compatible architecture for the tests that do not need a registered variant.
@@ -76,16 +77,26 @@ def test_from_timm_state_dict_accepts_num_heads_instead_of_a_name() -> None:
 
 
 def test_from_timm_non_square_state_dict_converts_when_img_size_is_given() -> None:
+    source = randomise_(TimmViT(**{**SMALL, "img_size": (32, 40)})).eval()
+    model = from_timm(source.state_dict(), num_heads=4, img_size=(32, 40)).eval()
+    assert model.config.img_size == (32, 40)
+    x = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), **PARITY)
+    with pytest.raises(ValueError, match=r"20 patch positions, not a square grid.*img_size=\(H, W\)"):
+        from_timm(source.state_dict(), num_heads=4)
+    with pytest.raises(ValueError, match=r"20 patch positions.*got img_size=\(32, 32\)"):
+        from_timm(source.state_dict(), num_heads=4, img_size=(32, 32))
+
+
+def test_from_timm_state_dict_reads_no_embed_class_off_the_table_unless_told() -> None:
+    # 4x6 patches and a class token: 25 rows, which also reads as a 5x5 table without prefix rows.
     source = randomise_(TimmViT(**{**SMALL, "img_size": (32, 48)})).eval()
-    model = from_timm(source.state_dict(), num_heads=4, img_size=(32, 48)).eval()
-    assert model.config.img_size == (32, 48)
+    assert from_timm(source.state_dict(), num_heads=4).config.no_embed_class  # the square reading
+    model = from_timm(source.state_dict(), num_heads=4, img_size=(32, 48), no_embed_class=False).eval()
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
         torch.testing.assert_close(model(x), source(x), **PARITY)
-    with pytest.raises(ValueError, match=r"24 patch positions, not a square grid.*img_size=\(H, W\)"):
-        from_timm(source.state_dict(), num_heads=4)
-    with pytest.raises(ValueError, match=r"24 patch positions.*got img_size=\(32, 32\)"):
-        from_timm(source.state_dict(), num_heads=4, img_size=(32, 32))
 
 
 def test_from_timm_state_dict_without_name_or_num_heads_raises() -> None:
@@ -170,9 +181,127 @@ def test_pruned_model_has_no_timm_equivalent() -> None:
         to_timm_state_dict(model)
 
 
-def test_timm_register_tokens_are_rejected_with_the_feature_named() -> None:
-    with pytest.raises(ValueError, match="register tokens"):
-        from_timm(TimmViT(**SMALL, reg_tokens=2))
+#: timm ViT families vitkit converts exactly, each built at two layers on a 2x2 patch grid (the
+#: family's own width, heads, tokens, norms, pooling and activation) so the whole list runs fast.
+FAMILIES = [
+    "vit_small_patch16_224",
+    "vit_base_patch32_224",
+    "vit_small_patch8_224",
+    "vit_base_patch16_gap_224",
+    "vit_medium_patch16_gap_240",
+    "vit_base_patch16_clip_224",
+    "vit_base_patch16_clip_quickgelu_224",
+    "vit_base_patch16_siglip_224",
+    "vit_base_patch16_siglip_gap_224",
+    "vit_small_patch14_dinov2",
+    "vit_small_patch14_reg4_dinov2",
+    "vit_medium_patch16_reg4_gap_256",
+    "deit_small_patch16_224",
+    "deit_small_distilled_patch16_224",
+    "deit3_small_patch16_224",
+    "flexivit_small",
+]
+
+
+def small_family(name: str, **kwargs: Any) -> torch.nn.Module:
+    with torch.device("meta"):
+        patch = timm.create_model(name, pretrained=False, depth=1).patch_embed.patch_size[0]
+    return randomise_(timm_model(name, depth=2, img_size=2 * patch, num_classes=10, **kwargs))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_timm_family_converts_both_ways_with_equal_logits(name: str) -> None:
+    source = small_family(name)
+    model = from_timm(source).eval()
+    assert model.num_prefix_tokens == source.num_prefix_tokens
+    x = torch.randn(2, 3, *model.config.img_size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), **PARITY)
+    twin = to_timm(model).eval()  # to_timm_state_dict loaded strictly into a timm model of the config
+    assert type(twin) is type(source) and twin.state_dict().keys() == source.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), source(x), **PARITY)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vit_small_patch14_reg4_dinov2",
+        "vit_medium_patch16_reg4_gap_256",
+        "vit_base_patch16_siglip_224",
+        "deit_small_distilled_patch16_224",
+        "deit3_small_patch16_224",
+    ],
+)
+def test_timm_state_dict_with_tokens_and_pooling_options_converts(name: str) -> None:
+    source = small_family(name)
+    model = from_timm(source.state_dict(), num_heads=source.blocks[0].attn.num_heads).eval()
+    assert (model.config.reg_tokens, model.config.no_embed_class) == (source.num_reg_tokens, source.no_embed_class)
+    x = torch.randn(2, 3, *model.config.img_size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), **PARITY)
+
+
+def test_timm_registers_with_dynamic_img_size_match_timm_at_another_resolution() -> None:
+    source = small_family("vit_small_patch14_reg4_dinov2", dynamic_img_size=True)
+    model = from_timm(source).eval()
+    x = torch.randn(2, 3, 42, 56)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), **PARITY)
+
+
+def test_timm_distilled_model_returns_both_heads_in_distilled_training() -> None:
+    source = small_family("deit_small_distilled_patch16_224")
+    model = from_timm(source)
+    source.set_distilled_training(True)
+    model.set_distilled_training(True)
+    source.train(), model.train()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for ours, theirs in zip(model(x), source(x)):
+            torch.testing.assert_close(ours, theirs, **PARITY)
+
+
+#: timm models vitkit refuses, with what each message must name. Built on the meta device at
+#: their default size: refusal reads the module tree only.
+REFUSED = {
+    "vit_small_patch16_dinov3": r"RotaryEmbeddingDinoV3 \(RoPE other than axial or mixed\)",
+    "vit_small_patch16_dinov3_qkvb": r"RotaryEmbeddingDinoV3 \(RoPE other than axial or mixed\)",
+    "eva02_tiny_patch14_224": "SwiGLU or a normed MLP",
+    "vit_pe_core_tiny_patch16_384": "attention-pool head",
+    "beit_base_patch16_224": "relative position bias",
+    "beitv2_base_patch16_224": "relative position bias",
+    "beit3_base_patch16_224": "a norm inside the attention",
+    "vit_relpos_small_patch16_224": "relative position bias",
+    "vit_relpos_small_patch16_rpn_224": "relative position bias",
+    "vit_base_patch16_rpn_224": "residual post-norm",
+    "vit_small_patch16_18x2_224": "parallel blocks",
+    "vit_base_patch16_xp_224": "parallel blocks",
+    "vit_small_r26_s32_224": "a CNN stem",
+    "aimv2_large_patch14_224": "RmsNorm norms.*gated MLP",
+    "vit_giant_patch14_dinov2": "gated MLP",
+    "vit_intern300m_patch14_448": r"no final norm \(final_norm=False\)",
+    "naflexvit_base_patch16_gap": "the NaFlexVit architecture",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_timm_model_vitkit_lacks_a_feature_of_is_refused_before_anything_is_built(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with torch.device("meta"):
+        source = timm.create_model(name, pretrained=False)
+    monkeypatch.setattr(timm_interop, "VisionTransformer", None)  # building anything would fail
+    with pytest.raises(UnsupportedModelError, match=rf"^this timm model \(\w+\) uses .*{REFUSED[name]}.*which vitkit lacks") as error:
+        from_timm(source)
+    assert "\n" not in str(error.value)
+    assert timm_features_vitkit_lacks(source)
+
+
+def test_timm_state_dict_of_an_unsupported_model_is_refused_before_loading() -> None:
+    source = timm_model("vit_relpos_small_patch16_224", depth=1, img_size=32)
+    with pytest.raises(UnsupportedModelError, match=r"state dict has no pos_embed: it is not a timm VisionTransformer"):
+        from_timm(source.state_dict(), num_heads=6)
 
 
 @pytest.mark.parametrize(

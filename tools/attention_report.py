@@ -74,11 +74,19 @@ def _main(argv: list[str] | None) -> int:
         "cls_share": (stats.cls_share, "attention to the class token"),
         "similarity": (best, "JS similarity to the most similar head"),
     }
+    if model.config.reg_tokens:
+        metrics["reg_share"] = (stats.reg_share, "attention to the register tokens")
     for name, (values, title) in metrics.items():
         head_grid_figure(values, title, out / f"{name}.png")
     (out / "warnings.txt").write_text("".join(f"{w}\n" for w in warnings))
 
     print(f"head statistics of {len(rows)} heads over {stats.num_images} images written to {out}")
+    cls_share, reg_share = stats.sink_shares()
+    for layer, (to_cls, to_reg) in enumerate(zip(cls_share.tolist(), reg_share.tolist())):
+        shares = [f"{label} {share:.1%}" for label, share in (("class token", to_cls), ("registers", to_reg))
+                  if share == share]  # NaN: the model has no such token
+        if shares:
+            print(f"layer {layer} attention sink: {', '.join(shares)}")
     for warning in warnings:
         print(f"warning: {warning}")
     if not warnings:

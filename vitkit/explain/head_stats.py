@@ -6,6 +6,9 @@ For every layer and head, averaged over images and query tokens:
   an unfocused head; 0 = one key only);
 * ``diagonal``: weight a token puts on itself (a bright diagonal: nothing mixed between tokens);
 * ``cls_share``: weight put on the class token (an attention sink); NaN without a class token;
+* ``reg_share``: weight put on the register tokens together (Darcet et al. 2023, "Vision
+  Transformers Need Registers", arXiv:2309.16588: registers are meant to take over the sink);
+  NaN without registers. :meth:`HeadStats.sink_shares` gives both per layer;
 * ``similarity[l, h, g]``: ``1 - JS(p_h, p_g) / log 2`` between heads ``h`` and ``g`` of layer
   ``l``, averaged over queries (1 = the two heads attend identically: collapse).
 
@@ -32,7 +35,7 @@ class HeadStats:
     """Diagnostics of every head. Layers with fewer heads (pruned) are NaN-padded to ``H_max``.
 
     Attributes:
-        entropy, diagonal, cls_share: ``[L, H_max]``.
+        entropy, diagonal, cls_share, reg_share: ``[L, H_max]``.
         similarity: ``[L, H_max, H_max]``, symmetric, 1 on the diagonal.
         heads_per_layer: head count of each layer.
         num_images: images averaged over.
@@ -41,6 +44,7 @@ class HeadStats:
     entropy: torch.Tensor
     diagonal: torch.Tensor
     cls_share: torch.Tensor
+    reg_share: torch.Tensor
     similarity: torch.Tensor
     heads_per_layer: list[int]
     num_images: int
@@ -59,7 +63,7 @@ class HeadStats:
         return values.masked_fill(missing, float("nan")), index.masked_fill(missing, -1)
 
     def rows(self) -> list[dict[str, float | int]]:
-        """One record per existing head: ``layer, head, entropy, diagonal, cls_share,
+        """One record per existing head: ``layer, head, entropy, diagonal, cls_share, reg_share,
         max_similarity, most_similar_head`` (for a CSV)."""
         best, partner = self.most_similar()
         return [
@@ -69,12 +73,19 @@ class HeadStats:
                 "entropy": self.entropy[layer, head].item(),
                 "diagonal": self.diagonal[layer, head].item(),
                 "cls_share": self.cls_share[layer, head].item(),
+                "reg_share": self.reg_share[layer, head].item(),
                 "max_similarity": best[layer, head].item(),
                 "most_similar_head": int(partner[layer, head]),
             }
             for layer, heads in enumerate(self.heads_per_layer)
             for head in range(heads)
         ]
+
+    def sink_shares(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The seed's "sink" check per layer: ``([L] attention on the class token, [L] attention
+        on the registers)``, each the mean over the layer's heads (NaN where the token is absent
+        or the layer has no heads)."""
+        return self.cls_share.nanmean(dim=1), self.reg_share.nanmean(dim=1)
 
     def merge(self, other: HeadStats) -> HeadStats:
         """Image-weighted average of two sets of statistics of the same model."""
@@ -88,6 +99,7 @@ class HeadStats:
             entropy=a * self.entropy + b * other.entropy,
             diagonal=a * self.diagonal + b * other.diagonal,
             cls_share=a * self.cls_share + b * other.cls_share,
+            reg_share=a * self.reg_share + b * other.reg_share,
             similarity=a * self.similarity + b * other.similarity,
             heads_per_layer=self.heads_per_layer,
             num_images=total,
@@ -109,26 +121,44 @@ def _js_similarity(attention: torch.Tensor) -> torch.Tensor:
     return similarity
 
 
-def attention_statistics(attentions: Sequence[torch.Tensor], num_prefix_tokens: int = 1) -> HeadStats:
+def attention_statistics(
+    attentions: Sequence[torch.Tensor], num_prefix_tokens: int = 1, reg_tokens: int = 0
+) -> HeadStats:
     """Diagnostics of one batch of captured attention.
 
     Args:
         attentions: one ``[B, H_l, N, N]`` post-softmax tensor per block.
-        num_prefix_tokens: tokens before the patches; ``cls_share`` is NaN when 0.
+        num_prefix_tokens: tokens before the patches (class, distillation and register tokens);
+            ``cls_share`` is NaN when there is no class token (no prefix token but registers).
+        reg_tokens: how many of the prefix tokens are registers: the last ``reg_tokens`` of them,
+            as in :class:`~vitkit.models.VisionTransformer`; ``reg_share`` is NaN when 0.
     """
+    if not 0 <= reg_tokens <= num_prefix_tokens:
+        raise ValueError(f"reg_tokens ({reg_tokens}) must lie in [0, num_prefix_tokens={num_prefix_tokens}].")
     heads = [a.shape[1] for a in attentions]
     depth, width = len(attentions), max(heads)
-    entropy, diagonal, cls_share = (torch.full((depth, width), float("nan")) for _ in range(3))
+    entropy, diagonal, cls_share, reg_share = (torch.full((depth, width), float("nan")) for _ in range(4))
     similarity = torch.full((depth, width, width), float("nan"))
     for layer, attention in enumerate(attentions):
         attention = attention.detach().float().cpu()
         h = attention.shape[1]
         entropy[layer, :h] = row_entropy(attention, normalize=True).mean(dim=(0, 2))
         diagonal[layer, :h] = attention.diagonal(dim1=-2, dim2=-1).mean(dim=(0, 2))
-        if num_prefix_tokens > 0:
+        if num_prefix_tokens > reg_tokens:  # the class token comes first
             cls_share[layer, :h] = attention[..., 0].mean(dim=(0, 2))
+        if reg_tokens > 0:
+            registers = attention[..., num_prefix_tokens - reg_tokens : num_prefix_tokens]
+            reg_share[layer, :h] = registers.sum(dim=-1).mean(dim=(0, 2))
         similarity[layer, :h, :h] = _js_similarity(attention)
-    return HeadStats(entropy, diagonal, cls_share, similarity, heads, attentions[0].shape[0])
+    return HeadStats(
+        entropy=entropy,
+        diagonal=diagonal,
+        cls_share=cls_share,
+        reg_share=reg_share,
+        similarity=similarity,
+        heads_per_layer=heads,
+        num_images=attentions[0].shape[0],
+    )
 
 
 @torch.no_grad()
@@ -147,7 +177,7 @@ def model_head_stats(
             break
         images = images.to(parameter.device, parameter.dtype)
         attentions = model.forward_intermediates(images, intermediates_only=True, return_attention=True).attentions
-        batch_stats = attention_statistics(attentions, model.num_prefix_tokens)
+        batch_stats = attention_statistics(attentions, model.num_prefix_tokens, model.config.reg_tokens)
         stats = batch_stats if stats is None else stats.merge(batch_stats)
         seen += len(images)
         if max_images is not None and seen >= max_images:

@@ -38,7 +38,8 @@ class AttentionCapture:
         grid: patch grid ``(gh, gw)`` with ``gh * gw = N - num_prefix_tokens``.
         image_size: ``(H, W)`` of the input images.
         num_prefix_tokens: tokens before the patches.
-        pooling: the model's ``global_pool`` (``'token'`` or ``'avg'``), which decides the read-out.
+        pooling: the read-out the model's ``global_pool`` implies: ``'token'``, or ``'avg'`` (the
+            mean of the patch tokens' rows) for ``'avg'`` and ``'map'`` pooling.
     """
 
     logits: torch.Tensor
@@ -106,7 +107,8 @@ def capture_attention(
         grid=grid,
         image_size=(images.shape[2], images.shape[3]),
         num_prefix_tokens=model.num_prefix_tokens,
-        pooling=model.config.global_pool,
+        # SigLIP's attention pool, like the mean, reads the patch tokens only: read out as 'avg'.
+        pooling="token" if model.config.global_pool == "token" else "avg",
     )
 
 

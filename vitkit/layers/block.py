@@ -9,7 +9,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from .attention import AttentionOptions, MultiHeadSelfAttention
-from .mlp import Mlp
+from .mlp import ActLayer, Mlp
 
 
 class LayerScale(nn.Module):
@@ -55,6 +55,7 @@ class EncoderBlock(nn.Module):
         drop_path: stochastic-depth rate of both residual branches (timm's ``DropPath``: a dropped
             sample's branch is zero, a kept one is divided by ``1 - drop_path``).
         init_values: LayerScale init; ``None`` disables LayerScale.
+        act_layer: the MLP's activation (:data:`~vitkit.layers.mlp.ActLayer`).
         device, dtype: where and in which dtype the parameters are created (as torch's layers).
         **attn_changes: :class:`~vitkit.layers.AttentionOptions` fields overriding ``attn``
             (``EncoderBlock(64, 4, qk_norm=True)``).
@@ -69,6 +70,7 @@ class EncoderBlock(nn.Module):
         mlp_ratio: float = 4.0,
         drop_path: float = 0.0,
         init_values: float | None = None,
+        act_layer: ActLayer = "gelu",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         **attn_changes: Any,
@@ -83,7 +85,7 @@ class EncoderBlock(nn.Module):
         self.ls1 = LayerScale(dim, init_values, **factory) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=attn.norm_eps, **factory)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=attn.proj_drop, **factory)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=attn.proj_drop, act_layer=act_layer, **factory)
         self.ls2 = LayerScale(dim, init_values, **factory) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from timm.layers import get_act_layer
 from torch import nn
 
 from .init_rules import xavier
 
+#: The MLP activations, by timm's names: exact GELU, CLIP's ``x * sigmoid(1.702 x)`` (OpenAI's
+#: original CLIP models) and the tanh approximation of GELU (big_vision, SigLIP).
+ActLayer = Literal["gelu", "quick_gelu", "gelu_tanh"]
+
 
 class Mlp(nn.Module):
-    """``Linear(D, hidden) -> GELU (exact) -> Dropout -> Linear(hidden, D) -> Dropout``.
+    """``Linear(D, hidden) -> activation -> Dropout -> Linear(hidden, D) -> Dropout``.
 
     Args:
         dim: token width ``D``.
         hidden_dim: inner width (``mlp_ratio * D`` in the blocks).
         drop: dropout after the activation and after the second projection.
+        act_layer: the activation (:data:`ActLayer`, timm's layer of that name; exact GELU by default).
         device, dtype: where and in which dtype the parameters are created (as torch's layers).
     """
 
@@ -24,12 +32,13 @@ class Mlp(nn.Module):
         hidden_dim: int,
         drop: float = 0.0,
         *,
+        act_layer: ActLayer = "gelu",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim, device=device, dtype=dtype)
-        self.act = nn.GELU()
+        self.act = get_act_layer(act_layer)()
         self.drop1 = nn.Dropout(drop) if drop > 0 else nn.Identity()
         self.fc2 = nn.Linear(hidden_dim, dim, device=device, dtype=dtype)
         self.drop2 = nn.Dropout(drop) if drop > 0 else nn.Identity()

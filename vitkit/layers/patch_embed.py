@@ -22,6 +22,7 @@ class PatchEmbed(nn.Module):
         in_chans: image channels ``C``.
         embed_dim: token width ``D``.
         norm: apply a LayerNorm to the tokens.
+        bias: give the projection a bias (CLIP's models, whose tokens are LayerNormed next, have none).
         shifted: Shifted Patch Tokenization (Lee et al. 2021, https://arxiv.org/abs/2112.13492):
             the image and four copies shifted by half a patch diagonally (zero-filled) are
             stacked on the channels, so every token also sees its neighbours' borders; the
@@ -36,6 +37,7 @@ class PatchEmbed(nn.Module):
         embed_dim: int = 768,
         norm: bool = False,
         shifted: bool = False,
+        bias: bool = True,
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -49,7 +51,7 @@ class PatchEmbed(nn.Module):
         patch_dim = p1 * p2 * in_chans * (1 + len(DIAGONAL_SHIFTS) if shifted else 1)
         self.to_patches = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p1, p2=p2)
         self.patch_norm = nn.LayerNorm(patch_dim, eps=1e-6, **factory) if shifted else nn.Identity()
-        self.proj = nn.Linear(patch_dim, embed_dim, **factory)
+        self.proj = nn.Linear(patch_dim, embed_dim, bias=bias, **factory)
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **factory) if norm else nn.Identity()
 
     def grid_size(self, height: int, width: int) -> tuple[int, int]:

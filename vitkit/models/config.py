@@ -9,6 +9,7 @@ from typing import Literal
 
 from ..layers.attention import AttentionOptions
 from ..layers.attention_kernels import AttnImpl
+from ..layers.mlp import ActLayer
 from ..layers.patch_embed import conv_stem_reaches
 from ..layers.rope import RopeAxes, RopeKind
 from ..schema import Config, FieldError, bounds
@@ -25,6 +26,8 @@ MAX_EMBED_DIM = 16384
 MAX_HEADS = 1024
 MAX_HEAD_DIM = 4096
 MAX_CLASSES = 1_000_000
+#: Register tokens (Darcet et al. 2023 use 4 to 16; DINOv2 ships 4).
+MAX_REG_TOKENS = 256
 #: Patches per image (1024x1024 pixels at patch 4, or 4096x4096 at patch 16).
 MAX_TOKENS = 65536
 #: Weights of the whole model (about 16 GB in float32).
@@ -45,6 +48,14 @@ class ViTConfig(Config):
     ``shifted_patches`` and ``locality_attention`` are Lee et al. 2021's small-dataset techniques
     (Shifted Patch Tokenization, Locality Self-Attention; arXiv:2112.13492); timm has no equal, so
     such models do not convert to timm.
+    Token, pooling and norm options follow timm's ``VisionTransformer`` of the same names:
+    ``reg_tokens`` learnable register tokens after the class token (Darcet et al. 2023,
+    arXiv:2309.16588); ``no_embed_class`` adds the position embedding to the patches only;
+    ``pre_norm`` is CLIP's LayerNorm before the blocks (the patch projection then has no bias);
+    ``fc_norm`` moves the final norm after pooling (``None``: when ``global_pool == 'avg'``);
+    ``global_pool='map'`` is SigLIP's attention-pooling head (timm's ``AttentionPoolLatent``);
+    ``act_layer`` is the MLPs' activation; ``distilled`` adds DeiT's distillation token and head
+    (Touvron et al. 2021, arXiv:2012.12877).
     ``pos_embed`` is the absolute position embedding (``learn``, fixed ``sincos`` or ``none``) and
     ``rope`` the rotary one of every attention (:mod:`vitkit.layers.rope`: ``axial`` or ``mixed``,
     base ``rope_theta``); they combine, as timm's ``*_rope_mixed_ape_*`` models do.
@@ -71,7 +82,7 @@ class ViTConfig(Config):
     qkv_bias: bool = True
     qk_norm: bool = False
     class_token: bool = True
-    global_pool: Literal["token", "avg"] = "token"
+    global_pool: Literal["token", "avg", "map"] = "token"
     pos_embed: Literal["learn", "sincos", "none"] = "learn"
     rope: RopeKind = "none"
     rope_theta: float | None = field(default=None, metadata=bounds(gt=0))
@@ -89,6 +100,12 @@ class ViTConfig(Config):
     shifted_patches: bool = False
     locality_attention: bool = False
     norm_eps: float = field(default=1e-6, metadata=bounds(gt=0, le=1))
+    reg_tokens: int = field(default=0, metadata=bounds(ge=0, le=MAX_REG_TOKENS))
+    no_embed_class: bool = False
+    pre_norm: bool = False
+    fc_norm: bool | None = None
+    act_layer: ActLayer = "gelu"
+    distilled: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first inconsistent hyper-parameter."""
@@ -126,12 +143,25 @@ class ViTConfig(Config):
             )
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")
+        self._validate_prefix_tokens()
         weights = self.num_weights()
         if weights > MAX_PARAMETERS:
             raise ValueError(
                 f"this model would hold about {weights:.3g} weights, more than the limit of {MAX_PARAMETERS:.3g}; "
                 "reduce depth, embed_dim, num_heads x head_dim, mlp_ratio or num_classes."
             )
+
+    def _validate_prefix_tokens(self) -> None:
+        """The distillation token's rules (those of timm's ``VisionTransformerDistilled``)."""
+        if self.distilled and (not self.class_token or self.global_pool != "token"):
+            raise ValueError("distilled=True reads the class and distillation tokens: it needs class_token=True "
+                             "and global_pool='token'.")
+        if self.distilled and (self.reg_tokens or self.no_embed_class):
+            raise ValueError("distilled=True has no register tokens or no_embed_class (timm's DeiT has neither); "
+                             "set reg_tokens=0 and no_embed_class=False.")
+        if self.global_pool == "map" and self.embed_dim % self.pool_heads:
+            raise ValueError(f"global_pool='map' splits embed_dim ({self.embed_dim}) into {self.pool_heads} heads; "
+                             "choose an embed_dim divisible by the head width.")
 
     def heads_per_layer(self) -> list[int]:
         """Head count of every block, ``[depth]``."""
@@ -176,9 +206,26 @@ class ViTConfig(Config):
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches (the class token): what pooling, the explain read-out, the
-        head diagnostics and pruning skip to reach the patch grid."""
-        return int(self.class_token)
+        """Tokens before the patches, in this order: the class token, the distillation token, the
+        registers. What pooling, the explain read-out, the head diagnostics and pruning skip to
+        reach the patch grid."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def num_pos_embed_prefix_tokens(self) -> int:
+        """Prefix tokens that have a position embedding: none with ``no_embed_class``."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
+
+    @property
+    def use_fc_norm(self) -> bool:
+        """Whether the final norm comes after pooling: ``fc_norm``, or timm's rule when unset."""
+        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
+
+    @property
+    def pool_heads(self) -> int:
+        """Heads of the ``'map'`` pooling head: ``embed_dim`` over the head width, which stays the
+        first layer's head count after heads are pruned (``head_dim`` is then recorded)."""
+        return max(1, self.embed_dim // self.resolved_head_dim())
 
     @property
     def num_tokens(self) -> int:
@@ -198,4 +245,6 @@ class ViTConfig(Config):
         blocks = sum(
             4 * dim * heads * head_dim + 2 * dim * int(dim * self.mlp_ratio) for heads in self.heads_per_layer()
         )
-        return (self.patch_dim + self.num_tokens + self.num_classes) * dim + blocks
+        heads = self.num_classes * (1 + int(self.distilled))
+        pool = (4 * dim + 2 * int(dim * self.mlp_ratio)) * dim if self.global_pool == "map" else 0
+        return (self.patch_dim + self.num_tokens + heads) * dim + blocks + pool

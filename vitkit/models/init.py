@@ -60,9 +60,10 @@ def part_layers(model: nn.Module, part: str) -> Iterable[tuple[nn.Linear, float]
     """The Linears of ``part`` in a VisionTransformer, each with its block's ``out_init_scale``."""
     if part == "patch":
         yield model.patch_embed.proj, 1.0
-    elif part == "head":
-        if isinstance(model.head, nn.Linear):
-            yield model.head, 1.0
+    elif part == "head":  # the distillation head (DeiT) is a second classifier, initialised alike
+        for head in (model.head, getattr(model, "head_dist", None)):
+            if isinstance(head, nn.Linear):
+                yield head, 1.0
     else:
         for block in model.blocks:
             attn = block.attn

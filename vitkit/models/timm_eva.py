@@ -25,7 +25,6 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingMixe
 from timm.models.eva import Eva, EvaBlock
 from torch import nn
 
-from ..errors import UnsupportedModelError
 from ..layers.rope import DEFAULT_ROPE_THETA
 from .config import ViTConfig
 
@@ -63,7 +62,6 @@ def eva_unsupported(model: Eva) -> list[str]:
         "LayerScale on the attention branch only": getattr(block, "gamma_1", None) is not None
         and getattr(block, "gamma_2", None) is None,
         "heads narrower than embed_dim / num_heads": attn.num_heads * attn.head_dim != model.embed_dim,
-        "register tokens": model.reg_token is not None,
         "pre-norm before the blocks": not isinstance(model.norm_pre, nn.Identity),
         "attention-pool head (global_pool='map')": model.attn_pool is not None,
         f"global_pool={model.global_pool!r}": model.global_pool not in ("token", "avg", "map"),
@@ -97,14 +95,8 @@ def eva_config_and_state(model: Eva) -> tuple[dict[str, Any], dict[str, torch.Te
     """:class:`ViTConfig` fields and the state dict, in timm ``VisionTransformer``'s key layout,
     of a timm Eva model.
 
-    Raises:
-        UnsupportedModelError: the model uses a feature vitkit lacks (:func:`eva_unsupported`).
+    The caller checks it first (:func:`eva_unsupported`, through ``timm_interop.refuse_unsupported``).
     """
-    lacking = eva_unsupported(model)
-    if lacking:
-        raise UnsupportedModelError(
-            f"this timm Eva model uses {', '.join(lacking)}, which vitkit's VisionTransformer does not support."
-        )
     block, rope = model.blocks[0], model.rope
     kind = "none" if rope is None else "mixed" if isinstance(rope, RotaryEmbeddingMixed) else "axial"
     values: dict[str, Any] = dict(
@@ -119,6 +111,7 @@ def eva_config_and_state(model: Eva) -> tuple[dict[str, Any], dict[str, torch.Te
         qkv_bias=block.attn.qkv.bias is not None or getattr(block.attn, "q_bias", None) is not None,
         qk_norm=not isinstance(block.attn.q_norm, nn.Identity),
         class_token=model.cls_token is not None,
+        reg_tokens=0 if model.reg_token is None else model.reg_token.shape[1],
         global_pool=model.global_pool,
         pos_embed="none" if model.pos_embed is None else "learn",
         dynamic_img_size=model.dynamic_img_size,
@@ -184,6 +177,7 @@ def eva_twin(config: ViTConfig) -> nn.Module:
         norm_layer=partial(LayerNorm, eps=config.norm_eps),
         init_values=config.init_values,
         class_token=config.class_token,
+        num_reg_tokens=config.reg_tokens,
         use_abs_pos_emb=config.pos_embed != "none",
         use_rot_pos_emb=True,
         rope_type="mixed" if config.rope == "mixed" else "cat",

@@ -1,19 +1,24 @@
 """Vision Transformer (Dosovitskiy et al. 2021, https://arxiv.org/abs/2010.11929).
 
-Composes the blocks of :mod:`vitkit.layers`: patch embedding, class token, position embedding
-(absolute, rotary or both), a stack of pre-norm encoder blocks with a linear stochastic-depth ramp, final norm, pooling and a
-linear head. State-dict keys follow timm's ``VisionTransformer`` except the patch projection,
-which is a ``Linear`` over ``(p1 p2 c)``-ordered patches (see :mod:`.timm_interop`).
+Composes the blocks of :mod:`vitkit.layers`: patch embedding, prefix tokens (class token, DeiT's
+distillation token, registers), position embedding (absolute, rotary or both), an optional
+pre-norm (CLIP), a stack of
+pre-norm encoder blocks with a linear stochastic-depth ramp, final norm, pooling (class token,
+mean of the patches, or SigLIP's attention pooling) and a linear head (two with distillation).
+State-dict keys follow timm's ``VisionTransformer`` except the patch projection, which is a
+``Linear`` over ``(p1 p2 c)``-ordered patches (see :mod:`.timm_interop`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
 from einops import rearrange
+from timm.layers import AttentionPoolLatent, get_act_layer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -97,44 +102,81 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens
         self.grad_checkpointing = False
 
+        self.distilled_training = False
         self.patch_embed = (
             ConvPatchEmbed(config.patch_size, config.in_chans, dim, **factory)
             if config.patch_embed == "conv"
-            else PatchEmbed(config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, **factory)
+            else PatchEmbed(
+                config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, bias=not config.pre_norm,
+                **factory,
+            )
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.distilled else None
+        self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, dim, **factory)) if config.reg_tokens else None
         if config.pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, config.num_tokens, dim, **factory))
+            embed_len = config.num_pos_embed_prefix_tokens + config.num_patches
+            self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim, **factory))
         elif config.pos_embed == "none":  # positions come from RoPE alone (or not at all)
             self.pos_embed = None
         else:
             table = self._sincos(config.grid_size, device=device, dtype=dtype or torch.get_default_dtype())
             self.register_buffer("pos_embed", table, persistent=False)
         self.pos_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
+        self.norm_pre = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if config.pre_norm else nn.Identity()
 
         rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
         attn = config.attention_options()
         self.blocks = nn.ModuleList(
             EncoderBlock(
-                dim, heads, attn, mlp_ratio=config.mlp_ratio, drop_path=rate, init_values=config.init_values, **factory
+                dim,
+                heads,
+                attn,
+                mlp_ratio=config.mlp_ratio,
+                drop_path=rate,
+                init_values=config.init_values,
+                act_layer=config.act_layer,
+                **factory,
             )
             for heads, rate in zip(config.heads_per_layer(), rates)
         )
-        use_fc_norm = config.global_pool == "avg"
+        use_fc_norm = config.use_fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(dim, eps=config.norm_eps, **factory)
+        self.attn_pool = self._attention_pool(config, **factory) if config.global_pool == "map" else nn.Identity()
         self.fc_norm = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
         self.head = nn.Linear(dim, config.num_classes, **factory) if config.num_classes > 0 else nn.Identity()
+        with_dist_head = config.distilled and config.num_classes > 0
+        self.head_dist = nn.Linear(dim, config.num_classes, **factory) if with_dist_head else nn.Identity()
         self._init_weights()
 
+    @staticmethod
+    def _attention_pool(config: ViTConfig, **factory: Any) -> nn.Module:
+        """SigLIP's attention-pooling head: timm's ``AttentionPoolLatent`` (one learned query
+        attending over the patch tokens, then an MLP), built as timm's ``global_pool='map'``."""
+        return AttentionPoolLatent(
+            config.embed_dim,
+            num_heads=config.pool_heads,
+            mlp_ratio=config.mlp_ratio,
+            norm_layer=partial(nn.LayerNorm, eps=config.norm_eps),
+            act_layer=get_act_layer(config.act_layer),
+            **factory,
+        )
+
     def _init_weights(self) -> None:
-        """Every Linear by the ``config.init`` scheme (see :mod:`.init`); position embedding
-        N(0, 0.02) truncated and class token N(0, 1e-6), as timm."""
+        """Every Linear by the ``config.init`` scheme (see :mod:`.init`); position embedding and
+        distillation token N(0, 0.02) truncated, class and register tokens N(0, 1e-6), as timm.
+        The attention pool keeps timm's own init of its latent query (its Linears torch's)."""
         init_parts(self, self.config.init)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        for token, std in ((self.cls_token, 1e-6), (self.reg_token, 1e-6)):
+            if token is not None:
+                nn.init.normal_(token, std=std)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        if isinstance(self.attn_pool, AttentionPoolLatent):
+            self.attn_pool.init_weights()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -152,9 +194,10 @@ class VisionTransformer(nn.Module):
     def _sincos(
         self, grid: tuple[int, int], *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
-        """``[1, prefix + gh*gw, D]`` fixed table; the prefix (class-token) rows are zero."""
+        """``[1, prefix + gh*gw, D]`` fixed table; the prefix rows are zero (none with ``no_embed_class``)."""
         table = sincos_2d_pos_embed(self.embed_dim, grid, device=device, dtype=dtype)
-        return torch.cat([table.new_zeros(self.num_prefix_tokens, self.embed_dim), table], dim=0).unsqueeze(0)
+        prefix = table.new_zeros(self.config.num_pos_embed_prefix_tokens, self.embed_dim)
+        return torch.cat([prefix, table], dim=0).unsqueeze(0)
 
     # ----------------------------------------------------------------------------------- API
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -174,13 +217,22 @@ class VisionTransformer(nn.Module):
             if num_classes > 0
             else nn.Identity()
         )
+        if self.config.distilled:
+            fresh = nn.Linear(self.embed_dim, num_classes, device=like.device, dtype=like.dtype)
+            self.head_dist = fresh if num_classes > 0 else nn.Identity()
         init_parts(self, self.config.init, ["head"])
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """With ``distilled``: in training mode, return both heads' logits ``(cls, dist)`` (the
+        distillation head learns from a teacher), as timm's ``VisionTransformerDistilled``."""
+        self.distilled_training = enable
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not be weight-decayed (besides norms and biases): the
-        embeddings and the mixed-RoPE frequencies, as timm."""
+        embeddings and prefix tokens, and the mixed-RoPE frequencies, as timm."""
+        names = ("pos_embed", "cls_token", "reg_token", "dist_token")
         rope = {name for name, _ in self.named_parameters() if name.endswith(".rope.freqs")}
-        return {"pos_embed", "cls_token"} | rope
+        return {name for name in names if isinstance(getattr(self, name), nn.Parameter)} | rope
 
     def heads_per_layer(self) -> list[int]:
         """Current head count of each block."""
@@ -192,7 +244,7 @@ class VisionTransformer(nn.Module):
         state = dict(state_dict)
         if isinstance(self.pos_embed, nn.Parameter) and "pos_embed" in state:
             state["pos_embed"] = resample_pos_embed(
-                state["pos_embed"], self.config.grid_size, tuple(source_grid), self.num_prefix_tokens
+                state["pos_embed"], self.config.grid_size, tuple(source_grid), self.config.num_pos_embed_prefix_tokens
             )
         elif not isinstance(self.pos_embed, nn.Parameter):
             state.pop("pos_embed", None)
@@ -214,16 +266,26 @@ class VisionTransformer(nn.Module):
             return None
         if self.config.pos_embed == "sincos":
             return self._sincos(grid).to(self.pos_embed)
-        return resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.num_prefix_tokens)
+        return resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.config.num_pos_embed_prefix_tokens)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W]`` images to ``[B, prefix + gh*gw, D]`` tokens with positions added."""
+        """``[B, C, H, W]`` images to ``[B, prefix + gh*gw, D]`` tokens with positions added
+        (to the patches only with ``no_embed_class``), then the pre-norm."""
         tokens = self.patch_embed(images)
         grid = self.patch_embed.grid_size(images.shape[2], images.shape[3])
-        if self.cls_token is not None:
-            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
-        pos_embed = self._position_embedding(grid)
-        return self.pos_drop(tokens if pos_embed is None else tokens + pos_embed)
+        positions = self._position_embedding(grid)
+        prefix = [
+            token.expand(tokens.shape[0], -1, -1).to(tokens.dtype)
+            for token in (self.cls_token, self.dist_token, self.reg_token)
+            if token is not None
+        ]
+        if positions is None:  # positions come from RoPE alone (or not at all)
+            tokens = torch.cat([*prefix, tokens], dim=1)
+        elif self.config.no_embed_class:
+            tokens = torch.cat([*prefix, tokens + positions], dim=1)
+        else:
+            tokens = torch.cat([*prefix, tokens], dim=1) + positions
+        return self.norm_pre(self.pos_drop(tokens))
 
     def rope_positions(self, images: torch.Tensor) -> torch.Tensor | None:
         """``(x, y)`` of the patch tokens of ``images`` ``[B, C, H, W]``, ``[gh*gw, 2]``, which every
@@ -338,14 +400,39 @@ class VisionTransformer(nn.Module):
             x = self._run_block(block, x, gates, False, positions)[0]
         return self.norm(x)
 
-    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Pool ``[B, N, D]`` tokens (class token or mean of patch tokens) and classify."""
-        if self.config.global_pool == "avg":
-            pooled = features[:, self.num_prefix_tokens :].mean(dim=1)
-        else:
-            pooled = features[:, 0]
-        pooled = self.head_drop(self.fc_norm(pooled))
+    def pool(self, features: torch.Tensor) -> torch.Tensor:
+        """``[B, N, D]`` tokens to ``[B, D]``: the class token (``'token'``), the mean of the patch
+        tokens (``'avg'``) or the attention pool over them (``'map'``); prefix tokens (registers,
+        distillation token) never enter the mean or the attention pool."""
+        if self.config.global_pool == "token":
+            return features[:, 0]
+        patches = features[:, self.num_prefix_tokens :]
+        return self.attn_pool(patches) if self.config.global_pool == "map" else patches.mean(dim=1)
+
+    def forward_head(
+        self, features: torch.Tensor, pre_logits: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Pool ``[B, N, D]`` tokens (:meth:`pool`) and classify: ``[B, num_classes]``.
+
+        With ``distilled``, the class and distillation tokens each go through their own head and
+        the two logits are averaged (``pre_logits``: the two pooled tokens are); in training mode
+        after :meth:`set_distilled_training`, the pair ``(cls_logits, dist_logits)`` is returned.
+        """
+        if self.config.distilled:
+            return self._distilled_head(features, pre_logits)
+        pooled = self.head_drop(self.fc_norm(self.pool(features)))
         return pooled if pre_logits else self.head(pooled)
+
+    def _distilled_head(
+        self, features: torch.Tensor, pre_logits: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        cls, dist = (self.head_drop(self.fc_norm(features[:, index])) for index in (0, 1))
+        if pre_logits:
+            return (cls + dist) / 2
+        cls, dist = self.head(cls), self.head_dist(dist)
+        if self.distilled_training and self.training:
+            return cls, dist
+        return (cls + dist) / 2
 
     def forward(self, images: torch.Tensor, *, head_mask: HeadMask = None) -> torch.Tensor:
         """``[B, C, H, W]`` images to ``[B, num_classes]`` logits (see :meth:`forward_features`)."""
