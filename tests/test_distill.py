@@ -128,3 +128,22 @@ def test_distill_recipe_section_is_checked_before_anything_runs() -> None:
         load_recipe("recipes/fashion_mnist.yaml", ["distill.type=hard", "distill.teacher.model=resnet81"])
     with pytest.raises(RecipeError, match="distill.tau"):
         load_recipe("recipes/fashion_mnist.yaml", ["distill.tau=0"])
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log()`")
+def test_a_distilled_student_learns_labels_on_its_class_head_and_the_teacher_on_its_distillation_head() -> None:
+    recipe = tiny_recipe(Path("unused"))
+    recipe["distill"] = {"type": "hard", "alpha": 0.5, "teacher": {"model": "test_resnet"}}
+    module = ViTClassifier(recipe, tiny_vit(distilled=True).config.to_dict(), {})
+    teacher = freeze(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    module.attach_teacher(teacher)
+    model = module.model.train()
+    images, labels = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    with torch.no_grad():
+        features = model.forward_features(images)  # class token at 0, distillation token at 1
+        cls_logits, dist_logits = model.head(features[:, 0]), model.head_dist(features[:, 1])
+        teacher_argmax = teacher(images).argmax(1)
+    expected = 0.5 * F.cross_entropy(cls_logits, labels) + 0.5 * F.cross_entropy(dist_logits, teacher_argmax)
+    torch.testing.assert_close(module.training_step((images, labels), 0).detach(), expected, atol=1e-6, rtol=1e-5)
+    module.eval()  # evaluation averages the two heads, as DeiT
+    torch.testing.assert_close(module(images), (cls_logits + dist_logits) / 2, atol=1e-6, rtol=1e-5)
