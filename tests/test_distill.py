@@ -110,6 +110,8 @@ def test_a_run_trains_a_timm_cnn_teacher_first_and_reports_it(tmp_path: Path) ->
     assert 0 <= result.summary["teacher_val_acc"] <= 100 and result.summary["teacher_train_s"] > 0
     assert (result.run_dir / TEACHER_FILE).is_file()  # a resumed run distils from the same teacher
     assert result.summary["test_acc"] is not None
+    resumed = train(recipe, ["trainer.max_epochs=2"], resume=result.run_dir / "checkpoints" / "last.ckpt")
+    assert resumed.run_dir == result.run_dir and "teacher_train_s" not in resumed.summary  # loaded, not retrained
 
 
 def test_a_vitkit_model_file_teacher_must_fit_the_data(tmp_path: Path) -> None:
