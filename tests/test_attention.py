@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -518,35 +519,66 @@ def test_attention_dropout_is_random_in_training_and_off_in_eval(attn_impl: str)
 
 # --------------------------------------------------------------- locality self-attention (LSA)
 def lsa_reference(msa: MultiHeadSelfAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lee et al.'s LSA written out: softmax(exp(t) q k^T with the diagonal at -inf) v, then W_o."""
-    q, k, v = msa.qkv(x).reshape(x.shape[0], x.shape[1], 3, msa.num_heads, msa.head_dim).permute(2, 0, 3, 1, 4)
-    scores = q @ k.transpose(-2, -1) * msa.log_scale.exp()
-    eye = torch.eye(x.shape[1], dtype=torch.bool)
-    weights = scores.masked_fill(eye, float("-inf")).softmax(-1)
-    out = (weights @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+    """Lee et al.'s LSA as their code writes it (aanna0701/SPT_LSA_ViT, models/vit.py): the dots
+    ``q k^T`` times each head's temperature ``[H]``, the diagonal set to -987654321, softmax, ``v``."""
+    b, n, h = x.shape[0], x.shape[1], msa.num_heads
+    q, k, v = msa.qkv(x).reshape(b, n, 3, h, msa.head_dim).permute(2, 0, 3, 1, 4)
+    dots = torch.einsum("bhid,bhjd->bhij", q, k) * msa.temperature.unsqueeze(0).unsqueeze(-1).unsqueeze(-1)
+    eye = torch.nonzero(torch.eye(n) == 1)
+    dots[:, :, eye[:, 0], eye[:, 1]] = -987654321
+    weights = dots.softmax(-1)
+    out = torch.einsum("bhij,bhjd->bhid", weights, v).transpose(1, 2).reshape(b, n, -1)
     return msa.proj(out), weights
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "explicit"])
-def test_locality_attention_masks_the_diagonal_and_uses_the_learned_temperature(impl: str) -> None:
+def test_locality_attention_masks_the_diagonal_and_uses_one_temperature_per_head(impl: str) -> None:
     msa = MultiHeadSelfAttention(32, 4, locality=True, attn_impl=impl)
-    assert msa.log_scale.item() == pytest.approx(math.log(8**-0.5))  # starts at 1/sqrt(d)
+    assert torch.equal(msa.temperature, torch.full((4,), 8**-0.5))  # each head starts at 1/sqrt(d)
     with torch.no_grad():
-        msa.log_scale.fill_(0.7)  # a temperature the standard scale would not give
+        msa.temperature.copy_(torch.tensor([0.15, 0.3, 0.45, 0.6]))  # distinct heads, none the standard scale
     x = torch.randn(2, 6, 32)
     expected_out, expected_weights = lsa_reference(msa, x)
     torch.testing.assert_close(msa(x), expected_out, atol=1e-5, rtol=1e-5)
     out, weights = msa.forward_with_attention(x)
     torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
     assert weights.diagonal(dim1=-2, dim2=-1).abs().max() == 0
+    # one shared temperature (the mean) gives another function: the heads really are separate
+    with torch.no_grad():
+        msa.temperature.fill_(0.375)
+    assert (msa(x) - expected_out).abs().max() > 1e-3
 
 
-def test_locality_temperature_is_learned() -> None:
+def test_locality_temperature_is_learned_per_head() -> None:
     msa = MultiHeadSelfAttention(16, 2, locality=True)
     msa(torch.randn(2, 5, 16)).square().sum().backward()
-    assert msa.log_scale.grad is not None and msa.log_scale.grad.abs() > 0
+    assert msa.temperature.grad is not None and msa.temperature.grad.shape == (2,)
+    assert (msa.temperature.grad.abs() > 0).all()
     plain = MultiHeadSelfAttention(16, 2)
-    assert plain.log_scale is None and "log_scale" not in dict(plain.named_parameters())
+    assert plain.temperature is None and "temperature" not in dict(plain.named_parameters())
+
+
+def test_pruning_heads_prunes_their_temperatures() -> None:
+    msa = MultiHeadSelfAttention(32, 4, locality=True, attn_impl="explicit")
+    with torch.no_grad():
+        msa.temperature.copy_(torch.tensor([0.15, 0.3, 0.45, 0.6]))
+    x = torch.randn(2, 6, 32)
+    gated = msa(x, head_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    msa.prune_heads([1, 3])
+    assert torch.equal(msa.temperature.detach(), torch.tensor([0.15, 0.45]))
+    assert isinstance(msa.temperature, nn.Parameter) and msa.temperature.requires_grad
+    torch.testing.assert_close(msa(x), gated, atol=1e-6, rtol=1e-5)
+
+
+def test_model_files_with_the_old_per_layer_log_scale_load_as_equal_per_head_temperatures() -> None:
+    msa = MultiHeadSelfAttention(32, 4, locality=True)
+    old = {k: v for k, v in msa.state_dict().items() if k != "temperature"}
+    old["log_scale"] = torch.tensor(0.7).log()  # the former parameterisation: exp(log_scale) on every head
+    msa.load_state_dict(old)
+    assert torch.allclose(msa.temperature.detach(), torch.full((4,), 0.7))
+    plain = MultiHeadSelfAttention(32, 4)
+    with pytest.raises(RuntimeError, match="Unexpected key.*log_scale"):
+        plain.load_state_dict({**plain.state_dict(), "log_scale": torch.tensor(0.0)})
 
 
 def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks() -> None:
@@ -558,3 +590,30 @@ def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks
     # Causal without the diagonal: query 0 has no key left (zeros, not NaN); query i sees 0..i-1.
     assert causal[0, :, 0].abs().max() == 0 and torch.isfinite(causal).all()
     torch.testing.assert_close(causal[0, :, 1, 0], torch.ones(2))
+
+
+def test_a_model_file_from_before_per_head_temperatures_loads_with_the_same_outputs(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from vitkit.io import load_model, save_model
+    from vitkit.models import VisionTransformer, ViTConfig
+
+    config = ViTConfig(img_size=8, patch_size=4, num_classes=3, embed_dim=16, depth=2, num_heads=2,
+                       locality_attention=True)
+    model = VisionTransformer(config).eval()
+    with torch.no_grad():
+        for block, value in zip(model.blocks, (0.5, 0.9)):
+            block.attn.temperature.fill_(value)  # what a per-layer scalar could express
+    path = save_model(model, tmp_path / "new.safetensors")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    state = load_file(path)
+    for index, value in enumerate((0.5, 0.9)):  # rewrite as the former file layout
+        del state[f"blocks.{index}.attn.temperature"]
+        state[f"blocks.{index}.attn.log_scale"] = torch.tensor(value).log()
+    save_file(state, tmp_path / "old.safetensors", metadata=metadata)
+    old = load_model(tmp_path / "old.safetensors").eval()
+    torch.testing.assert_close(old.blocks[1].attn.temperature.detach(), torch.full((2,), 0.9))
+    images = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(old(images), model(images), atol=1e-6, rtol=1e-5)

@@ -312,7 +312,7 @@ def test_layer_reset_parameters_after_meta_build_gives_the_cpu_init() -> None:
     bound = 0.3 * (6 / (32 + 32)) ** 0.5
     assert 0.9 * bound < block.attn.proj.weight.abs().max() <= bound
     assert torch.equal(block.ls1.gamma, torch.full((32,), 0.1))
-    assert torch.equal(block.attn.log_scale, torch.tensor(8**-0.5).log())
+    assert torch.equal(block.attn.temperature, torch.full((4,), 8**-0.5))
 
 
 def test_row_entropy_in_nats_and_as_a_fraction_of_log_n_by_hand() -> None:

@@ -444,7 +444,7 @@ def test_every_attention_option_of_the_config_reaches_every_block() -> None:
         assert attn.qkv.bias is None and attn.attn_drop == 0.25 and attn.proj_drop.p == 0.125
         assert isinstance(attn.q_norm, nn.LayerNorm) and attn.q_norm.eps == attn.k_norm.eps == 1e-5
         assert attn.attn_impl == "explicit" and attn.out_init_scale == 0.3
-        assert attn.locality and attn.log_scale is not None
+        assert attn.locality and attn.temperature.shape == (4,)
         # the block's own parts share the attention's proj_drop and norm_eps, as timm's Block
         assert block.norm1.eps == block.norm2.eps == 1e-5 and block.mlp.drop1.p == 0.125
 

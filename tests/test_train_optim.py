@@ -23,7 +23,7 @@ def test_exactly_the_weight_matrices_are_decayed_as_before_timms_function() -> N
     assert {names[id(p)] for p in no_decay["params"]} == expected_no_decay
     assert {names[id(p)] for p in decay["params"]} == set(names.values()) - expected_no_decay
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
-    assert {"blocks.0.ls1.gamma", "blocks.1.attn.log_scale", "blocks.0.attn.q_norm.weight"} <= expected_no_decay
+    assert {"blocks.0.ls1.gamma", "blocks.1.attn.temperature", "blocks.0.attn.q_norm.weight"} <= expected_no_decay
 
 
 def test_frozen_parameters_are_left_out_of_every_group() -> None:

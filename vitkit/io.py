@@ -191,6 +191,8 @@ def check_tensor_shapes(
         expected = {name: tuple(t.shape) for name, t in VisionTransformer(config).state_dict().items()}
     if config.pos_embed == "sincos":
         shapes = {name: shape for name, shape in shapes.items() if name != "pos_embed"}
+    renamed = {name: _lsa_upgraded(name, shape, expected) for name, shape in shapes.items()}
+    shapes = {new: expected[new] if new != name else shapes[name] for name, new in renamed.items()}
     problems = [f"{name} missing" for name in expected if name not in shapes]
     problems += [f"unexpected {name}" for name in shapes if name not in expected]
     problems += [
@@ -204,6 +206,15 @@ def check_tensor_shapes(
             f"the tensors of {source} do not match its model config: {shown}. The file is damaged or its "
             "weights and config come from different models."
         )
+
+
+def _lsa_upgraded(name: str, shape: tuple[int, ...], expected: dict[str, tuple[int, ...]]) -> str:
+    """``name``, or ``...attn.temperature`` for the scalar ``...attn.log_scale`` of a file from before
+    LSA's per-head temperature, which the attention loads as that temperature on every head."""
+    if name.endswith(".attn.log_scale") and shape == ():
+        upgraded = name.removesuffix("log_scale") + "temperature"
+        return upgraded if upgraded in expected else name
+    return name
 
 
 def _json_object(text: str, key: str, path: Path) -> dict[str, Any]:

@@ -20,6 +20,9 @@ from ..schema import Config, FieldError, bounds
 
 CropMode = Literal["random_resized", "pad", "resize"]
 CROP_MODES: tuple[str, ...] = get_args(CropMode)
+#: What random erasing fills its rectangle with (timm's ``RandomErasing`` modes, in normalised
+#: units): zeros (the mean colour), one normal colour per rectangle, or normal noise per pixel.
+ErasingMode = Literal["const", "rand", "pixel"]
 
 ShapesStyle = Literal["flat", "textured"]
 SHAPES_STYLES: tuple[str, ...] = get_args(ShapesStyle)
@@ -88,6 +91,11 @@ class AugmentConfig(Config):
         rand_augment: a timm policy string applied to PIL images after crop and flip:
             ``'rand-m9-mstd0.5'`` (RandAugment), ``'augmix-m5-w3'`` (AugMix) or an AutoAugment
             policy (``'original'``, ``'v0'``, ``'3a'``, ...); ``None`` disables it.
+        random_erasing: probability of erasing one rectangle of each image after Normalize
+            (Zhong et al. 2017, arXiv 1708.04896, as timm's ``RandomErasing``); 0 disables it.
+        erasing_area: the rectangle's area as a fraction of the image, uniform in this range.
+        erasing_aspect: its aspect ratio (height / width), log-uniform in this range.
+        erasing_mode: its fill (:data:`ErasingMode`).
     """
 
     enabled: bool = True
@@ -98,6 +106,10 @@ class AugmentConfig(Config):
     hflip: float | None = field(default=None, metadata=bounds(ge=0, le=1))
     color_jitter: float = field(default=0.0, metadata=bounds(ge=0, le=10))
     rand_augment: str | None = None
+    random_erasing: float = field(default=0.0, metadata=bounds(ge=0, le=1))
+    erasing_area: tuple[float, float] = field(default=(0.02, 1 / 3), metadata=bounds(gt=0, le=1))
+    erasing_aspect: tuple[float, float] = field(default=(0.3, 1 / 0.3), metadata=bounds(gt=0, le=100))
+    erasing_mode: ErasingMode = "const"
 
     def validate(self) -> None:
         """Ordered ranges and a known timm policy (types and bounds are checked already)."""
@@ -105,6 +117,10 @@ class AugmentConfig(Config):
             raise FieldError("scale", f"must satisfy 0 < min <= max <= 1, got {list(self.scale)}.")
         if self.ratio[0] > self.ratio[1]:
             raise FieldError("ratio", f"must satisfy 0 < min <= max, got {list(self.ratio)}.")
+        for key in ("erasing_area", "erasing_aspect"):
+            low, high = getattr(self, key)
+            if low > high:
+                raise FieldError(key, f"must satisfy min <= max, got {[low, high]}.")
         policy = self.rand_augment
         if policy is not None:
             try:  # timm parses the whole string, as the transform will (``rand-q7`` has no section q)

@@ -1,5 +1,6 @@
 """Image transforms: albumentations for crop, flip, colour jitter and Normalize; timm's
-RandAugment / AutoAugment / AugMix policies (which work on PIL images) in between.
+RandAugment / AutoAugment / AugMix policies (which work on PIL images) in between, and timm's
+``RandomErasing`` on the normalised tensor.
 
 Every transform maps one image (``uint8`` array ``[H, W, C]`` or PIL image) to a normalised
 ``float32`` tensor ``[C, H, W]``.
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
 from PIL import Image
+from timm.data.random_erasing import RandomErasing
 
 from .config import AugmentConfig, timm_policy
 from .images import to_array
@@ -26,21 +28,28 @@ PilPolicy = Callable[[Image.Image], Image.Image]
 
 class ImageTransform:
     """``spatial`` (albumentations) -> optional PIL ``policy`` -> ``finish`` (albumentations,
-    ending in Normalize and ToTensorV2)."""
+    ending in Normalize and ToTensorV2) -> optional ``erase`` (timm's ``RandomErasing``)."""
 
-    def __init__(self, spatial: A.Compose, finish: A.Compose, policy: PilPolicy | None = None) -> None:
+    def __init__(
+        self, spatial: A.Compose, finish: A.Compose, policy: PilPolicy | None = None,
+        erase: RandomErasing | None = None,
+    ) -> None:
         self.spatial = spatial
         self.policy = policy
         self.finish = finish
+        self.erase = erase
 
     def __call__(self, image: Image.Image | np.ndarray) -> torch.Tensor:
         array = self.spatial(image=to_array(image))["image"]
         if self.policy is not None:
             array = _apply_policy(self.policy, array)
-        return self.finish(image=array)["image"]
+        tensor = self.finish(image=array)["image"]
+        return tensor if self.erase is None else self.erase(tensor)
 
     def __repr__(self) -> str:
-        return f"ImageTransform(spatial={self.spatial}, policy={self.policy}, finish={self.finish})"
+        return (
+            f"ImageTransform(spatial={self.spatial}, policy={self.policy}, finish={self.finish}, erase={self.erase})"
+        )
 
 
 #: OpenCV's resampling filter for each of :data:`INTERPOLATIONS` (albumentations resizes with OpenCV).
@@ -95,7 +104,12 @@ def build_train_transform(augment: AugmentConfig, info: DataInfo) -> ImageTransf
         crops = [A.Resize(height, width)]
     spatial = A.Compose([*crops, A.HorizontalFlip(p=augment.hflip)])
     policy = _timm_policy(augment.rand_augment, info) if augment.rand_augment else None
-    return ImageTransform(spatial, _finish(info, augment.color_jitter), policy)
+    erase = None
+    if augment.random_erasing > 0:
+        (min_area, max_area), (min_aspect, max_aspect) = augment.erasing_area, augment.erasing_aspect
+        erase = RandomErasing(augment.random_erasing, min_area, max_area, min_aspect, max_aspect,
+                              mode=augment.erasing_mode, device="cpu")
+    return ImageTransform(spatial, _finish(info, augment.color_jitter), policy, erase)
 
 
 def denormalize(images: torch.Tensor, info: DataInfo) -> torch.Tensor:

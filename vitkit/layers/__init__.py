@@ -12,12 +12,13 @@ from .attention_masks import build_allowed_mask, causal_mask
 from .attention_stats import row_entropy
 from .block import EncoderBlock, LayerScale
 from .mlp import Mlp
-from .patch_embed import PatchEmbed
+from .patch_embed import ConvPatchEmbed, PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
 from .rope import Rope2d, patch_coords, rotate_tokens
 
 __all__ = [
     "AttentionOptions",
+    "ConvPatchEmbed",
     "DropPath",
     "EncoderBlock",
     "KVCache",

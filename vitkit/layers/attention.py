@@ -12,7 +12,6 @@ decodes incrementally with a :class:`KVCache` and rotates queries and keys by 2-
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -91,10 +90,11 @@ class AttentionOptions:
             0.5.
         norm_eps: epsilon of the q/k LayerNorms (and of an ``EncoderBlock``'s own norms).
         locality: Locality Self-Attention (Lee et al. 2021, "Vision Transformer for Small-Size
-            Datasets", https://arxiv.org/abs/2112.13492): a learnable softmax temperature (the
-            scale, initialised to ``1/sqrt(d)``, learned in log space) and, in self-attention, no
-            token attends to itself (the diagonal is masked), which sharpens attention on
-            small datasets.
+            Datasets", https://arxiv.org/abs/2112.13492) as the authors' code parameterises it
+            (aanna0701/SPT_LSA_ViT, ``models/vit.py``): one learnable temperature per head
+            (``temperature [H]``, initialised to ``1/sqrt(d)``, multiplying ``Q K^T`` directly in
+            place of the fixed scale) and, in self-attention, no token attends to itself (the
+            diagonal is masked), which sharpens attention on small datasets.
         rope: 2-D rotary position embedding of the queries and keys (:mod:`.rope`): ``"none"``,
             ``"axial"`` (fixed frequencies, x and y halves of each head) or ``"mixed"``
             (learnable frequencies per head). The forward then takes ``positions``.
@@ -179,7 +179,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.proj_drop = nn.Dropout(options.proj_drop) if options.proj_drop > 0 else nn.Identity()
         self.out_init_scale = options.out_init_scale
         self.locality = options.locality
-        self.log_scale = nn.Parameter(torch.empty((), **factory)) if options.locality else None
+        self.temperature = nn.Parameter(torch.empty(num_heads, **factory)) if options.locality else None
         self.rope = (
             Rope2d(head_dim, num_heads, options.rope, options.rope_theta, axes=options.rope_axes, **factory)
             if options.rope != "none"
@@ -200,8 +200,18 @@ class MultiHeadSelfAttention(nn.Module):
             for bias in (self.qkv.bias, self.proj.bias):
                 if bias is not None:
                     nn.init.zeros_(bias)
-        if self.log_scale is not None:
-            nn.init.constant_(self.log_scale, math.log(self.head_dim**-0.5))
+        if self.temperature is not None:
+            nn.init.constant_(self.temperature, self.head_dim**-0.5)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # Model files from before the per-head temperature hold one per-layer scalar in log space;
+        # ``exp(log_scale)`` on every head is the same function, so they load exactly.
+        old = state_dict.pop(prefix + "log_scale", None)
+        if old is not None and self.temperature is not None and prefix + "temperature" not in state_dict:
+            state_dict[prefix + "temperature"] = old.exp().expand(self.num_heads).clone()
+        elif old is not None:
+            state_dict[prefix + "log_scale"] = old  # no LSA here: strict loading reports the key
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def extra_repr(self) -> str:
         locality = ", locality=True" if self.locality else ""
@@ -332,9 +342,9 @@ class MultiHeadSelfAttention(nn.Module):
             k, v = kv_cache.extend(k, v)
         shape = (batch, self.num_heads, num_queries, k.shape[-2])
         scale: float = self.scale
-        if self.log_scale is not None:
-            # The learned temperature multiplies the queries, so both kernels take it unchanged.
-            q, scale = q * self.log_scale.exp().to(q.dtype), 1.0
+        if self.temperature is not None:
+            # Each head's temperature multiplies its queries, so both kernels take it unchanged.
+            q, scale = q * self.temperature.to(q.dtype).view(-1, 1, 1), 1.0
             if context is None and kv_cache is None:
                 attn_mask = _without_diagonal(attn_mask, num_queries, x.device)
         allowed, row_has_key = split_empty_rows(
@@ -395,5 +405,7 @@ class MultiHeadSelfAttention(nn.Module):
         new_proj.weight.copy_(proj_w.reshape(width, -1))
         new_proj.bias.copy_(self.proj.bias)
         self.qkv, self.proj, self.num_heads = new_qkv, new_proj, len(keep)
+        if self.temperature is not None:
+            self.temperature = nn.Parameter(self.temperature.index_select(0, index))
         if self.rope is not None:
             self.rope.select_heads(index)

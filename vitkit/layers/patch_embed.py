@@ -1,11 +1,12 @@
-"""Image to patch tokens (Dosovitskiy et al. 2021, https://arxiv.org/abs/2010.11929)."""
+"""Image to patch tokens: linear patches (Dosovitskiy et al. 2021, https://arxiv.org/abs/2010.11929)
+or a convolutional stem (Xiao et al. 2021, https://arxiv.org/abs/2106.14881)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from einops.layers.torch import Rearrange
-from timm.layers import to_2tuple
+from timm.layers import ConvNormAct, to_2tuple
 from torch import nn
 
 
@@ -76,6 +77,69 @@ class PatchEmbed(nn.Module):
         if self.shifted:
             images = torch.cat([images, *shift_diagonally(images, self.patch_size)], dim=1)
         return self.norm(self.proj(self.patch_norm(self.to_patches(images))))
+
+
+class ConvPatchEmbed(nn.Module):
+    """Convolutional stem of Xiao et al. 2021 ("Early Convolutions Help Transformers See Better",
+    https://arxiv.org/abs/2106.14881): ``log2(p)`` stride-2 3x3 convolutions, each followed by
+    BatchNorm and ReLU, then a 1x1 convolution to ``embed_dim``; total stride ``p``, so the tokens
+    form the same ``H/p x W/p`` grid as :class:`PatchEmbed`'s.
+
+    The widths double up to ``embed_dim`` at the last 3x3 convolution (their ViT_C-1GF stem is
+    24, 48, 96, 192 for width 192), never below 8 channels.
+
+    Args:
+        patch_size: total stride, a power of two >= 2 (an int or an equal pair).
+        in_chans: image channels ``C``.
+        embed_dim: token width ``D``.
+        device, dtype: where and in which dtype the parameters are created (as torch's layers).
+    """
+
+    def __init__(
+        self,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.patch_size: tuple[int, int] = to_2tuple(patch_size)
+        self.in_chans = in_chans
+        if not conv_stem_reaches(self.patch_size):
+            raise ValueError(
+                f"a convolutional stem needs a square patch size that is a power of two >= 2 (its stride-2 "
+                f"convolutions multiply to it), got {self.patch_size[0]}x{self.patch_size[1]}."
+            )
+        convs = self.patch_size[0].bit_length() - 1
+        widths = [max(8, embed_dim >> (convs - 1 - i)) for i in range(convs)]
+        self.stem = nn.Sequential(
+            *(
+                ConvNormAct(c_in, c_out, 3, stride=2, padding=1, bias=False, **factory)
+                for c_in, c_out in zip([in_chans, *widths[:-1]], widths)
+            )
+        )
+        self.proj = nn.Conv2d(widths[-1], embed_dim, 1, **factory)
+        self.to_tokens = Rearrange("b d h w -> b (h w) d")
+
+    grid_size = PatchEmbed.grid_size
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` images to ``[B, (H/p)(W/p), D]`` tokens, row-major over the grid."""
+        if images.dim() != 4 or images.shape[1] != self.in_chans:
+            raise ValueError(
+                f"ConvPatchEmbed expects images [B, {self.in_chans}, H, W], got shape {tuple(images.shape)}."
+            )
+        self.grid_size(images.shape[2], images.shape[3])
+        return self.to_tokens(self.proj(self.stem(images)))
+
+
+def conv_stem_reaches(patch_size: tuple[int, int]) -> bool:
+    """Whether a stack of stride-2 convolutions has total stride ``patch_size``: a square power of two >= 2."""
+    p1, p2 = patch_size
+    return p1 == p2 and p1 >= 2 and not p1 & (p1 - 1)
 
 
 #: The four diagonal directions of Shifted Patch Tokenization, as (down, right) signs.

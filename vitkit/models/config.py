@@ -10,6 +10,7 @@ from typing import Literal
 from ..layers.attention import AttentionOptions
 from ..layers.attention_kernels import AttnImpl
 from ..layers.mlp import ActLayer
+from ..layers.patch_embed import conv_stem_reaches
 from ..layers.rope import RopeAxes, RopeKind
 from ..schema import Config, FieldError, bounds
 from .init import InitScheme
@@ -58,6 +59,10 @@ class ViTConfig(Config):
     ``pos_embed`` is the absolute position embedding (``learn``, fixed ``sincos`` or ``none``) and
     ``rope`` the rotary one of every attention (:mod:`vitkit.layers.rope`: ``axial`` or ``mixed``,
     base ``rope_theta``); they combine, as timm's ``*_rope_mixed_ape_*`` models do.
+    ``patch_embed`` is the tokenizer: ``linear`` patches (einops + ``Linear``) or Xiao et al. 2021's
+    ``conv`` stem (stride-2 3x3 convolutions with BatchNorm/ReLU, then a 1x1; arXiv:2106.14881),
+    whose patch size must be a square power of two; timm's ``VisionTransformer`` has neither SPT
+    nor this stem.
     ``init`` names the weight initialisation scheme (:mod:`vitkit.models.init`): ``'vitkit'``
     (Xavier-uniform, scaled-down ``W_o``), ``'timm'`` or ``'jax'``.
     Each field's allowed range is in its metadata (``MAX_*`` above); :meth:`validate` adds the
@@ -91,6 +96,7 @@ class ViTConfig(Config):
     attn_impl: AttnImpl = "auto"
     out_init_scale: float | None = field(default=None, metadata=bounds(gt=0))
     init: InitScheme = "vitkit"
+    patch_embed: Literal["linear", "conv"] = "linear"
     shifted_patches: bool = False
     locality_attention: bool = False
     norm_eps: float = field(default=1e-6, metadata=bounds(gt=0, le=1))
@@ -114,6 +120,15 @@ class ViTConfig(Config):
         for size, patch, axis in zip(self.img_size, self.patch_size, ("height", "width")):
             if size % patch != 0:
                 raise ValueError(f"img_size {axis} {size} is not divisible by patch_size {patch}.")
+        if self.patch_embed == "conv":
+            if not conv_stem_reaches(self.patch_size):
+                raise FieldError(
+                    "patch_size",
+                    f"must be a square power of two >= 2 with patch_embed='conv' (its stride-2 convolutions multiply "
+                    f"to it), got {list(self.patch_size)}; use e.g. 4 or 8, or patch_embed='linear'.",
+                )
+            if self.shifted_patches:
+                raise ValueError("shifted_patches and patch_embed='conv' are two tokenizers; choose one.")
         tokens = self.num_patches
         if tokens > MAX_TOKENS:
             raise ValueError(

@@ -394,6 +394,8 @@ def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
     heads = model.heads_per_layer()
     if len(set(heads)) != 1 or heads[0] * model.config.resolved_head_dim() != model.embed_dim:
         raise ValueError(f"timm's ViT needs the same full head count in every layer; this model has {heads}.")
+    if model.config.patch_embed != "linear":
+        raise ValueError("timm's VisionTransformer has no convolutional stem (patch_embed='conv').")
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}
     p1, p2 = model.config.patch_size
     weight = state[PATCH_WEIGHT]
@@ -407,8 +409,10 @@ def timm_twin(config: ViTConfig) -> nn.Module:
     """A freshly initialised timm ``VisionTransformer`` (timm's own init) of the shape ``config``
     describes: the reference that benchmarks and ``model.impl: timm`` recipes train side by side
     with vitkit. Per-layer head counts (pruned models) have no timm equal and raise."""
-    if config.shifted_patches or config.locality_attention:
-        raise ValueError("timm's VisionTransformer has no shifted patch tokenization or locality self-attention.")
+    if config.shifted_patches or config.locality_attention or config.patch_embed != "linear":
+        raise ValueError(
+            "timm's VisionTransformer has no shifted patch tokenization, locality self-attention or convolutional stem."
+        )
     heads = config.heads_per_layer()
     if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim:
         raise ValueError(f"timm's VisionTransformer needs one head count dividing embed_dim; this model has {heads}.")

@@ -22,7 +22,7 @@ from timm.layers import AttentionPoolLatent, get_act_layer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
+from ..layers import ConvPatchEmbed, EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
 from .config import ViTConfig
 from .init import init_parts
@@ -103,8 +103,13 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = False
 
         self.distilled_training = False
-        self.patch_embed = PatchEmbed(
-            config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, bias=not config.pre_norm, **factory
+        self.patch_embed = (
+            ConvPatchEmbed(config.patch_size, config.in_chans, dim, **factory)
+            if config.patch_embed == "conv"
+            else PatchEmbed(
+                config.patch_size, config.in_chans, dim, shifted=config.shifted_patches, bias=not config.pre_norm,
+                **factory,
+            )
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.distilled else None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import timm
 import yaml
 from lightning.pytorch.strategies import StrategyRegistry
 
@@ -204,6 +205,65 @@ class TrainerConfig(Config):
 
 
 @dataclass
+class TeacherConfig(Config):
+    """The teacher of a distilling run: a timm model trained first by the same command, or a
+    vitkit model file.
+
+    Attributes:
+        model: a timm model name (``resnet18``), built for the data (``pretrained=False``,
+            ``in_chans`` and ``num_classes`` from the dataset) and trained for ``epochs`` first.
+        file: a vitkit model file (``save_model``, e.g. another run's ``model.safetensors``).
+        epochs: training epochs of a ``model`` teacher (AdamW, one-epoch warmup, cosine decay).
+        lr: its peak learning rate.
+        weight_decay: its AdamW weight decay.
+        batch_size: its batch size.
+    """
+
+    model: str | None = None
+    file: str | None = None
+    epochs: int = field(default=5, metadata=bounds(ge=1, le=MAX_EPOCHS))
+    lr: float = field(default=2e-3, metadata=bounds(gt=0))
+    weight_decay: float = field(default=0.05, metadata=bounds(ge=0))
+    batch_size: int = field(default=128, metadata=bounds(ge=1, le=MAX_BATCH_SIZE))
+
+    def validate(self) -> None:
+        """A timm name timm knows, a file that exists."""
+        if self.model is not None and not timm.is_model(self.model):
+            close = difflib.get_close_matches(self.model, timm.list_models(), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise FieldError("model", f"is no timm model: {describe(self.model)}.{hint}")
+        if self.file is not None and not Path(self.file).is_file():
+            raise FieldError("file", f"does not exist: {describe(self.file)}.")
+
+
+@dataclass
+class DistillConfig(Config):
+    """DeiT distillation (Touvron et al. 2020, arXiv 2012.12877; :mod:`vitkit.train.distill`).
+
+    Attributes:
+        type: ``'none'``, ``'hard'`` (the teacher's argmax as a second label) or ``'soft'``
+            (KL divergence to the teacher's tempered softmax).
+        alpha: weight of the distillation term; the label loss gets ``1 - alpha``.
+        tau: softmax temperature of ``soft`` distillation.
+        teacher: where the teacher comes from (:class:`TeacherConfig`); unused with ``type: none``.
+    """
+
+    type: Literal["none", "hard", "soft"] = "none"
+    alpha: float = field(default=0.5, metadata=bounds(ge=0, le=1))
+    tau: float = field(default=1.0, metadata=bounds(gt=0))
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+    def validate(self) -> None:
+        """A distilling run names exactly one teacher."""
+        if self.type != "none" and (self.teacher.model is None) == (self.teacher.file is None):
+            raise FieldError(
+                "teacher",
+                f"must name exactly one of teacher.model (a timm model name) and teacher.file (a vitkit model file) "
+                f"for distill.type={self.type!r}.",
+            )
+
+
+@dataclass
 class OutputConfig(Config):
     """Where runs go: ``<dir>/<recipe name>/<timestamp>/``."""
 
@@ -220,6 +280,7 @@ class RecipeConfig(Config):
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def validate(self) -> None:
         """The name is one folder name (runs stay inside ``output.dir``); Mixup pairs need an even batch."""
@@ -284,6 +345,11 @@ def load_recipe(
         raise RecipeError(
             f"model.impl=timm in {source}: timm's VisionTransformer has no shifted patch tokenization or locality "
             "self-attention; also set model.shifted_patches=false model.locality_attention=false."
+        )
+    if config.model.impl == "timm" and vit_config.patch_embed != "linear":
+        raise RecipeError(
+            f"model.impl=timm in {source}: timm's VisionTransformer has no convolutional stem; "
+            "also set model.patch_embed=linear."
         )
     return config
 

@@ -45,15 +45,15 @@ class ViTDataModule(L.LightningDataModule):
                 f"the training split has {len(train)} images, fewer than one batch "
                 f"(trainer.batch_size={self.batch_size} x {replicas} device(s)); lower trainer.batch_size."
             )
-        return self._loader(train, self.batch_size, train=True)
+        return self.loader(train, self.batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.bundle.val, 2 * self.batch_size, train=False)
+        return self.loader(self.bundle.val, 2 * self.batch_size, train=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.bundle.test, 2 * self.batch_size, train=False)
+        return self.loader(self.bundle.test, 2 * self.batch_size, train=False)
 
-    def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
+    def loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
         workers = self.config.num_workers
         return DataLoader(
             dataset,

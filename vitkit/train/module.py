@@ -1,6 +1,6 @@
 """The LightningModule: a :class:`~vitkit.models.VisionTransformer` classifier with AdamW, a
-warmup-cosine schedule, Mixup/CutMix and label smoothing (timm), an optional weight EMA, top-1/top-5
-metrics and a stop on a non-finite loss."""
+warmup-cosine schedule, Mixup/CutMix and label smoothing (timm), an optional weight EMA, DeiT
+distillation from a frozen teacher, top-1/top-5 metrics and a stop on a non-finite loss."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from torch import nn
 from ..errors import VitkitError
 from ..evaluation import batch_metrics
 from ..models import VisionTransformer, ViTConfig, from_timm, timm_twin
-from .config import OptimConfig
+from .config import DistillConfig, OptimConfig
+from .distill import DistillationLoss
 from .optim import build_optimizer, warmup_cosine
 from .schema import build
 
@@ -56,12 +57,31 @@ class ViTClassifier(L.LightningModule):
         self.model = timm_twin(config) if model_section.get("impl", "vitkit") == "timm" else VisionTransformer(config)
         self.model.set_grad_checkpointing(bool(model_section.get("grad_checkpointing", False)))
         self.mixup, self.train_criterion = build_criterion(self.optim_config, self.model.num_classes)
+        distill = build(DistillConfig, recipe.get("distill", {}), source="the checkpoint's recipe")
+        self.distill_loss = (
+            None if distill.type == "none"
+            else DistillationLoss(self.train_criterion, distill.type, distill.alpha, distill.tau)
+        )
+        if self.distill_loss is not None and hasattr(self.model, "set_distilled_training"):
+            self.model.set_distilled_training(True)  # a distillation token's head gets the teacher's term
+        self.teacher: nn.Module | None = None
         self.ema = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
         if self.ema is not None:
             # timm leaves the copy in eval mode; Lightning switches every module to eval for
             # validation anyway, and warns at fit start about modules left in eval mode.
             self.ema.train()
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
+
+    def attach_teacher(self, teacher: nn.Module) -> None:
+        """Distil from ``teacher`` (frozen, see :func:`~vitkit.train.distill.freeze`). It is kept
+        out of the module's children, so it is neither checkpointed nor switched to train mode."""
+        self.__dict__["teacher"] = teacher
+
+    def on_fit_start(self) -> None:
+        if self.distill_loss is not None:
+            if self.teacher is None:
+                raise RuntimeError("distillation is configured but no teacher was attached (attach_teacher).")
+            self.teacher.to(self.device)
 
     @property
     def inference_model(self) -> nn.Module:
@@ -85,8 +105,15 @@ class ViTClassifier(L.LightningModule):
         soft_targets = targets
         if self.mixup is not None:
             images, soft_targets = self.mixup(images, targets)
-        logits = self.model(images)
-        loss = self.train_criterion(logits, soft_targets)
+        outputs = self.model(images)
+        # (class, distillation) logits from a model with a distillation token; else one set for both, as DeiT
+        logits, dist_logits = outputs if isinstance(outputs, tuple) else (outputs, outputs)
+        if self.distill_loss is not None:
+            with torch.no_grad():
+                teacher_logits = self.teacher(images)
+            loss = self.distill_loss(logits, dist_logits, soft_targets, teacher_logits)
+        else:
+            loss = self.train_criterion(logits, soft_targets)
         self._check_finite(loss)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(targets))
         if self.mixup is None:

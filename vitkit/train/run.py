@@ -30,6 +30,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
 
 from ..data import DataInfo
 from ..errors import VitkitError
@@ -56,6 +57,7 @@ from .checkpoint import (
 )
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
+from .distill import build_teacher, prepare_teacher
 from .module import NonFiniteLossError, ViTClassifier
 from .plots import plot_curves
 from .schema import RecipeError
@@ -118,22 +120,28 @@ def train(
     module = build_module(config, datamodule.info)
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name)
+    teacher = build_teacher(config.distill.teacher, datamodule.info) if config.distill.type != "none" else None
     check_hardware(config.trainer)
     run_dir = resolve_run_dir(config, resume)
     with _own_run_dir(run_dir, adopted=run_dir == adopted_run_dir(resume)):
-        return _fit(config, datamodule, module, run_dir, resume, callbacks, started)
+        return _fit(config, datamodule, module, teacher, run_dir, resume, callbacks, started)
 
 
 def _fit(
     config: RecipeConfig,
     datamodule: ViTDataModule,
     module: ViTClassifier,
+    teacher: nn.Module | None,
     run_dir: Path,
     resume: str | os.PathLike | None,
     callbacks: list[L.Callback] | tuple[L.Callback, ...],
     started: float,
 ) -> RunResult:
     """Fit, test and export into ``run_dir`` (see :func:`train`)."""
+    teacher_report: dict[str, Any] = {}
+    if teacher is not None:  # trained (or loaded) first: it counts in the run's wall time
+        teacher_report = prepare_teacher(teacher, config.distill, datamodule, run_dir, config.trainer.precision)
+        module.attach_teacher(teacher)
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
     trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput, monitor_lr, *callbacks])
@@ -177,6 +185,7 @@ def _fit(
         "resumed_from": str(resume) if resume is not None else None,
         "best_checkpoint": str(best_path) if best_path else None,
         "attention_kernels": autotune_report(),  # what attn_impl="auto" measured and chose, per key
+        **teacher_report,
     }
     if trainer.is_global_zero:
         save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])

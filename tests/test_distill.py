@@ -1,0 +1,151 @@
+"""DeiT distillation (Touvron et al. 2020, arXiv 2012.12877): the losses against their formulas on
+hand-computed logits, the teacher frozen through training steps, and a run that trains a timm CNN
+teacher first in the same command."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_train_run import SHORT, tiny_recipe
+from torch import nn
+
+from vitkit.io import save_model
+from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.train import RecipeError, load_recipe, train
+from vitkit.train.distill import TEACHER_FILE, DistillationLoss, freeze
+from vitkit.train.module import ViTClassifier
+
+CLASS_LOGITS = [[2.0, 0.0, 0.0], [0.0, 1.0, -1.0]]
+DIST_LOGITS = [[0.0, 1.0, 0.0], [1.0, 0.0, 2.0]]
+TEACHER_LOGITS = [[0.0, 0.0, 3.0], [0.0, 4.0, 0.0]]
+LABELS = [0, 1]
+
+
+def log_softmax(row: list[float], tau: float = 1.0) -> list[float]:
+    logs = [x / tau for x in row]
+    total = math.log(sum(math.exp(x) for x in logs))
+    return [x - total for x in logs]
+
+
+def cross_entropy(rows: list[list[float]], labels: list[int]) -> float:
+    return -sum(log_softmax(row)[y] for row, y in zip(rows, labels)) / len(rows)
+
+
+def losses(kind: str, alpha: float, tau: float) -> float:
+    loss = DistillationLoss(nn.CrossEntropyLoss(), kind, alpha, tau)
+    return loss(*(torch.tensor(x) for x in (CLASS_LOGITS, DIST_LOGITS, LABELS, TEACHER_LOGITS))).item()
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.3])
+def test_hard_distillation_is_ce_on_labels_plus_ce_on_the_teachers_argmax(alpha: float) -> None:
+    teacher_argmax = [2, 1]  # of TEACHER_LOGITS, by eye
+    expected = (1 - alpha) * cross_entropy(CLASS_LOGITS, LABELS) + alpha * cross_entropy(DIST_LOGITS, teacher_argmax)
+    assert losses("hard", alpha, 1.0) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("tau", [1.0, 3.0])
+def test_soft_distillation_is_deits_tau_squared_kl_summed_over_batch_and_classes_over_numel(tau: float) -> None:
+    alpha = 0.4
+    kl = 0.0
+    for student, teacher in zip(DIST_LOGITS, TEACHER_LOGITS):  # KL(p_t || p_s), DeiT's kl_div(log p_s, log p_t)
+        log_s, log_t = log_softmax(student, tau), log_softmax(teacher, tau)
+        kl += sum(math.exp(t) * (t - s) for s, t in zip(log_s, log_t))
+    numel = 2 * 3  # B x C: DeiT's legacy normalisation
+    expected = (1 - alpha) * cross_entropy(CLASS_LOGITS, LABELS) + alpha * tau * tau * kl / numel
+    assert losses("soft", alpha, tau) == pytest.approx(expected, rel=1e-6)
+
+
+def test_distillation_term_uses_the_distillation_logits_and_alpha_zero_is_the_label_loss() -> None:
+    assert losses("soft", 0.0, 2.0) == pytest.approx(cross_entropy(CLASS_LOGITS, LABELS), rel=1e-6)
+    # the same class logits with other distillation logits give another loss: dist_logits are read
+    loss = DistillationLoss(nn.CrossEntropyLoss(), "hard", 0.5, 1.0)
+    args = [torch.tensor(x) for x in (CLASS_LOGITS, DIST_LOGITS, LABELS, TEACHER_LOGITS)]
+    other = loss(args[0], args[0], args[2], args[3])
+    assert abs(other.item() - loss(*args).item()) > 0.1
+
+
+def tiny_vit(**overrides) -> VisionTransformer:
+    fields = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
+    return VisionTransformer(ViTConfig(**{**fields, **overrides}))
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log()`")
+def test_training_step_distils_from_a_frozen_teacher_whose_weights_never_change() -> None:
+    recipe = tiny_recipe(Path("unused"))
+    recipe["distill"] = {"type": "hard", "alpha": 0.5, "teacher": {"model": "test_resnet"}}
+    student = tiny_vit()
+    module = ViTClassifier(recipe, student.config.to_dict(), {})
+    module.model.load_state_dict(student.state_dict())
+    teacher = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 10))
+    module.attach_teacher(freeze(teacher))
+    assert "teacher" not in dict(module.named_children()) and not any(k.startswith("teacher") for k in module.state_dict())
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    optimizer = torch.optim.SGD(module.model.parameters(), lr=0.1)
+    module.train()
+    assert not teacher.training  # the LightningModule's train() does not reach it
+    for step in range(3):
+        images, labels = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+        with torch.no_grad():
+            logits, teacher_argmax = module.model(images), teacher(images).argmax(1)
+        expected = 0.5 * F.cross_entropy(logits, labels) + 0.5 * F.cross_entropy(logits, teacher_argmax)
+        loss = module.training_step((images, labels), step)
+        torch.testing.assert_close(loss.detach(), expected, atol=1e-6, rtol=1e-5)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    for key, value in teacher.state_dict().items():  # weights and BatchNorm statistics unchanged
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_run_trains_a_timm_cnn_teacher_first_and_reports_it(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["distill"] = {"type": "soft", "tau": 2.0, "teacher": {"model": "test_resnet", "epochs": 1, "batch_size": 64}}
+    result = train(recipe)
+    assert result.summary["teacher"] == "test_resnet"
+    assert 0 <= result.summary["teacher_val_acc"] <= 100 and result.summary["teacher_train_s"] > 0
+    assert (result.run_dir / TEACHER_FILE).is_file()  # a resumed run distils from the same teacher
+    assert result.summary["test_acc"] is not None
+    resumed = train(recipe, ["trainer.max_epochs=2"], resume=result.run_dir / "checkpoints" / "last.ckpt")
+    assert resumed.run_dir == result.run_dir and "teacher_train_s" not in resumed.summary  # loaded, not retrained
+
+
+def test_a_vitkit_model_file_teacher_must_fit_the_data(tmp_path: Path) -> None:
+    path = save_model(tiny_vit(num_classes=3), tmp_path / "teacher.safetensors")
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["distill"] = {"type": "hard", "teacher": {"file": str(path)}}
+    with pytest.raises(RecipeError, match="classifies 3 classes .* the data has 10 classes"):
+        train(recipe)
+    assert not (tmp_path / "tiny").exists()  # refused before a run directory was claimed
+
+
+def test_distill_recipe_section_is_checked_before_anything_runs() -> None:
+    with pytest.raises(RecipeError, match="distill.teacher .*must name exactly one"):
+        load_recipe("recipes/fashion_mnist.yaml", ["distill.type=hard"])
+    with pytest.raises(RecipeError, match="Did you mean 'resnet18'"):
+        load_recipe("recipes/fashion_mnist.yaml", ["distill.type=hard", "distill.teacher.model=resnet81"])
+    with pytest.raises(RecipeError, match="distill.tau"):
+        load_recipe("recipes/fashion_mnist.yaml", ["distill.tau=0"])
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log()`")
+def test_a_distilled_student_learns_labels_on_its_class_head_and_the_teacher_on_its_distillation_head() -> None:
+    recipe = tiny_recipe(Path("unused"))
+    recipe["distill"] = {"type": "hard", "alpha": 0.5, "teacher": {"model": "test_resnet"}}
+    module = ViTClassifier(recipe, tiny_vit(distilled=True).config.to_dict(), {})
+    teacher = freeze(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    module.attach_teacher(teacher)
+    model = module.model.train()
+    images, labels = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    with torch.no_grad():
+        features = model.forward_features(images)  # class token at 0, distillation token at 1
+        cls_logits, dist_logits = model.head(features[:, 0]), model.head_dist(features[:, 1])
+        teacher_argmax = teacher(images).argmax(1)
+    expected = 0.5 * F.cross_entropy(cls_logits, labels) + 0.5 * F.cross_entropy(dist_logits, teacher_argmax)
+    torch.testing.assert_close(module.training_step((images, labels), 0).detach(), expected, atol=1e-6, rtol=1e-5)
+    module.eval()  # evaluation averages the two heads, as DeiT
+    torch.testing.assert_close(module(images), (cls_logits + dist_logits) / 2, atol=1e-6, rtol=1e-5)
