@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -32,14 +31,16 @@ from torch import nn
 
 import vitkit
 from vitkit.bench import interleaved_times, median_ratio
-from vitkit.layers.attention_autotune import bucket, cpu_model
-from vitkit.layers.attention_kernels import (
+from vitkit.kernels import (
+    AUTOTUNER,
     IMPL_ENV,
     autotune_report,
+    cpu_model,
     explicit_attention,
     format_autotune_report,
     sdpa_attention,
 )
+from vitkit.kernels.autotune import AutotuneKey
 from vitkit.models import to_timm
 
 DEFAULT_MODELS = ("vit_small_patch16_224:32", "vit_cifar_small:128")
@@ -94,21 +95,13 @@ def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Te
     return images, torch.randint(0, config.num_classes, (batch_size,))
 
 
-def chosen_kernel(model: nn.Module, batch_size: int, mode: str, precision: str) -> str:
-    """The kernel ``attn_impl="auto"`` ran in this cell: pinned by ``VITKIT_ATTN_IMPL``, else the
-    autotuner's choice for the cell's key (dtype, mode, head width, bucketed tokens and B x H)."""
-    if os.environ.get(IMPL_ENV, "auto") != "auto":
-        return f"{os.environ[IMPL_ENV]} (pinned)"
-    config = model.config
-    tokens = math.prod(config.grid_size) + int(config.class_token)
-    key = {
-        "dtype": "bfloat16" if precision == "bf16" else "float32",
-        "training": mode == "train",
-        "head_dim": config.resolved_head_dim(),
-        "keys": bucket(tokens),
-        "batch_heads": bucket(batch_size * config.heads_per_layer()[0]),
-    }
-    kernels = {row["kernel"] for row in autotune_report() if all(row[name] == value for name, value in key.items())}
+def chosen_kernel(model: nn.Module, asked: set[AutotuneKey]) -> str:
+    """The kernel ``attn_impl="auto"`` ran in a cell whose calls asked the autotuner for the keys
+    ``asked``: pinned by ``VITKIT_ATTN_IMPL`` (read when ``model`` was built), else the choices."""
+    policies = {block.attn.kernel_policy for block in model.blocks}
+    if policies != {"auto"}:
+        return "/".join(sorted(policies)) + (" (pinned)" if os.environ.get(IMPL_ENV) else "")
+    kernels = {AUTOTUNER.choices[key].kernel for key in asked if key in AUTOTUNER.choices}
     return "/".join(sorted(kernels)) or "sdpa (not measured)"
 
 
@@ -125,17 +118,18 @@ def bench_models(specs: list[str], repeats: int) -> list[str]:
         images, labels = batch_for(ours, batch_size)
         for mode in ("forward", "train"):
             for precision in PRECISIONS:
-                times = interleaved_times(
-                    {
-                        "vitkit": make_step(ours, images, labels, mode, precision),
-                        "timm": make_step(theirs, images, labels, mode, precision),
-                    },
-                    repeats=repeats,
-                )
+                with AUTOTUNER.recording() as asked:
+                    times = interleaved_times(
+                        {
+                            "vitkit": make_step(ours, images, labels, mode, precision),
+                            "timm": make_step(theirs, images, labels, mode, precision),
+                        },
+                        repeats=repeats,
+                    )
                 ratio = median_ratio(times, "timm", "vitkit")
                 ours_ips = batch_size / statistics.median(times["vitkit"])
                 theirs_ips = batch_size / statistics.median(times["timm"])
-                kernel = chosen_kernel(ours, batch_size, mode, precision)
+                kernel = chosen_kernel(ours, asked)
                 rows.append(
                     f"| {name} | {batch_size} | {mode} | {precision} | {kernel} | {ours_ips:.1f} | {theirs_ips:.1f} | {ratio:.2f} |"
                 )

@@ -6,8 +6,8 @@ re-exported so blocks built from vitkit and from timm share one class.
 
 from timm.layers import DropPath
 
+from ..kernels import choose_attn_impl
 from .attention import KVCache, MultiHeadSelfAttention
-from .attention_kernels import choose_attn_impl
 from .attention_masks import build_allowed_mask, causal_mask
 from .block import EncoderBlock, LayerScale
 from .mlp import Mlp

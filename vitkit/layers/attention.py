@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .attention_kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, sdpa_attention
+from ..kernels import AttnImpl, choose_attn_impl, explicit_attention, resolve_attn_impl, sdpa_attention
 from .attention_masks import build_allowed_mask, split_empty_rows
 from .init_rules import xavier_per_projection, xavier_scaled
 
@@ -77,7 +77,9 @@ class MultiHeadSelfAttention(nn.Module):
         proj_drop: dropout on the output.
         qk_norm: LayerNorm on each head's queries and keys (stabilises small head widths).
         attn_impl: ``"auto"`` (the exact kernel measured fastest on this machine, see
-            :mod:`.attention_kernels`), ``"sdpa"`` or ``"explicit"``.
+            :mod:`vitkit.kernels`), ``"sdpa"`` or ``"explicit"``. Resolved once, here, into
+            :attr:`kernel_policy` (``VITKIT_ATTN_IMPL`` pins ``"auto"``); a training run sets
+            that attribute of ``"auto"`` modules step by step.
         out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
             0.5.
@@ -117,8 +119,6 @@ class MultiHeadSelfAttention(nn.Module):
                     "or pass head_dim explicitly."
                 )
             head_dim = dim // num_heads
-        if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}.")
         if not 0.0 <= attn_drop < 1.0 or not 0.0 <= proj_drop < 1.0:
             raise ValueError(f"dropout rates must lie in [0, 1), got attn_drop={attn_drop}, proj_drop={proj_drop}.")
         self.dim = dim
@@ -126,6 +126,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
         self.attn_impl = attn_impl
+        self.kernel_policy: AttnImpl = resolve_attn_impl(attn_impl)
         self.attn_drop = attn_drop
         self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=qkv_bias, **factory)
         self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps, **factory) if qk_norm else nn.Identity()
@@ -262,7 +263,7 @@ class MultiHeadSelfAttention(nn.Module):
         )
         dropout_p = self.attn_drop if self.training else 0.0
         impl = choose_attn_impl(
-            self.attn_impl, q, return_attention, k=k, masked=allowed is not None, dropout_p=dropout_p, scale=scale
+            self.kernel_policy, q, return_attention, k=k, masked=allowed is not None, dropout_p=dropout_p, scale=scale
         )
         weights = None
         if impl == "sdpa":

@@ -8,8 +8,8 @@ import torch
 from timm.layers import DropPath
 from torch import nn
 
+from ..kernels import AttnImpl
 from .attention import DEFAULT_OUT_INIT_SCALE, MultiHeadSelfAttention
-from .attention_kernels import AttnImpl
 from .mlp import Mlp
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..layers.attention_kernels import AttnImpl
+from ..kernels import AttnImpl
 from ..schema import Config, ConfigError, FieldError, bounds
 from .init import InitScheme
 

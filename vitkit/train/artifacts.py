@@ -23,7 +23,7 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from ..errors import VitkitError
-from ..io import atomic_write
+from ..files import atomic_write
 from .config import RecipeConfig
 
 #: Set by rank 0 for the processes Lightning launches for DDP, so they share its run directory.

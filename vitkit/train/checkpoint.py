@@ -21,13 +21,14 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
-from ..io import atomic_write, read_model_file
+from ..files import atomic_write
+from ..io import read_model_file
 from ..models import VisionTransformer, ViTConfig
 from .module import EMA_PREFIX, MODEL_PREFIX, non_finite_tensors
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
-#: Glob of the temporary files :func:`~vitkit.io.atomic_write` leaves behind when killed mid-save.
+#: Glob of the temporary files :func:`~vitkit.files.atomic_write` leaves behind when killed mid-save.
 ORPHAN_GLOB = ".*.ckpt.*.tmp"
 
 

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import yaml
 
 from ..data import DataConfig
-from ..io import atomic_write
-from ..layers.attention_kernels import AttnImpl
+from ..files import atomic_write
+from ..kernels import AttnImpl
 from ..models import ViTConfig, model_config
 from ..models.init import InitScheme
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides

@@ -32,7 +32,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ..data import DataInfo
 from ..errors import VitkitError
 from ..io import save_model
-from ..layers.attention_kernels import autotune_report
+from ..kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
 from .artifacts import CONFIG_FILE, RUN_DIR_ENV, merge_metrics, point_latest, resolve_run_dir, write_json
 from .callbacks import LastCheckpoint, Throughput
