@@ -57,8 +57,9 @@ def test_a_faster_kernel_wins_within_the_stated_number_of_steps(times: dict[str,
     (first,) = row["rounds"]
     assert first["median_ratio_sdpa_over_explicit"] == pytest.approx(times["sdpa"] / times["explicit"], rel=1e-3)
     assert first["spread"] == 0.0 and first["median_s"] == pytest.approx(times)
-    # the slower kernel's extra time: 5 pairs x 4 ms
+    # the slower kernel's extra time: 5 pairs x 4 ms; 6 of the 32 steps ran the slower kernel
     assert row["ab_extra_s"] == pytest.approx(5 * 0.004)
+    assert row["steps"] == {expected: 26, ({"sdpa", "explicit"} - {expected}).pop(): 6}
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +92,7 @@ class _KeyState:
     reference_s: float = 0.0  # the chosen kernel's median step time at the choice
     recheck_at: int | None = None
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))
+    steps: Counter[str] = field(default_factory=Counter)  # steps run with each kernel
 
     @property
     def measuring(self) -> bool:
@@ -127,6 +128,7 @@ class KernelTrial:
     def record(self, key: str, kernel: str, seconds: float, step: int) -> None:
         """The step ``step`` of ``key`` ran ``kernel`` and took ``seconds``."""
         state = self.keys[key]
+        state.steps[kernel] += 1
         if not state.measuring:
             self._watch_drift(state, kernel, seconds, step)
             return
@@ -164,21 +166,20 @@ class KernelTrial:
         state.pair, state.recheck_at = {}, None
 
     def report(self) -> list[dict[str, Any]]:
-        """One JSON-ready row per key: its rounds (pairs, medians, spread, why it was measured
-        again), the final kernel (``None``: still measuring) and the extra seconds the A/B steps
-        cost against running the final kernel throughout (pairs only; warm-up steps untimed)."""
+        """One JSON-ready row per key: the final kernel (``None``: still measuring), the timed
+        pairs, when and why it was measured again, what the measurement cost (``ab_extra_s``: the
+        seconds each pair's slower step took beyond its faster one, summed; warm-up steps are
+        untimed), how many steps ran each kernel, and every round's evidence."""
         rows = []
         for key, state in self.keys.items():
-            final = state.kernel
             pairs = [pair for measured in state.rounds for pair in measured.pairs]
-            other = None if final is None else next(name for name in KERNELS if name != final)
-            extra = None if final is None else sum(pair[other] - pair[final] for pair in pairs)
             rows.append({
                 "key": key,
-                "final_kernel": final,
+                "final_kernel": state.kernel,
                 "pairs": len(pairs),
                 "remeasured": [{"step": measured.step, "reason": measured.reason} for measured in state.rounds[1:]],
-                "ab_extra_s": None if extra is None else round(extra, 4),
+                "ab_extra_s": round(sum(max(pair.values()) - min(pair.values()) for pair in pairs), 4),
+                "steps": dict(state.steps),
                 "rounds": [measured.to_json() for measured in state.rounds],
             })
         return rows
