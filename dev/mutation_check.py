@@ -43,7 +43,7 @@ class Mutation:
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation("layers", "vitkit/layers/attention.py", "self.scale = head_dim**-0.5", "self.scale = head_dim**-1.0",
              ("tests/test_attention.py",), "attention scale 1/d instead of 1/sqrt(d)"),
-    Mutation("layers", "vitkit/layers/attention_kernels.py", "weights = scores.softmax(dim=-1)",
+    Mutation("layers", "vitkit/kernels/attention.py", "weights = scores.softmax(dim=-1)",
              "weights = scores.softmax(dim=-2)", ("tests/test_attention.py",), "softmax over queries"),
     Mutation("layers", "vitkit/layers/attention.py", "off_diagonal = ~torch.eye(", "off_diagonal = torch.eye(",
              ("tests/test_attention.py",), "locality attention keeps only the diagonal"),

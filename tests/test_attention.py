@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import vitkit.layers.attention as attention_module
+from vitkit.kernels import explicit_attention
 from vitkit.layers import EncoderBlock, KVCache, MultiHeadSelfAttention, choose_attn_impl
-from vitkit.layers.attention_kernels import explicit_attention
 
 DIM, HEADS, BATCH, TOKENS = 32, 4, 2, 7
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -149,7 +149,7 @@ def test_d16_a_fifo_as_autotune_cache_is_ignored_not_waited_on(tmp_path: Path) -
     os.mkfifo(fifo)
     script = textwrap.dedent("""
         import warnings, torch
-        from vitkit.layers.attention_autotune import AutotuneKey, Autotuner
+        from vitkit.kernels.autotune import AutotuneKey, Autotuner
         q = torch.randn(1, 2, 5, 8)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vitkit.layers.attention_kernels import AUTOTUNER
+from vitkit.kernels import AUTOTUNER
 
 README = Path(__file__).parent.parent / "README.md"
 SNIPPETS = re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.S | re.M)

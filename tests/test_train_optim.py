@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import vitkit
@@ -68,3 +69,19 @@ def test_fused_updates_equal_the_foreach_implementation() -> None:
     # the steps moved the weights (Adam moves each by about lr a step, in random directions here)
     for a, b in zip(fused_model.parameters(), start.parameters()):
         assert (a - b).abs().mean() > 1e-3
+
+
+def test_a_fused_optimizer_gets_its_gradients_clipped_by_norm_and_float16_scaling_is_not_fused() -> None:
+    from types import SimpleNamespace
+
+    from vitkit.train.module import ViTClassifier
+
+    model = vitkit.create_model("vit_cifar_tiny", depth=1, embed_dim=16, num_heads=2)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 3.0)
+    fused = build_optimizer(model, OptimConfig())
+    # Lightning's bf16 plugin would raise here; vitkit clips the (unscaled) gradients itself
+    ViTClassifier.configure_gradient_clipping(SimpleNamespace(parameters=model.parameters), fused, 0.5, "norm")
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
+    assert norm.item() == pytest.approx(0.5, rel=1e-4)
+    assert not any(group["fused"] for group in build_optimizer(model, OptimConfig(), allow_fused=False).param_groups)

@@ -1,12 +1,9 @@
-"""Atomic file writes and model files: safetensors weights plus a JSON config, no pickle."""
+"""Model files: safetensors weights plus a JSON config, no pickle."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +11,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from .files import atomic_write
 from .models.config import MAX_IMG_SIDE, ViTConfig
 from .models.vision_transformer import VisionTransformer
 from .schema import ConfigError, FieldError, bounds, check_value, describe
@@ -26,52 +24,6 @@ FORMAT_VERSION = "1"
 
 class ModelFileError(ConfigError):
     """A model file that is not a readable vitkit model (the message names the file)."""
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then rename it
-    over ``path``: a crash leaves either the old file or the new one, never a truncated one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        try:
-            write(tmp)
-        except (RuntimeError, SafetensorError) as error:  # torch.save and safetensors wrap the OS error
-            if _disk_full(error, path.parent):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
-            raise
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual mode
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def _disk_full(error: BaseException, folder: Path) -> bool:
-    """Whether a library's write ``error`` means the disk is full: its message (or a cause's) says
-    so (``os error 28``, torch's "file write failed"), or the folder's filesystem has no space left."""
-    texts = []
-    while error is not None:
-        texts.append(str(error))
-        error = error.__cause__ or error.__context__
-    if any("No space left" in text or "os error 28" in text for text in texts):
-        return True
-    try:
-        stats = os.statvfs(folder)
-    except OSError:
-        return False
-    return stats.f_bavail * stats.f_frsize < 1 << 20  # under 1 MiB free
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def save_model(model: VisionTransformer, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:

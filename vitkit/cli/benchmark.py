@@ -7,7 +7,10 @@ and the input pipeline on its own.
 Both libraries run the same architecture with the same weights (``vitkit.models.to_timm``). Times
 are medians over interleaved vitkit/timm pairs (``vitkit.bench``); a ratio > 1 means vitkit is
 faster. Each models row names the attention kernel vitkit's ``attn_impl="auto"`` measured and
-chose for that cell; the autotuner's full report (timings, measurement cost) follows the table.
+chose for that cell, vitkit's achieved GFLOP/s (``torch.utils.flop_counter``) and its share of
+this machine's GEMM peak at the model's own shapes (``torch.mm`` timed at each M x K x N, bf16
+and float32 apart); the GEMM peaks and the autotuner's full report follow the table. The levers
+section times changes to the bf16 training step side by side and profiles it.
 Training memory is measured in fresh processes as the peak resident size during one training step
 minus the resident size just before it (after a warm-up step, with glibc's mmap threshold fixed
 so freed activations go back to the OS). The casts section times one ``linear`` forward + backward
@@ -18,7 +21,9 @@ the weights on every call: the cost mixed precision pays for its float32 master 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -28,17 +33,20 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.bench import interleaved_times, median_ratio
-from vitkit.layers.attention_autotune import bucket, cpu_model
-from vitkit.layers.attention_kernels import (
+from vitkit.kernels import (
+    AUTOTUNER,
     IMPL_ENV,
     autotune_report,
+    cpu_model,
     explicit_attention,
     format_autotune_report,
     sdpa_attention,
 )
+from vitkit.kernels.autotune import AutotuneKey
 from vitkit.models import to_timm
 
 from .main import run_command
@@ -51,8 +59,11 @@ def autocast(precision: str) -> torch.autocast:
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def make_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode: str, precision: str) -> Callable[[], None]:
-    """A closure running one inference forward or one AdamW training step."""
+def make_step(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode: str, precision: str, fused: bool = True
+) -> Callable[[], None]:
+    """A closure running one inference forward or one AdamW training step (fused AdamW, as vitkit's
+    training uses, unless ``fused`` is False: torch's foreach implementation)."""
     if mode == "forward":
         model.eval()
 
@@ -62,7 +73,7 @@ def make_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode
 
         return forward
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
 
     def train_step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -74,11 +85,15 @@ def make_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode
     return train_step
 
 
-def twins(name: str, **overrides: int) -> tuple[nn.Module, nn.Module]:
-    """A vitkit model (variant ``name`` with ``ViTConfig`` ``overrides``) and the timm model with the same weights."""
+def twins(name: str, **overrides: int | bool) -> tuple[nn.Module, nn.Module | None]:
+    """A vitkit model (variant ``name`` with ``ViTConfig`` ``overrides``) and the timm model with
+    the same weights (``None`` where timm has no equivalent: shifted patches, locality attention)."""
     torch.manual_seed(0)
     model = vitkit.create_model(name, **overrides)
-    return model, to_timm(model)
+    try:
+        return model, to_timm(model)
+    except ValueError:
+        return model, None
 
 
 def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,53 +102,144 @@ def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Te
     return images, torch.randint(0, config.num_classes, (batch_size,))
 
 
-def chosen_kernel(model: nn.Module, batch_size: int, mode: str, precision: str) -> str:
-    """The kernel ``attn_impl="auto"`` ran in this cell: pinned by ``VITKIT_ATTN_IMPL``, else the
-    autotuner's choice for the cell's key (dtype, mode, head width, bucketed tokens and B x H)."""
-    if os.environ.get(IMPL_ENV, "auto") != "auto":
-        return f"{os.environ[IMPL_ENV]} (pinned)"
-    config = model.config
-    tokens = config.num_tokens
-    key = {
-        "dtype": "bfloat16" if precision == "bf16" else "float32",
-        "training": mode == "train",
-        "head_dim": config.resolved_head_dim(),
-        "keys": bucket(tokens),
-        "batch_heads": bucket(batch_size * config.heads_per_layer()[0]),
-    }
-    kernels = {row["kernel"] for row in autotune_report() if all(row[name] == value for name, value in key.items())}
+def chosen_kernel(model: nn.Module, asked: set[AutotuneKey]) -> str:
+    """The kernel ``attn_impl="auto"`` ran in a cell whose calls asked the autotuner for the keys
+    ``asked``: pinned by ``VITKIT_ATTN_IMPL`` (read when ``model`` was built), else the choices."""
+    policies = {block.attn.kernel_policy for block in model.blocks}
+    if policies != {"auto"}:
+        return "/".join(sorted(policies)) + (" (pinned)" if os.environ.get(IMPL_ENV) else "")
+    kernels = {AUTOTUNER.choices[key].kernel for key in asked if key in AUTOTUNER.choices}
     return "/".join(sorted(kernels)) or "sdpa (not measured)"
 
 
 def bench_models(specs: list[str], repeats: int) -> list[str]:
+    """vitkit vs timm per model, mode and precision, with vitkit's achieved GFLOP/s and its share
+    of this machine's GEMM peak at the model's own shapes (bf16 and float32 measured apart)."""
     rows = [
-        "| model | batch | mode | precision | vitkit kernel | vitkit img/s | timm img/s | vitkit/timm |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | batch | mode | precision | vitkit kernel | vitkit img/s | timm img/s | vitkit/timm | vitkit GFLOP/s | % of GEMM peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    peaks = []
     for spec in specs:
         name, batch_size, overrides = parse_model_spec(spec)
         ours, theirs = twins(name, **overrides)
         if overrides:
             name += " (" + ", ".join(f"{key}={value}" for key, value in overrides.items()) + ")"
         images, labels = batch_for(ours, batch_size)
+        shapes = gemm_shapes(ours, batch_size)
+        peak = {precision: gemm_peak(shapes, torch.bfloat16 if precision == "bf16" else torch.float32, repeats)
+                for precision in PRECISIONS}
+        peaks.append(f"| {name} | {batch_size} | {', '.join('x'.join(map(str, s)) for s in shapes)} "
+                     f"| {peak['bf16']:,.0f} | {peak['fp32']:,.0f} |")
         for mode in ("forward", "train"):
+            flops = step_flops(ours, images, labels, mode)
             for precision in PRECISIONS:
-                times = interleaved_times(
-                    {
-                        "vitkit": make_step(ours, images, labels, mode, precision),
-                        "timm": make_step(theirs, images, labels, mode, precision),
-                    },
-                    repeats=repeats,
-                )
-                ratio = median_ratio(times, "timm", "vitkit")
-                ours_ips = batch_size / statistics.median(times["vitkit"])
-                theirs_ips = batch_size / statistics.median(times["timm"])
-                kernel = chosen_kernel(ours, batch_size, mode, precision)
+                candidates = {"vitkit": make_step(ours, images, labels, mode, precision)}
+                if theirs is not None:
+                    candidates["timm"] = make_step(theirs, images, labels, mode, precision)
+                with AUTOTUNER.recording() as asked:
+                    times = interleaved_times(candidates, repeats=repeats)
+                seconds = statistics.median(times["vitkit"])
+                achieved = flops / seconds / 1e9
+                timm_ips = f"{batch_size / statistics.median(times['timm']):.1f}" if theirs is not None else "n/a"
+                ratio = f"{median_ratio(times, 'timm', 'vitkit'):.2f}" if theirs is not None else "n/a"
+                kernel = chosen_kernel(ours, asked)
                 rows.append(
-                    f"| {name} | {batch_size} | {mode} | {precision} | {kernel} | {ours_ips:.1f} | {theirs_ips:.1f} | {ratio:.2f} |"
+                    f"| {name} | {batch_size} | {mode} | {precision} | {kernel} | {batch_size / seconds:.1f} | {timm_ips} "
+                    f"| {ratio} | {achieved:,.0f} | {100 * achieved / peak[precision]:.0f}% |"
                 )
                 print(rows[-1], file=sys.stderr, flush=True)
-    return rows
+    header = ["", "GEMM peak at each model's shapes (GFLOP/s, best over its M x K x N shapes, torch.mm):", "",
+              "| model | batch | GEMM shapes (M x K x N) | bf16 | fp32 |", "|---|---|---|---|---|"]
+    return rows + header + peaks
+
+
+def gemm_shapes(model: nn.Module, batch_size: int) -> list[tuple[int, int, int]]:
+    """The ``(M, K, N)`` of the model's token GEMMs at ``batch_size``: qkv, attention output
+    projection, MLP in and out, each over all ``B x tokens`` rows at once."""
+    config = model.config
+    rows = batch_size * (math.prod(config.grid_size) + int(config.class_token))
+    width, hidden = config.embed_dim, int(config.embed_dim * config.mlp_ratio)
+    inner = config.heads_per_layer()[0] * config.resolved_head_dim()
+    return sorted({(rows, width, 3 * inner), (rows, inner, width), (rows, width, hidden), (rows, hidden, width)})
+
+
+def gemm_peak(shapes: list[tuple[int, int, int]], dtype: torch.dtype, repeats: int) -> float:
+    """This machine's GEMM throughput at ``shapes``, in GFLOP/s: the best over the shapes of each
+    shape's best time (of ``max(repeats, 5)``) for ``torch.mm``, the bound a training step of
+    these shapes could approach."""
+    best = 0.0
+    for rows, inner, cols in shapes:
+        a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, cols, dtype=dtype)
+        seconds = min(interleaved_times({"mm": lambda a=a, b=b: torch.mm(a, b)}, repeats=max(repeats, 5), warmup=2)["mm"])
+        best = max(best, 2 * rows * inner * cols / seconds / 1e9)
+    return best
+
+
+def step_flops(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode: str) -> int:
+    """FLOPs of one forward (``mode="forward"``) or forward + backward, counted by
+    ``torch.utils.flop_counter`` with the explicit kernel (its matmuls are counted on every
+    device; a fused SDPA call on the CPU may not be), so the count does not depend on the kernel."""
+    policies = [block.attn.kernel_policy for block in model.blocks]
+    for block in model.blocks:
+        block.attn.kernel_policy = "explicit"
+    try:
+        with FlopCounterMode(display=False) as counter:
+            with torch.set_grad_enabled(mode == "train"):
+                loss = F.cross_entropy(model(images), labels)
+            if mode == "train":
+                loss.backward()
+        model.zero_grad(set_to_none=True)
+    finally:
+        for block, policy in zip(model.blocks, policies):
+            block.attn.kernel_policy = policy
+    return counter.get_total_flops()
+
+
+def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
+    """Levers toward the GEMM peak for one bf16 training step, each measured against the baseline
+    (bf16 autocast, explicit kernel, fused AdamW) in the same interleaved run, then the baseline's
+    torch.profiler table: what bounds the step."""
+    name, batch_size, overrides = parse_model_spec(spec)
+    torch.manual_seed(0)
+    base = vitkit.create_model(name, **overrides)
+    images, labels = batch_for(base, batch_size)
+    flops = step_flops(base, images, labels, "train")
+    peak = gemm_peak(gemm_shapes(base, batch_size), torch.bfloat16, repeats)
+
+    def variant(kernel: str = "explicit", bf16_weights: bool = False, fused: bool = True, compiled: bool = False) -> Callable[[], None]:
+        model = copy.deepcopy(base)
+        for block in model.blocks:
+            block.attn.kernel_policy = kernel
+        if bf16_weights:  # weights, gradients and optimiser state in bf16: no casts, no float32 master weights
+            model = model.bfloat16()
+        if compiled:
+            model.compile()
+        inputs = images.bfloat16() if bf16_weights else images
+        return make_step(model, inputs, labels, "train", "fp32" if bf16_weights else "bf16", fused=fused)
+
+    levers = {
+        "baseline (autocast bf16, explicit, fused AdamW)": variant(),
+        "SDPA kernel instead of explicit": variant(kernel="sdpa"),
+        "foreach AdamW instead of fused": variant(fused=False),
+        "bf16 weights, no autocast casts": variant(bf16_weights=True),
+    }
+    if compile_lever:
+        levers["torch.compile (inductor), explicit kernel"] = variant(compiled=True)
+    times = interleaved_times(levers, repeats=repeats, warmup=2)
+    baseline = next(iter(levers))
+    rows = [f"Levers, {name} batch {batch_size}, bf16 training step: {flops / 1e9:.0f} GFLOP per step, "
+            f"bf16 GEMM peak at its shapes {peak:,.0f} GFLOP/s", "",
+            "| lever | ms / step | GFLOP/s | % of GEMM peak | speed-up vs baseline |", "|---|---|---|---|---|"]
+    for lever, seconds in times.items():
+        achieved = flops / statistics.median(seconds) / 1e9
+        rows.append(f"| {lever} | {1e3 * statistics.median(seconds):.0f} | {achieved:,.0f} | {100 * achieved / peak:.0f}% "
+                    f"| {median_ratio(times, baseline, lever):.2f} |")
+    step = levers[baseline]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        step()
+    table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    return rows + ["", "Where the baseline step's time goes (torch.profiler, one step, self CPU time):", "", "```", table, "```"]
 
 
 def kernel_call(kernel: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, train: bool) -> Callable[[], None]:
@@ -303,6 +409,8 @@ def run(args: argparse.Namespace) -> None:
     if "models" in args.sections:
         print("\n".join(["vitkit vs timm, same weights (images/s, medians of interleaved pairs):", ""] + bench_models(args.models, args.repeats)) + "\n")
         print("\n".join(["Attention autotuner (best times per call; speed-up = SDPA / explicit):", "", format_autotune_report(autotune_report())]) + "\n")
+    if "levers" in args.sections:
+        print("\n".join(bench_levers(args.levers_model, args.repeats, args.levers_compile)) + "\n")
     if "casts" in args.sections:
         print("\n".join(["Linear forward + backward, bf16 autocast (float32 weights) vs pure bf16 (medians):", ""] + bench_casts(args.repeats)) + "\n")
     if "memory" in args.sections:

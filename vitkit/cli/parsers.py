@@ -38,7 +38,7 @@ LIBRARY_CONSTANTS = {
 
 #: ``vitkit benchmark``'s default models (NAME:BATCH).
 BENCHMARK_MODELS = ("vit_small_patch16_224:32", "vit_cifar_small:128")
-BENCHMARK_SECTIONS = ("kernels", "models", "casts", "memory", "data")
+BENCHMARK_SECTIONS = ("kernels", "models", "casts", "memory", "data", "levers")
 #: ``vitkit time-to-accuracy``'s implementations.
 IMPLS = ("vitkit", "timm")
 
@@ -119,11 +119,12 @@ def layer_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated block indices such as 0,5,11, got {text!r}") from None
 
 
-def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int]]:
-    """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."`` (integer ``ViTConfig`` overrides, e.g.
-    ``vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10``)."""
+def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int | bool]]:
+    """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."`` (integer or true/false ``ViTConfig``
+    overrides, e.g. ``vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10``)."""
     name, batch_size, *rest = spec.split(":")
-    overrides = {key: int(value) for key, value in (item.split("=") for item in rest[0].split(","))} if rest else {}
+    pairs = (item.split("=") for item in rest[0].split(",")) if rest else ()
+    overrides = {key: value == "true" if value in ("true", "false") else int(value) for key, value in pairs}
     return name, int(batch_size), overrides
 
 
@@ -288,8 +289,12 @@ def make_subset(parser: argparse.ArgumentParser) -> None:
 
 
 def benchmark(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sections", nargs="+", default=list(BENCHMARK_SECTIONS), choices=BENCHMARK_SECTIONS,
-                        help="what to measure")
+    parser.add_argument("--sections", nargs="+", default=list(BENCHMARK_SECTIONS[:-1]), choices=BENCHMARK_SECTIONS,
+                        help="what to measure (levers: slow, on request)")
+    parser.add_argument("--levers-model", type=model_spec,
+                        default="vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10",
+                        help="NAME:BATCH[:overrides] for the levers section")
+    parser.add_argument("--levers-compile", action="store_true", help="add torch.compile to the levers (slow to compile)")
     parser.add_argument("--models", nargs="+", type=model_spec, default=list(BENCHMARK_MODELS),
                         help="NAME:BATCH or NAME:BATCH:key=value,... (ViTConfig overrides)")
     parser.add_argument("--memory-model", type=model_spec, default="vit_small_patch16_224:32",

@@ -6,8 +6,8 @@ re-exported so blocks built from vitkit and from timm share one class.
 
 from timm.layers import DropPath
 
+from ..kernels import choose_attn_impl
 from .attention import AttentionOptions, KVCache, MultiHeadSelfAttention
-from .attention_kernels import choose_attn_impl
 from .attention_masks import build_allowed_mask, causal_mask
 from .attention_stats import row_entropy
 from .block import EncoderBlock, LayerScale

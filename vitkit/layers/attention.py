@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .attention_kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, sdpa_attention
+from ..kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, resolve_attn_impl, sdpa_attention
 from .attention_masks import build_allowed_mask, split_empty_rows
 from .init_rules import xavier_per_projection, xavier_scaled
 from .rope import ROPE_KINDS, Rope2d, RopeAxes, RopeKind, rotate_tokens
@@ -84,7 +84,9 @@ class AttentionOptions:
             inside its MLP, as timm's ``Block`` does).
         qk_norm: LayerNorm on each head's queries and keys (stabilises small head widths).
         attn_impl: ``"auto"`` (the exact kernel measured fastest on this machine, see
-            :mod:`.attention_kernels`), ``"sdpa"`` or ``"explicit"``.
+            :mod:`vitkit.kernels`), ``"sdpa"`` or ``"explicit"``. Resolved once, here, into
+            :attr:`kernel_policy` (``VITKIT_ATTN_IMPL`` pins ``"auto"``); a training run sets
+            that attribute of ``"auto"`` modules step by step.
         out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
             0.5.
@@ -171,6 +173,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
         self.attn_impl = options.attn_impl
+        self.kernel_policy: AttnImpl = resolve_attn_impl(options.attn_impl)
         self.attn_drop = options.attn_drop
         self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=options.qkv_bias, **factory)
         self.q_norm = nn.LayerNorm(head_dim, eps=options.norm_eps, **factory) if options.qk_norm else nn.Identity()
@@ -352,7 +355,7 @@ class MultiHeadSelfAttention(nn.Module):
         )
         dropout_p = self.attn_drop if self.training else 0.0
         impl = choose_attn_impl(
-            self.attn_impl, q, return_attention, k=k, masked=allowed is not None, dropout_p=dropout_p, scale=scale
+            self.kernel_policy, q, return_attention, k=k, masked=allowed is not None, dropout_p=dropout_p, scale=scale
         )
         weights = None
         if impl == "sdpa":

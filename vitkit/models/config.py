@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..kernels import AttnImpl
 from ..layers.attention import AttentionOptions
-from ..layers.attention_kernels import AttnImpl
 from ..layers.mlp import ActLayer
 from ..layers.patch_embed import conv_stem_reaches
 from ..layers.rope import RopeAxes, RopeKind

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..io import atomic_write
+from ..files import atomic_write
 from .head_sweep import SweepRun, mean_std
 from .iterative import PruningStep
 

@@ -9,11 +9,14 @@ from .checkpoint import AtomicCheckpointIO, CheckpointError, UnsafeCheckpointErr
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
 from .evaluate import evaluate
+from .kernel_trial import KernelTrial, TrainingKernelChooser
 from .module import NonFiniteLossError, ViTClassifier
 from .run import RunResult, RunStoppedError, train
 from .schema import RecipeError
 
 __all__ = [
+    "KernelTrial",
+    "TrainingKernelChooser",
     "AtomicCheckpointIO",
     "CheckpointError",
     "ModelConfig",

@@ -24,7 +24,7 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from ..errors import VitkitError
-from ..io import atomic_write
+from ..files import atomic_write
 from ..output_dirs import mark, written_by
 from .config import RecipeConfig
 

@@ -21,14 +21,15 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
-from ..io import atomic_write, check_extra, check_tensor_shapes, read_model_file
+from ..files import atomic_write
+from ..io import check_extra, check_tensor_shapes, read_model_file
 from ..models import VisionTransformer, ViTConfig
 from .module import EMA_PREFIX, MODEL_PREFIX, ViTClassifier, non_finite_tensors
 from .optim import build_optimizer
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
-#: Glob of the temporary files :func:`~vitkit.io.atomic_write` leaves behind when killed mid-save.
+#: Glob of the temporary files :func:`~vitkit.files.atomic_write` leaves behind when killed mid-save.
 ORPHAN_GLOB = ".*.ckpt.*.tmp"
 
 

@@ -22,7 +22,7 @@ import yaml
 from lightning.pytorch.strategies import StrategyRegistry
 
 from ..data import DataConfig
-from ..io import atomic_write
+from ..files import atomic_write
 from ..models import ViTConfig, model_config
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
 from .schema import RecipeError

@@ -34,7 +34,8 @@ from torch import nn
 
 from ..data import DataInfo
 from ..evaluation import evaluate_model
-from ..io import atomic_write, load_model
+from ..files import atomic_write
+from ..io import load_model
 from .config import DistillConfig, TeacherConfig
 from .datamodule import ViTDataModule
 from .optim import warmup_cosine

@@ -131,7 +131,8 @@ class ViTClassifier(L.LightningModule):
         self._evaluate(batch, "test")
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, self.optim_config)
+        # float16 loss scaling unscales the gradients inside a fused step, after clipping would see them
+        optimizer = build_optimizer(self.model, self.optim_config, allow_fused=self.trainer.precision != "16-mixed")
         total_steps = int(self.trainer.estimated_stepping_batches)
         warmup_steps = round(self.optim_config.warmup_epochs * total_steps / max(1, self.trainer.max_epochs))
         scheduler = warmup_cosine(
@@ -142,6 +143,17 @@ class ViTClassifier(L.LightningModule):
             min_lr=self.optim_config.min_lr,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        """Clip by norm. Lightning's mixed-precision plugin refuses to clip for a fused optimizer
+        (it assumes the step unscales float16 gradients itself); under bf16 and float32 there is no
+        scaler, so the gradients are clipped here as they are."""
+        if optimizer.defaults.get("fused") and gradient_clip_val:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)  # the trainer's algorithm is "norm"
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse to write a checkpoint with non-finite weights or optimiser state (the weights can

@@ -35,7 +35,7 @@ from torch import nn
 from ..data import DataInfo
 from ..errors import VitkitError
 from ..io import save_model
-from ..layers.attention_kernels import autotune_report
+from ..kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
 from ..output_dirs import hold
 from .artifacts import (
@@ -58,6 +58,7 @@ from .checkpoint import (
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
+from .kernel_trial import TrainingKernelChooser
 from .module import NonFiniteLossError, ViTClassifier
 from .plots import plot_curves
 from .schema import RecipeError
@@ -144,7 +145,8 @@ def _fit(
         module.attach_teacher(teacher)
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
-    trainer = build_trainer(config, run_dir, callbacks=[best, last, throughput, monitor_lr, *callbacks])
+    kernels = TrainingKernelChooser()  # first, so that its step timing ends before other callbacks' batch-end work
+    trainer = build_trainer(config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, *callbacks])
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
 
@@ -184,7 +186,8 @@ def _fit(
         "world_size": trainer.world_size,
         "resumed_from": str(resume) if resume is not None else None,
         "best_checkpoint": str(best_path) if best_path else None,
-        "attention_kernels": autotune_report(),  # what attn_impl="auto" measured and chose, per key
+        # what attn_impl="auto" chose: on the run's own training steps, and by synthetic measurement elsewhere
+        "attention_kernels": {"training_steps": kernels.report(), "synthetic": autotune_report()},
         **teacher_report,
     }
     if trainer.is_global_zero:

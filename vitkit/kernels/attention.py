@@ -1,4 +1,4 @@
-"""Attention kernels and the policy that picks one.
+"""Attention kernels and the policy that picks one per call.
 
 Two exact implementations of ``softmax(q k^T / sqrt(d)) v`` are available:
 
@@ -7,11 +7,14 @@ Two exact implementations of ``softmax(q k^T / sqrt(d)) v`` are available:
 * ``"explicit"``: matmul, masked softmax, matmul. Materialises the ``[B, H, N, M]`` weights, which
   it can return (attention maps, rollout) and to which attention dropout is applied.
 
-``"auto"`` measures which one is faster on this machine (:mod:`.attention_autotune`): the first
-call of each shape bucket, dtype and mode times both and keeps the faster. ``"sdpa"`` and
-``"explicit"``, or ``VITKIT_ATTN_IMPL=sdpa|explicit`` for every ``"auto"`` module, pin a kernel.
-Requesting the weights always runs the explicit kernel. While ``torch.compile`` or
-``torch.jit.trace`` records a graph, ``"auto"`` is SDPA: nothing is measured inside a graph.
+A module resolves its policy once, when it is built (:func:`resolve_attn_impl`): ``"sdpa"`` and
+``"explicit"`` pin a kernel, and so does ``VITKIT_ATTN_IMPL=sdpa|explicit`` for every ``"auto"``
+module built while it is set. ``"auto"`` asks the synthetic measurement (:mod:`.autotune`): the
+first call of each shape bucket, dtype and mode times both and keeps the faster. A training run
+sets the policy of its ``"auto"`` modules step by step from timings of its own steps instead
+(:mod:`vitkit.train.kernel_trial`). Requesting the weights always runs the explicit kernel. While
+``torch.compile`` or ``torch.jit.trace`` records a graph, ``"auto"`` is SDPA: nothing is measured
+inside a graph.
 """
 
 from __future__ import annotations
@@ -24,16 +27,29 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # private, but no public twin
 
 from ..errors import VitkitError
-from .attention_autotune import AutotuneKey, Autotuner
+from .autotune import AutotuneKey, Autotuner
 
 AttnImpl = Literal["auto", "sdpa", "explicit"]
 ATTN_IMPLS: tuple[str, ...] = get_args(AttnImpl)
-#: Environment variable that pins the kernel of every ``attn_impl="auto"`` module.
+#: Environment variable that pins the kernel of every ``attn_impl="auto"`` module built while it is set.
 IMPL_ENV = "VITKIT_ATTN_IMPL"
 
 
+def resolve_attn_impl(impl: AttnImpl) -> AttnImpl:
+    """A module's kernel policy, decided once at construction: ``impl`` itself, except that
+    ``"auto"`` follows ``VITKIT_ATTN_IMPL`` when it is set.
+
+    Raises:
+        ValueError: ``impl`` is not one of :data:`ATTN_IMPLS`.
+        VitkitError: ``VITKIT_ATTN_IMPL`` holds something other than a kernel's name.
+    """
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}.")
+    return _impl_from_env() if impl == "auto" else impl
+
+
 def choose_attn_impl(
-    impl: AttnImpl,
+    policy: AttnImpl,
     q: torch.Tensor,
     need_weights: bool,
     *,
@@ -42,26 +58,21 @@ def choose_attn_impl(
     dropout_p: float = 0.0,
     scale: float | None = None,
 ) -> str:
-    """Resolve ``impl`` to ``"sdpa"`` or ``"explicit"`` for this call.
+    """Resolve a module's ``policy`` to ``"sdpa"`` or ``"explicit"`` for this call.
 
     Args:
-        impl: the requested implementation; ``"auto"`` follows ``VITKIT_ATTN_IMPL`` if set, else
-            the autotuner's measured choice for this call's key.
+        policy: the module's kernel policy (:func:`resolve_attn_impl`); ``"auto"``: the
+            autotuner's measured choice for this call's key.
         q: queries ``[B, H, N, d]``.
         need_weights: the caller wants the post-softmax weights, which only "explicit" produces.
         k: keys ``[B, H, M, d]`` (default: self-attention, shaped like ``q``).
         masked: the call passes a boolean mask; dropout_p: its attention dropout; scale: its
             softmax scale (default ``d ** -0.5``). These shape the measurement.
-
-    Raises:
-        VitkitError: ``VITKIT_ATTN_IMPL`` holds something other than a kernel's name.
     """
     if need_weights:
         return "explicit"
-    if impl == "auto":
-        impl = _impl_from_env()
-    if impl != "auto":
-        return impl
+    if policy != "auto":
+        return policy
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return "sdpa"
     k = q if k is None else k

@@ -1,4 +1,8 @@
-"""Pick the faster attention kernel by measuring it, like ``torch.backends.cudnn.benchmark``.
+"""Pick the faster attention kernel by timing it on synthetic tensors, like ``torch.backends.cudnn.benchmark``.
+
+This measurement is for calls that are not repeated steps (one-off inference, explain calls,
+evaluation): a training run chooses its kernel on its own steps instead
+(:class:`vitkit.train.kernel_trial.KernelTrial`).
 
 Which of SDPA and the explicit kernel wins depends on the machine (CPU model, its bfloat16
 support, the GPU), the dtype, whether a backward follows, the head width and the sequence length;
@@ -14,14 +18,14 @@ processes read instead of measuring.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import platform
-import stat
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,16 +33,13 @@ from typing import Any, NamedTuple
 import torch
 
 from ..bench import interleaved_times
+from ..files import atomic_write, read_regular_text
 
-#: ``kernel(q, k, v, allowed, dropout_p, scale)``: the contract of the kernels in ``attention_kernels``.
+#: ``kernel(q, k, v, allowed, dropout_p, scale)``: the contract of the kernels in :mod:`.attention`.
 Kernel = Callable[..., Any]
 
-#: The explicit kernel must be this much faster (time ratio SDPA / explicit) to be chosen. Measured
-#: on an AMD EPYC: float32 training keys timed 0.99-1.32x in favour of explicit, yet whole models
-#: trained 0.89-0.92x timm with it (attention timed alone does not see the explicit path's N x N
-#: activations competing with the rest of the step for cache); bfloat16 keys, where explicit pays
-#: in whole models too (1.2-1.8x timm), time 2.3-9.7x. Half keeps float32 on SDPA (timm's kernel)
-#: and loses none of the bfloat16 gains.
+#: The explicit kernel must be this much faster (time ratio SDPA / explicit) to be chosen: attention
+#: timed alone does not predict the whole step (measurements in docs/benchmarks.md).
 EXPLICIT_MARGIN = 0.5
 #: Environment variable naming the JSON file of measured choices (unset: memory only).
 CACHE_ENV = "VITKIT_AUTOTUNE_CACHE"
@@ -80,7 +81,7 @@ def device_name(device: torch.device) -> str:
 
 @functools.cache
 def _gpu_name(index: int) -> str:
-    """``torch.cuda.get_device_name(index)``, looked up once (keys are built on every attention call)."""
+    """``torch.cuda.get_device_name(index)``, looked up once (keys are built on every ``"auto"`` call)."""
     return torch.cuda.get_device_name(index)
 
 
@@ -137,7 +138,7 @@ class Autotuner:
     """Measures and remembers the faster kernel per :class:`AutotuneKey`.
 
     Args:
-        kernels: ``{"sdpa": ..., "explicit": ...}`` with the contract of ``attention_kernels``.
+        kernels: ``{"sdpa": ..., "explicit": ...}`` with the contract of :mod:`.attention`.
         clock: seconds as a float (tests inject a fake clock).
     """
 
@@ -148,6 +149,7 @@ class Autotuner:
         self._cache_path: Path | None = None
         self._cache_path_set = False
         self._disk: dict[str, dict[str, Any]] | None = None
+        self._asked: set[AutotuneKey] | None = None
 
     def set_cache_path(self, path: str | os.PathLike | None) -> None:
         """Read and write measured choices in the JSON file ``path`` (``None``: memory only). This
@@ -157,6 +159,8 @@ class Autotuner:
 
     def cached(self, key: AutotuneKey) -> str | None:
         """The kernel chosen for ``key`` earlier (in memory or in the cache file), without measuring."""
+        if self._asked is not None:
+            self._asked.add(key)
         if key not in self.choices:
             stored = self._read_disk().get(key.to_text())
             if stored is not None:
@@ -200,6 +204,18 @@ class Autotuner:
             shape=(batch_heads, num_queries, num_keys, head_dim),
         )
 
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[set[AutotuneKey]]:
+        """Collect, in the yielded set, every key asked for inside the block (a benchmark learns
+        which keys its cell used, and so which kernels ran, without rebuilding the keys)."""
+        outer, self._asked = self._asked, set()
+        try:
+            yield self._asked
+        finally:
+            asked, self._asked = self._asked, outer
+            if outer is not None:
+                outer |= asked
+
     def report(self) -> list[dict[str, Any]]:
         """Every choice held, one JSON-ready row per key: the key's fields, then the choice's."""
         return [{**key._asdict(), **asdict(choice), "shape": list(choice.shape)} for key, choice in self.choices.items()]
@@ -230,17 +246,16 @@ class Autotuner:
         if entries is None:
             return
         entries[key.to_text()] = {**asdict(self.choices[key]), "source": "cache"}
-        from ..io import atomic_write  # here, not at the top: vitkit.io imports the models, which import this
-
         text = json.dumps({"vitkit_autotune": CACHE_FORMAT, "entries": entries}, indent=1, sort_keys=True)
         atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
         self._disk = entries
 
 
 def _load_entries(path: Path) -> dict[str, dict[str, Any]] | None:
-    """The entries of the cache file ``path``; ``None`` (with a warning) if it is unreadable."""
+    """The entries of the cache file ``path``; ``None`` (with a warning) if it is unreadable or
+    not a regular file (a FIFO is refused without blocking, and never replaced)."""
     try:
-        data = json.loads(_read_regular_file(path))
+        data = json.loads(read_regular_text(path))
         entries = data["entries"]
         if data.get("vitkit_autotune") != CACHE_FORMAT or not isinstance(entries, dict):
             raise ValueError(f"format {data.get('vitkit_autotune')!r}, expected {CACHE_FORMAT}")
@@ -254,20 +269,6 @@ def _load_entries(path: Path) -> dict[str, dict[str, Any]] | None:
             stacklevel=2,
         )
         return None
-
-
-def _read_regular_file(path: Path) -> str:
-    """The text of ``path``, opened without blocking and refused (``OSError``) unless it is a
-    regular file: opening a FIFO for reading would otherwise wait forever for a writer."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "r", closefd=False) as handle:
-            return handle.read()
-    finally:
-        os.close(fd)
 
 
 def _choice_from_json(entry: dict[str, Any]) -> AutotuneChoice:

@@ -7,6 +7,8 @@ number of seconds per call, so every choice here is deterministic.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -16,13 +18,21 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
+import vitkit.kernels.attention as attention_kernels
+import vitkit.kernels.autotune as autotune
 import vitkit.layers.attention as attention_module
-import vitkit.layers.attention_autotune as autotune
-import vitkit.layers.attention_kernels as attention_kernels
 from vitkit.errors import VitkitError
+from vitkit.kernels import (
+    AutotuneKey,
+    Autotuner,
+    autotune_report,
+    bucket,
+    explicit_attention,
+    format_autotune_report,
+    sdpa_attention,
+)
+from vitkit.kernels.autotune import EXPLICIT_MARGIN
 from vitkit.layers import MultiHeadSelfAttention
-from vitkit.layers.attention_autotune import EXPLICIT_MARGIN, AutotuneKey, Autotuner, bucket
-from vitkit.layers.attention_kernels import autotune_report, explicit_attention, format_autotune_report, sdpa_attention
 
 DIM, HEADS, BATCH, TOKENS = 32, 4, 2, 10
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -192,6 +202,18 @@ def test_choices_round_trip_through_the_cache_file(tmp_path: Path, monkeypatch: 
     assert len(entries) == 2 and sum(text.startswith("torch 0.0.0-other") for text in entries) == 1
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_as_cache_file_is_refused_without_blocking_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "autotune.fifo"
+    os.mkfifo(path)
+    tuner, kernels = fake_tuner(2e-3, 1e-3)
+    tuner.set_cache_path(path)
+    with pytest.warns(UserWarning, match="is not a regular file"):  # reading a FIFO would block forever
+        assert tuner.choose(*qk(), masked=False, dropout_p=0.0, scale=0.5) == "explicit"
+    assert kernels.calls["explicit"] > 0
+    assert stat.S_ISFIFO(os.stat(path).st_mode)  # not replaced by the measured choices
+
+
 def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_kept(tmp_path: Path) -> None:
     path = tmp_path / "autotune.json"
     path.write_text("{not json")
@@ -235,10 +257,31 @@ def test_pinned_kernel_and_environment_variable_bypass_measurement(
     assert kernels.calls == Counter() and autotune_report() == []
 
 
-def test_an_unknown_kernel_in_the_environment_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_kernel_in_the_environment_is_a_clear_error_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(attention_kernels.IMPL_ENV, "flash")
     with pytest.raises(VitkitError, match="VITKIT_ATTN_IMPL='flash' is not an attention kernel; use one of auto"):
-        MultiHeadSelfAttention(DIM, HEADS)(torch.randn(BATCH, TOKENS, DIM))
+        MultiHeadSelfAttention(DIM, HEADS)
+
+
+def test_the_environment_pin_is_read_once_when_the_module_is_built(
+    use_tuner, module_calls: Counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernels = use_tuner(2e-3, 1e-3)  # the autotuner would choose explicit
+    monkeypatch.setenv(attention_kernels.IMPL_ENV, "sdpa")
+    msa = MultiHeadSelfAttention(DIM, HEADS)
+    monkeypatch.setattr(attention_kernels.os, "environ", {})  # reading the environment now would see no pin
+    msa(torch.randn(BATCH, TOKENS, DIM))
+    assert msa.kernel_policy == "sdpa" and module_calls == Counter(sdpa=1) and kernels.calls == Counter()
+
+
+def test_keys_asked_inside_a_recording_are_collected(use_tuner) -> None:
+    use_tuner(2e-3, 1e-3)
+    msa = MultiHeadSelfAttention(DIM, HEADS)
+    msa(torch.randn(BATCH, TOKENS, DIM))  # outside: not recorded
+    with attention_kernels.AUTOTUNER.recording() as asked:
+        msa(torch.randn(BATCH, TOKENS, DIM))
+        msa(torch.randn(BATCH, 3 * TOKENS, DIM))
+    assert sorted(key.queries for key in asked) == [8, 32]
 
 
 @pytest.mark.parametrize("faster", ["sdpa", "explicit"])
@@ -298,7 +341,7 @@ def test_measuring_inside_an_activation_checkpoint_gives_the_plain_gradients(use
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     for block in model.blocks:
-        block.attn.attn_impl = "auto"
+        block.attn.kernel_policy = "auto"
     model.set_grad_checkpointing(True)
     model(images).square().sum().backward()
     assert autotune_report()[0]["training"] is True

@@ -1,0 +1,82 @@
+"""File helpers every floor of vitkit uses (no vitkit imports): atomic writes (a full disk named as
+such, whatever library wrote) and reads that
+refuse anything but a regular file (a FIFO or device named by mistake must not block or be replaced)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then rename it
+    over ``path``: a crash leaves either the old file or the new one, never a truncated one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        try:
+            write(tmp)
+        except (RuntimeError, SafetensorError) as error:  # torch.save and safetensors wrap the OS error
+            if _disk_full(error, path.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
+            raise
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual mode
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether a library's write ``error`` means the disk is full: its message (or a cause's) says
+    so (``os error 28``, torch's "file write failed"), or the folder's filesystem has no space left."""
+    texts = []
+    while error is not None:
+        texts.append(str(error))
+        error = error.__cause__ or error.__context__
+    if any("No space left" in text or "os error 28" in text for text in texts):
+        return True
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 1 << 20  # under 1 MiB free
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def read_regular_text(path: str | os.PathLike) -> str:
+    """The text of ``path``, which must be a regular file.
+
+    The file is opened without blocking and checked on the open descriptor (no window between a
+    check and the open): a FIFO would otherwise block the reader forever, a device stream forever.
+
+    Raises:
+        OSError: ``path`` is missing, unreadable or not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            fd = -1  # the handle owns it now
+            return handle.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
