@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,7 +45,11 @@ IMPLS = ("vitkit", "timm")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring's layout kept, every option's default shown."""
+    """The docstring's layout kept, every option's default shown, and a long default (a model spec)
+    kept whole so that it can be copied: lines break between words only."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
 
 
 def summary(module: str) -> str:
