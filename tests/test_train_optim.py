@@ -68,3 +68,11 @@ def test_fused_updates_equal_the_foreach_implementation() -> None:
     # the steps moved the weights (Adam moves each by about lr a step, in random directions here)
     for a, b in zip(fused_model.parameters(), start.parameters()):
         assert (a - b).abs().mean() > 1e-3
+
+
+def test_allow_fused_false_builds_the_foreach_optimizer() -> None:
+    """Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients, so the
+    training module asks for the foreach step then (test_train_run's bf16 run trains with clipping)."""
+    model = vitkit.create_model("vit_cifar_tiny", depth=1, embed_dim=16, num_heads=2)
+    optimizer = build_optimizer(model, OptimConfig(), allow_fused=False)
+    assert not any(group["fused"] for group in optimizer.param_groups)

@@ -104,7 +104,11 @@ class ViTClassifier(L.LightningModule):
         self._evaluate(batch, "test")
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, self.optim_config)
+        # Lightning's mixed-precision plugin refuses to clip the gradients of a fused optimizer
+        # (it assumes the optimizer unscales them itself), so clipping runs use the foreach step.
+        mixed = "mixed" in str(self.trainer.precision)
+        allow_fused = not (mixed and self.optim_config.clip_grad is not None)
+        optimizer = build_optimizer(self.model, self.optim_config, allow_fused=allow_fused)
         total_steps = int(self.trainer.estimated_stepping_batches)
         warmup_steps = round(self.optim_config.warmup_epochs * total_steps / max(1, self.trainer.max_epochs))
         scheduler = warmup_cosine(

@@ -36,15 +36,15 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in devices for p in params)
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, config: OptimConfig, *, allow_fused: bool = True) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`, fused (one kernel over all parameters) wherever torch supports
-    it, else torch's default multi-tensor (foreach) implementation.
+    it and ``allow_fused``, else torch's default multi-tensor (foreach) implementation.
 
     The fused step applies the same update as the foreach one to float rounding (tested), in a
     fraction of its time (the README's benchmark section has the measurement).
     """
     groups = param_groups(model, config.weight_decay)
-    fused = fused_supported([p for group in groups for p in group["params"]])
+    fused = allow_fused and fused_supported([p for group in groups for p in group["params"]])
     return torch.optim.AdamW(
         groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=True if fused else None
     )
