@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 import vitkit
+from vitkit.io import load_model_and_extra
 from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
 from vitkit.prune.report import markdown_table
-from vitkit.train import load_for_inference
 
 TINY_DATA = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 0.1, "test_fraction": 0.1}
 
@@ -50,7 +50,7 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
     assert summary["test_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.test))
     assert summary["val_acc"][0] == pytest.approx(evaluate_accuracy(model, splits.val))
     assert summary["test_images"] == [len(splits.test.dataset)] * 2  # the whole test split without --max-batches
-    pruned, saved_extra = load_for_inference(out / "pruned.safetensors")
+    pruned, saved_extra = load_model_and_extra(out / "pruned.safetensors")
     assert pruned.heads_per_layer() == [0, 0]
     assert saved_extra["recipe"] == "tiny" and saved_extra["pruning"]["heads_per_layer"] == [0, 0]
 
