@@ -21,9 +21,9 @@ from safetensors.torch import save_file
 
 from .errors import VitkitError
 from .files import atomic_write
-from .models.config import MAX_IMG_SIDE, ViTConfig
+from .models.config import ViTConfig
 from .models.vision_transformer import VisionTransformer
-from .schema import ConfigError, FieldError, bounds, check_value, describe
+from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
 
 FORMAT_KEY = "vitkit_format"
 CONFIG_KEY = "vitkit_config"
