@@ -19,7 +19,7 @@ import torch
 from cifar_files import dump, fabricate_cifar10
 from matplotlib import colormaps
 from PIL import Image
-from test_explain_tools import save_tiny, tiny_shapes_model
+from tiny_models import save_tiny, tiny_shapes_model
 
 import vitkit
 from vitkit.cli.explain_io import FigureNameError, figure_names

@@ -25,9 +25,8 @@ from mnist_files import fabricate_mnist, write_idx
 from PIL import Image
 from safetensors import SafetensorError
 from safetensors.torch import save_file
-from test_explain_tools import save_tiny, tiny_shapes_model
-from test_faults import short_recipe, snapshot
-from tiny_runs import ROOT, tool_env
+from tiny_models import save_tiny, tiny_shapes_model
+from tiny_runs import ROOT, short_recipe, snapshot, tool_env
 
 import vitkit
 import vitkit.data.arrays as arrays_module
