@@ -468,7 +468,7 @@ def test_d17_a_full_disk_is_named_whatever_the_library_raises(tmp_path: Path, mo
             raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing "
                                "file data/0: file write failed")
         monkeypatch.setattr("vitkit.train.checkpoint.torch.save", fail)
-        monkeypatch.setattr("vitkit.io._disk_full", lambda error, folder: "file write failed" in str(error))
+        monkeypatch.setattr("vitkit.files._disk_full", lambda error, folder: "file write failed" in str(error))
         write = lambda: AtomicCheckpointIO().save_checkpoint({"x": torch.zeros(1)}, tmp_path / "last.ckpt")  # noqa: E731
     else:
         def fail(*args: object, **kwargs: object) -> None:
