@@ -118,7 +118,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("prune", "vitkit/evaluation.py", "hits1 += round(float(acc1) * size / 100)",
              "hits1 += size - round(float(acc1) * size / 100)",
              ("tests/test_prune_results.py", "tests/test_evaluation.py"), "accuracy counts the wrong predictions"),
-    Mutation("io", "vitkit/train/checkpoint.py", "return torch.load(path, map_location=map_location, weights_only=True)",
+    Mutation("io", "vitkit/io.py", "return torch.load(path, map_location=map_location, weights_only=True)",
              "return torch.load(path, map_location=map_location, weights_only=False)",
              ("tests/test_train_config.py",), "checkpoints unpickled"),
 )

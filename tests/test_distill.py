@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_train_run import SHORT, tiny_recipe
+from tiny_runs import SHORT, tiny_recipe
 from torch import nn
 
 from vitkit.io import save_model

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_options_effect import Recorder
-from test_train_run import SHORT, tiny_recipe
+from tiny_runs import SHORT, Recorder, tiny_recipe
 
 from vitkit.train import load_checkpoint, train
 

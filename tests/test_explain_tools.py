@@ -12,27 +12,16 @@ import pytest
 import timm
 import torch
 from PIL import Image
+from tiny_models import save_tiny, tiny_shapes_model
 
 import vitkit
 from vitkit.cli.explain_io import load_explained_model
-from vitkit.data import shapes_info
 from vitkit.output_dirs import MARKER
-
-TINY_SHAPES = {"name": "shapes", "img_size": 32, "num_workers": 0, "shapes_num_samples": 60, "test_fraction": 0.2}
 
 
 def tool_main(name: str) -> Callable[[list[str]], int]:
     """The ``main(argv)`` of ``tools/<name>.py`` (``vitkit.cli.<name>``)."""
     return importlib.import_module(f"vitkit.cli.{name}").main
-
-
-def tiny_shapes_model() -> vitkit.VisionTransformer:
-    return vitkit.create_model("vit_cifar_tiny", patch_size=8, embed_dim=24, depth=2, num_heads=3, num_classes=6).eval()
-
-
-def save_tiny(model: vitkit.VisionTransformer, path: Path) -> Path:
-    extra = {**shapes_info(32).to_extra(), "data_config": TINY_SHAPES}
-    return vitkit.save_model(model, path, extra=extra)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ with nothing lost or overwritten. Tiny ViTs on 8x8 digits, a few steps each."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from tiny_runs import ROOT, SHORT, tiny_recipe, tool_env, write_tiny_recipe
+from tiny_runs import ROOT, SHORT, short_recipe, snapshot, tool_env, write_tiny_recipe
 
 from vitkit.errors import VitkitError
 from vitkit.train import (
@@ -33,25 +32,6 @@ from vitkit.train import (
     train,
 )
 from vitkit.train.checkpoint import AtomicCheckpointIO
-
-
-def short_recipe(out_dir: Path, **trainer: object) -> dict:
-    """:func:`tiny_recipe` limited to a few steps."""
-    return tiny_recipe(out_dir, **{**SHORT, **trainer})
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every path under ``folder`` with the hash of its bytes (links by their target)."""
-    state = {}
-    for path in sorted(folder.rglob("*")):
-        key = str(path.relative_to(folder))
-        if path.is_symlink():
-            state[key] = f"-> {os.readlink(path)}"
-        elif path.is_file():
-            state[key] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            state[key] = "dir"
-    return state
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import torch
 from cifar_files import dump, fabricate_cifar10
 from matplotlib import colormaps
 from PIL import Image
-from test_explain_tools import save_tiny, tiny_shapes_model
+from tiny_models import save_tiny, tiny_shapes_model
 
 import vitkit
 from vitkit.cli.explain_io import FigureNameError, figure_names
@@ -36,8 +36,8 @@ from vitkit.data import (
 )
 from vitkit.data.images import check_image
 from vitkit.data.transforms import build_eval_transform
+from vitkit.io import load_model_and_extra
 from vitkit.output_dirs import MARKER
-from vitkit.train import load_for_inference
 
 
 def _save(path: Path, mode: str = "RGB", size: tuple[int, int] = (12, 10), value: int = 128) -> Path:
@@ -305,7 +305,8 @@ def test_figure_title_names_prediction_and_true_class_with_layer_note_and_color_
     out = tmp_path / "maps"
     argv = ["--checkpoint", str(shapes_checkpoint), str(image), "--test-images", "1", "--out", str(out), "--layer", "0"]
     assert tool.main(argv) == 0
-    model, extra = load_for_inference(shapes_checkpoint)
+    model, extra = load_model_and_extra(shapes_checkpoint)
+    model.eval()
     info = DataInfo.from_extra(extra)
     with torch.no_grad():
         probabilities = model(build_eval_transform(info)(load_image(image, 3))[None]).softmax(-1)[0]

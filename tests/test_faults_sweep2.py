@@ -25,9 +25,8 @@ from mnist_files import fabricate_mnist, write_idx
 from PIL import Image
 from safetensors import SafetensorError
 from safetensors.torch import save_file
-from test_explain_tools import save_tiny, tiny_shapes_model
-from test_faults import short_recipe, snapshot
-from tiny_runs import ROOT, tool_env
+from tiny_models import save_tiny, tiny_shapes_model
+from tiny_runs import ROOT, short_recipe, snapshot, tool_env
 
 import vitkit
 import vitkit.data.arrays as arrays_module
@@ -36,10 +35,10 @@ from vitkit.data import CifarFileError, DataConfig, build_datasets
 from vitkit.data.arrays import ResizeMemoryError, resize_images
 from vitkit.data.cifar import read_pickle
 from vitkit.data.mnist import IMAGES_MAGIC, IdxFileError, read_idx
-from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError
+from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError, load_model_and_extra
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold
 from vitkit.prune import prune_heads
-from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_for_inference, load_recipe, train
+from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_recipe, train
 from vitkit.train.artifacts import write_json
 from vitkit.train.checkpoint import AtomicCheckpointIO
 from vitkit.train.schema import RecipeError
@@ -381,7 +380,7 @@ def test_d8_bad_extra_metadata_is_one_error(tmp_path: Path, extra: dict, words: 
 def test_d8_d9_a_model_saved_without_extra_loads_and_tools_say_what_is_missing(tmp_path: Path, capsys,
                                                                                 load_tool) -> None:
     path = vitkit.save_model(_tiny_model(), tmp_path / "m.safetensors")  # the README's own call
-    model, extra = load_for_inference(path)
+    model, extra = load_model_and_extra(path)
     assert extra == {} and model.num_classes == 6
     assert load_tool("evaluate").main([str(path)]) == 2
     assert "names no dataset" in _one_error_line(capsys.readouterr().err)
@@ -406,7 +405,7 @@ def test_d10_a_damaged_training_checkpoint_is_one_error(finished: RunResult, tmp
         checkpoint["hyper_parameters"]["extra"]["class_names"] = ["only one"]
     torch.save(checkpoint, tmp_path / "x.ckpt")
     with pytest.raises(CheckpointError):
-        load_for_inference(tmp_path / "x.ckpt")
+        vitkit.load_model(tmp_path / "x.ckpt")
 
 
 # --- D12: huge integers --------------------------------------------------------------------------

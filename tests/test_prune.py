@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import DEPTH, DIM, HEADS, tiny_model, toy_batches
 
 import vitkit
 from vitkit.models import count_parameters, vit_flops
@@ -24,22 +25,6 @@ from vitkit.prune import (
     within_budget,
 )
 from vitkit.prune.iterative import PruningStep
-
-DEPTH, HEADS, DIM = 2, 4, 16
-
-
-def tiny_model() -> vitkit.VisionTransformer:
-    return vitkit.create_model(
-        "vit_cifar_tiny", img_size=8, patch_size=4, embed_dim=DIM, depth=DEPTH, num_heads=HEADS, num_classes=3
-    ).eval()
-
-
-def toy_batches(count: int = 2, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(1)
-    return [
-        (torch.randn(batch, 3, 8, 8, generator=generator), torch.randint(0, 3, (batch,), generator=generator))
-        for _ in range(count)
-    ]
 
 
 def gates_off(model: vitkit.VisionTransformer, heads: dict[int, list[int]]) -> list[torch.Tensor]:

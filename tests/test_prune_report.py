@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_prune import tiny_model, toy_batches
+from tiny_models import tiny_model, toy_batches
 
 import vitkit
 from vitkit.data import DataConfig, build_datasets

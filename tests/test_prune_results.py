@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_prune import DEPTH, HEADS, tiny_model, toy_batches
+from tiny_models import DEPTH, HEADS, tiny_model, toy_batches
 from torch import nn
 
 from vitkit.prune import head_importance, iterative_pruning, redundancy_test

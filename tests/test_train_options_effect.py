@@ -10,11 +10,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
-from test_train_run import SHORT, tiny_recipe
+from tiny_runs import SHORT, Recorder, tiny_recipe
 
 from vitkit.data import AugmentConfig, build_train_transform
 from vitkit.data.info import DataInfo
@@ -23,37 +22,6 @@ from vitkit.train import OptimConfig, train
 from vitkit.train.module import build_criterion
 
 pytestmark = pytest.mark.slow
-
-
-class Recorder(L.Callback):
-    """Records, for every training batch, what the options should have changed."""
-
-    def __init__(self) -> None:
-        self.activation_dtypes: list[torch.dtype] = []
-        self.weights: list[torch.Tensor] = []
-        self.ema_weights: list[torch.Tensor] = []
-        self.lrs: list[float] = []
-        self._handle: Any = None
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        def hook(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> None:
-            if module.training:
-                self.activation_dtypes.append(output.dtype)
-
-        self._handle = pl_module.model.blocks[0].attn.qkv.register_forward_hook(hook)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        # Callbacks run before the module's own hook, which updates the EMA: record the weights
-        # the EMA is about to average in.
-        self.weights.append(pl_module.model.head.weight.detach().clone())
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._handle.remove()
-        if pl_module.ema is not None:
-            self.ema_weights.append(pl_module.ema.module.head.weight.detach().clone())
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])

@@ -1,13 +1,18 @@
 """A tiny training recipe (a 2-block ViT on 8x8 digits) and helpers to run the tools on it, for
-tests (imported by test modules)."""
+tests (imported by test modules): a short-run recipe, a snapshot of a folder's bytes and a
+callback that records what each training step saw."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import lightning as L
+import torch
 import yaml
 
 ROOT = Path(__file__).parent.parent
@@ -45,3 +50,53 @@ def run_tool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python <args>`` from the repository root, output captured."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=tool_env(),
                           cwd=ROOT)
+
+
+def short_recipe(out_dir: Path, **trainer: object) -> dict:
+    """:func:`tiny_recipe` limited to a few steps."""
+    return tiny_recipe(out_dir, **{**SHORT, **trainer})
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every path under ``folder`` with the hash of its bytes (links by their target)."""
+    state = {}
+    for path in sorted(folder.rglob("*")):
+        key = str(path.relative_to(folder))
+        if path.is_symlink():
+            state[key] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            state[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            state[key] = "dir"
+    return state
+
+
+class Recorder(L.Callback):
+    """Records, for every training batch, what the options should have changed."""
+
+    def __init__(self) -> None:
+        self.activation_dtypes: list[torch.dtype] = []
+        self.weights: list[torch.Tensor] = []
+        self.ema_weights: list[torch.Tensor] = []
+        self.lrs: list[float] = []
+        self._handle: Any = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        def hook(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> None:
+            if module.training:
+                self.activation_dtypes.append(output.dtype)
+
+        self._handle = pl_module.model.blocks[0].attn.qkv.register_forward_hook(hook)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        # Callbacks run before the module's own hook, which updates the EMA: record the weights
+        # the EMA is about to average in.
+        self.weights.append(pl_module.model.head.weight.detach().clone())
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._handle.remove()
+        if pl_module.ema is not None:
+            self.ema_weights.append(pl_module.ema.module.head.weight.detach().clone())

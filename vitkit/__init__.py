@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from . import data, explain, layers, prune, train
     from .errors import VitkitError
     from .inference import Prediction, predict
-    from .io import load_model, save_model
+    from .io import load_model, load_model_and_extra, save_model
     from .models import VisionTransformer, ViTConfig, create_model, from_timm, list_models, to_timm_state_dict
 
 __version__ = "0.1.0"
@@ -28,6 +28,7 @@ _ATTRIBUTES = {
     "from_timm": "models",
     "list_models": "models",
     "load_model": "io",
+    "load_model_and_extra": "io",
     "predict": "inference",
     "save_model": "io",
     "to_timm_state_dict": "models",
@@ -43,6 +44,7 @@ __all__ = [
     "from_timm",
     "list_models",
     "load_model",
+    "load_model_and_extra",
     "predict",
     "save_model",
     "to_timm_state_dict",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -19,7 +18,7 @@ from PIL import Image
 from .data import DataInfo, build_eval_transform, load_image
 from .data.images import convert_channels
 from .errors import VitkitError
-from .io import read_model_file
+from .io import load_model_and_extra
 from .models import VisionTransformer
 
 #: What :func:`predict` reads as one image.
@@ -46,16 +45,7 @@ def load_predictor(path: str | os.PathLike) -> tuple[VisionTransformer, DataInfo
         PredictionError: the file records no preprocessing (written by ``save_model`` without
             ``extra=DataInfo.to_extra()``).
     """
-    path = Path(path)
-    if path.suffix == ".ckpt":
-        # Training checkpoints are read by vitkit.train (which imports Lightning): only for them.
-        from .train import load_for_inference
-
-        model, extra = load_for_inference(path)
-    else:
-        config, state, extra = read_model_file(path)
-        model = VisionTransformer(config)
-        model.load_weights(state, source_grid=config.grid_size)
+    model, extra = load_model_and_extra(path)
     try:
         return model.eval(), DataInfo.from_extra(extra)
     except KeyError as error:

@@ -1,9 +1,17 @@
-"""Model files: safetensors weights plus a JSON config, no pickle."""
+"""Model files: safetensors weights plus a JSON config, and training checkpoints, read without
+unpickling code and without Lightning.
+
+:func:`load_model` is the one loader: it reads a ``.safetensors`` file written by :func:`save_model`
+or a Lightning ``.ckpt`` written by a training run (``torch.load(weights_only=True)``: tensors and
+plain containers only), through one validation path (:func:`check_extra`,
+:func:`check_tensor_shapes`) before any weight is copied.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,19 +19,31 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from .errors import VitkitError
 from .files import atomic_write
-from .models.config import MAX_IMG_SIDE, ViTConfig
+from .models.config import ViTConfig
 from .models.vision_transformer import VisionTransformer
-from .schema import ConfigError, FieldError, bounds, check_value, describe
+from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
 
 FORMAT_KEY = "vitkit_format"
 CONFIG_KEY = "vitkit_config"
 EXTRA_KEY = "vitkit_extra"
 FORMAT_VERSION = "1"
+#: State-dict prefixes of the trained weights and of their EMA inside a training checkpoint.
+MODEL_PREFIX = "model."
+EMA_PREFIX = "ema.module."
 
 
 class ModelFileError(ConfigError):
     """A model file that is not a readable vitkit model (the message names the file)."""
+
+
+class UnsafeCheckpointError(VitkitError, pickle.UnpicklingError):
+    """A checkpoint holds pickled objects that could run code; it is not loaded."""
+
+
+class CheckpointError(VitkitError, ValueError):
+    """A checkpoint is unreadable (truncated, not a checkpoint) or does not fit the recipe."""
 
 
 def save_model(model: VisionTransformer, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
@@ -187,11 +207,87 @@ def _json_object(text: str, key: str, path: Path) -> dict[str, Any]:
     return value
 
 
-def load_model(path: str | os.PathLike, **overrides: Any) -> VisionTransformer:
-    """Rebuild a model saved by :func:`save_model`. ``overrides`` change fields that keep the
-    weights' shapes (``attn_impl``, ``drop_path_rate``, ``dynamic_img_size``) or ``img_size``, for
-    which the position embedding is resampled bicubically. Never unpickles anything."""
-    config, state, _ = read_model_file(path)
+def read_model(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """``(config, state_dict, extra)`` of a vitkit ``.safetensors`` model file
+    (:func:`read_model_file`) or a training ``.ckpt`` (:func:`read_training_checkpoint`).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ModelFileError, CheckpointError, UnsafeCheckpointError: unreadable or invalid; the message names the file.
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        return read_model_file(path)
+    if path.suffix == ".ckpt":
+        return read_training_checkpoint(path)
+    raise CheckpointError(f"{path}: expected a .safetensors model file or a training .ckpt checkpoint.")
+
+
+def load_model_and_extra(path: str | os.PathLike, **overrides: Any) -> tuple[VisionTransformer, dict[str, Any]]:
+    """The model of :func:`load_model` and the ``extra`` metadata saved with it (normalisation,
+    class names, image size, the training data options; ``DataInfo.from_extra(extra)`` gives the
+    preprocessing)."""
+    config, state, extra = read_model(path)
     model = VisionTransformer(config.replace(**overrides))
     model.load_weights(state, source_grid=config.grid_size)
-    return model
+    return model, extra
+
+
+def load_model(path: str | os.PathLike, **overrides: Any) -> VisionTransformer:
+    """Rebuild a model from a ``.safetensors`` file written by :func:`save_model` or from a training
+    ``.ckpt`` (EMA weights when the run kept them). ``overrides`` change fields that keep the
+    weights' shapes (``attn_impl``, ``drop_path_rate``, ``dynamic_img_size``) or ``img_size``, for
+    which the position embedding is resampled bicubically. Never unpickles code and never imports
+    Lightning."""
+    return load_model_and_extra(path, **overrides)[0]
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)`` with clear errors for a missing or unsafe file.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        UnsafeCheckpointError: the file pickles something other than tensors and plain containers.
+        CheckpointError: the file is truncated or not a PyTorch checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist.")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it contains pickled objects other than tensors and plain Python "
+            f"containers ({_first_line(error)}). vitkit checkpoints never do, so the file was not written by "
+            "vitkit or has been tampered with; it is not loaded because unpickling it could run arbitrary code."
+        ) from None
+    except (RuntimeError, EOFError, KeyError, ValueError) as error:
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch checkpoint: it is truncated or corrupt ({_first_line(error)}); "
+            "use another checkpoint of the run (checkpoints/last.ckpt or best.ckpt)."
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def read_training_checkpoint(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Config, weights (EMA when kept) and ``extra`` of a training checkpoint (the ``vit_config``
+    and ``extra`` hyper-parameters and the ``state_dict`` Lightning writes), validated as a model
+    file's are (:func:`check_extra`, :func:`check_tensor_shapes`)."""
+    path = Path(path)
+    checkpoint = load_checkpoint(path)
+    hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    weights = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(hparams, dict) or not isinstance(hparams.get("vit_config"), dict) or not isinstance(weights, dict):
+        raise CheckpointError(f"{path} is not a vitkit training checkpoint (no model config in its hyper-parameters).")
+    source = f"the hyper-parameters of checkpoint {path}"
+    config = ViTConfig.from_dict(hparams["vit_config"], source=source, error=CheckpointError)
+    extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)
+    prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
+    state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
+    shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
+    check_tensor_shapes(config, shapes, f"checkpoint {path}", CheckpointError)
+    return config, state, extra

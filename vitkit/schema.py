@@ -31,6 +31,12 @@ import yaml
 
 from .errors import VitkitError
 
+#: Image channels vitkit's data pipeline produces and its models take: grayscale or RGB.
+Channels = Literal[1, 3]
+#: The largest image side (and patch side, crop padding) any config accepts: generous but finite,
+#: checked before anything is allocated.
+MAX_IMG_SIDE = 4096
+
 #: A YAML document may expand (aliases counted at every use) to at most this many nodes.
 MAX_YAML_NODES = 100_000
 

@@ -24,9 +24,9 @@ from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_
 from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
 from ..data.images import convert_channels, describe_conversion
 from ..errors import UsageError, VitkitError
+from ..io import load_checkpoint, load_model_and_extra
 from ..models import VisionTransformer, from_timm
 from ..models.timm_interop import pretrained_preprocessing
-from ..train import load_checkpoint, load_for_inference
 from ..train.evaluate import datasets_for
 
 
@@ -72,7 +72,8 @@ def load_explained_model(
     replace those values, and ``extra["preprocessing"]`` says where they came from.
     """
     if checkpoint is not None:
-        return load_for_inference(checkpoint)
+        model, extra = load_model_and_extra(checkpoint)
+        return model.eval(), extra
     if model_name is None or timm_weights is None:
         raise UsageError("give either a vitkit checkpoint, or a model name together with a timm weights file.")
     path = Path(timm_weights)

@@ -24,9 +24,10 @@ from vitkit import VisionTransformer
 from vitkit.errors import UsageError
 from vitkit.explain import evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
+from vitkit.io import load_model_and_extra
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune.report import markdown_table, write_csv
-from vitkit.train import load_for_inference, train
+from vitkit.train import train
 from vitkit.train.evaluate import datasets_for
 
 from .main import run_command
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     checkpoint = args.checkpoint or train(args.recipe, args.overrides).run_dir / "model.safetensors"
-    model, extra = load_for_inference(checkpoint)
+    model, extra = load_model_and_extra(checkpoint)
+    model.eval()
     dataset = datasets_for(model, extra, args.data).test
     boxes = getattr(dataset, "boxes", None)
     if boxes is None:

@@ -37,6 +37,7 @@ import torch
 
 from vitkit import save_model
 from vitkit.evaluation import evaluate_model
+from vitkit.io import load_model_and_extra
 from vitkit.models import count_parameters, vit_flops
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import (
@@ -50,7 +51,6 @@ from vitkit.prune import (
 )
 from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
-from vitkit.train import load_for_inference
 from vitkit.train.artifacts import write_json
 from vitkit.train.evaluate import check_model_fits, data_config_for
 
@@ -61,7 +61,8 @@ def prune(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     out = claim_output_dir(args.out, "prune_heads")
-    model, extra = load_for_inference(args.checkpoint)
+    model, extra = load_model_and_extra(args.checkpoint)
+    model.eval()
     splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
     train, val, info = splits.train, splits.val, splits.info
     check_model_fits(model, info)

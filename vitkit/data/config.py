@@ -15,8 +15,7 @@ from typing import Any, Literal, get_args
 
 from timm.data import auto_augment
 
-from ..models.config import MAX_IMG_SIDE, Channels
-from ..schema import Config, FieldError, bounds
+from ..schema import MAX_IMG_SIDE, Channels, Config, FieldError, bounds
 
 CropMode = Literal["random_resized", "pad", "resize"]
 CROP_MODES: tuple[str, ...] = get_args(CropMode)

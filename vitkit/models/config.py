@@ -12,15 +12,11 @@ from ..layers.attention import AttentionOptions
 from ..layers.mlp import ActLayer
 from ..layers.patch_embed import conv_stem_reaches
 from ..layers.rope import RopeAxes, RopeKind
-from ..schema import Config, FieldError, bounds
+from ..schema import MAX_IMG_SIDE, Channels, Config, FieldError, bounds
 from .init import InitScheme
-
-#: Image channels vitkit's data pipeline produces: grayscale or RGB.
-Channels = Literal[1, 3]
 
 #: Generous but finite limits, checked before anything is allocated (ViT-22B, the largest ViT
 #: published, has 48 layers, width 6144, 48 heads: Dehghani et al. 2023, arXiv:2302.05442).
-MAX_IMG_SIDE = 4096
 MAX_DEPTH = 512
 MAX_EMBED_DIM = 16384
 MAX_HEADS = 1024

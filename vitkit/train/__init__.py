@@ -1,11 +1,13 @@
 """Training: recipes (validated YAML), a Lightning module and data module, atomic ``weights_only``
 checkpoints, run directories with metrics, curves and an exported model, and evaluation.
 
-``train(recipe, overrides, resume)`` runs a recipe; ``load_for_inference(path)`` rebuilds a trained
-model from ``model.safetensors`` or a ``.ckpt``; ``evaluate(path)`` measures its accuracy.
+``train(recipe, overrides, resume)`` runs a recipe; ``evaluate(path)`` measures a trained model's
+accuracy. ``vitkit.load_model(path)`` rebuilds a trained model from ``model.safetensors`` or a
+``.ckpt`` without Lightning (``load_for_inference`` is its deprecated alias).
 """
 
-from .checkpoint import AtomicCheckpointIO, CheckpointError, UnsafeCheckpointError, load_checkpoint, load_for_inference
+from ..io import CheckpointError, UnsafeCheckpointError, load_checkpoint
+from .checkpoint import AtomicCheckpointIO, load_for_inference
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
 from .evaluate import evaluate

@@ -5,15 +5,16 @@ beside the target that replaces it only once complete and synced (a crash mid-sa
 good file; the orphan temporary files of a killed save are removed at the next save or resume), and
 every load uses ``torch.load(weights_only=True)``, which refuses pickled objects other than tensors
 and plain containers. :func:`check_resumable` refuses a checkpoint that cannot continue a recipe
-(model, data, or any piece of the training state) before anything is written; :func:`load_for_inference` rebuilds the model from a ``.ckpt`` or an
-exported ``.safetensors`` file.
+(model, data, or any piece of the training state) before anything is written. Reading a checkpoint
+(:func:`~vitkit.io.load_checkpoint`) and rebuilding its model (:func:`vitkit.load_model`) live in
+:mod:`vitkit.io`, which needs no Lightning.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,54 +23,15 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
 from ..files import atomic_write
-from ..io import check_extra, check_tensor_shapes, read_model_file
-from ..models import VisionTransformer, ViTConfig
-from .module import EMA_PREFIX, MODEL_PREFIX, ViTClassifier, non_finite_tensors
+from ..io import CheckpointError, load_checkpoint, load_model_and_extra
+from ..models import VisionTransformer
+from .module import ViTClassifier, non_finite_tensors
 from .optim import build_optimizer
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
 #: Glob of the temporary files :func:`~vitkit.files.atomic_write` leaves behind when killed mid-save.
 ORPHAN_GLOB = ".*.ckpt.*.tmp"
-
-
-class UnsafeCheckpointError(VitkitError, pickle.UnpicklingError):
-    """A checkpoint holds pickled objects that could run code; it is not loaded."""
-
-
-class CheckpointError(VitkitError, ValueError):
-    """A checkpoint is unreadable (truncated, not a checkpoint) or does not fit the recipe."""
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """``torch.load(path, weights_only=True)`` with clear errors for a missing or unsafe file.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        UnsafeCheckpointError: the file pickles something other than tensors and plain containers.
-        CheckpointError: the file is truncated or not a PyTorch checkpoint.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist.")
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise UnsafeCheckpointError(
-            f"refusing to load {path}: it contains pickled objects other than tensors and plain Python "
-            f"containers ({_first_line(error)}). vitkit checkpoints never do, so the file was not written by "
-            "vitkit or has been tampered with; it is not loaded because unpickling it could run arbitrary code."
-        ) from None
-    except (RuntimeError, EOFError, KeyError, ValueError) as error:
-        raise CheckpointError(
-            f"{path} is not a readable PyTorch checkpoint: it is truncated or corrupt ({_first_line(error)}); "
-            "use another checkpoint of the run (checkpoints/last.ckpt or best.ckpt)."
-        ) from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def check_resumable(path: str | os.PathLike, module: ViTClassifier, dataset: str) -> None:
@@ -214,33 +176,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def load_for_inference(path: str | os.PathLike) -> tuple[VisionTransformer, dict[str, Any]]:
-    """The model in eval mode and its ``extra`` metadata, from a vitkit ``.safetensors`` file or a
-    training ``.ckpt`` (EMA weights when the run kept them). Never unpickles code."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        config, state, extra = read_model_file(path)
-    elif path.suffix == ".ckpt":
-        config, state, extra = _read_training_checkpoint(path)
-    else:
-        raise CheckpointError(f"{path}: expected a .safetensors model file or a training .ckpt checkpoint.")
-    model = VisionTransformer(config)
-    model.load_weights(state, source_grid=config.grid_size)
+    """Deprecated alias of :func:`vitkit.io.load_model_and_extra` (model in eval mode, ``extra``)."""
+    warnings.warn(
+        "vitkit.train.load_for_inference is deprecated; use vitkit.load_model (the model) or "
+        "vitkit.io.load_model_and_extra (the model and its metadata).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    model, extra = load_model_and_extra(path)
     return model.eval(), extra
-
-
-def _read_training_checkpoint(path: Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """Config, weights (EMA when kept) and ``extra`` of a training checkpoint, validated as a model
-    file's are (:func:`~vitkit.io.check_extra`, :func:`~vitkit.io.check_tensor_shapes`)."""
-    checkpoint = load_checkpoint(path)
-    hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
-    weights = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
-    if not isinstance(hparams, dict) or not isinstance(hparams.get("vit_config"), dict) or not isinstance(weights, dict):
-        raise CheckpointError(f"{path} is not a vitkit training checkpoint (no model config in its hyper-parameters).")
-    source = f"the hyper-parameters of checkpoint {path}"
-    config = ViTConfig.from_dict(hparams["vit_config"], source=source, error=CheckpointError)
-    extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)
-    prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
-    state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
-    shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
-    check_tensor_shapes(config, shapes, f"checkpoint {path}", CheckpointError)
-    return config, state, extra

@@ -16,9 +16,9 @@ from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
 from ..data.info import MetadataError
 from ..errors import VitkitError
 from ..evaluation import default_device, evaluate_model
+from ..io import load_model_and_extra
 from ..models import VisionTransformer
 from .artifacts import write_json
-from .checkpoint import load_for_inference
 from .plots import plot_confusion_matrix
 from .schema import build, dotted_keys, merge, parse_overrides
 
@@ -47,7 +47,8 @@ def evaluate(
     """
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}.")
-    model, extra = load_for_inference(model_path)
+    model, extra = load_model_and_extra(model_path)
+    model.eval()
     bundle = datasets_for(model, extra, data_overrides)
     info = bundle.info
     scores = evaluate_model(model.to(default_device()), DataLoader(getattr(bundle, split), batch_size=batch_size))

@@ -23,9 +23,6 @@ from .distill import DistillationLoss
 from .optim import build_optimizer, warmup_cosine
 from .schema import build
 
-#: State-dict prefixes of the trained weights and of their EMA inside a checkpoint.
-MODEL_PREFIX = "model."
-EMA_PREFIX = "ema.module."
 #: How many recent losses a non-finite-loss error reports.
 LOSS_HISTORY = 8
 
