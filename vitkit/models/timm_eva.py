@@ -91,6 +91,22 @@ def eva_unsupported(model: Eva) -> list[str]:
     return [name for name, present in found.items() if present]
 
 
+def timm_geometry(model: nn.Module) -> dict[str, Any]:
+    """The :class:`ViTConfig` fields that timm's ``VisionTransformer`` and ``Eva`` store alike:
+    image and patch size, channels, classes, width, depth, heads and MLP ratio."""
+    block = model.blocks[0]
+    return dict(
+        img_size=tuple(model.patch_embed.img_size),
+        patch_size=tuple(model.patch_embed.patch_size),
+        in_chans=model.patch_embed.proj.in_channels,
+        num_classes=model.num_classes,
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        num_heads=block.attn.num_heads,
+        mlp_ratio=block.mlp.fc1.out_features / model.embed_dim,
+    )
+
+
 def eva_config_and_state(model: Eva) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """:class:`ViTConfig` fields and the state dict, in timm ``VisionTransformer``'s key layout,
     of a timm Eva model.
@@ -100,14 +116,7 @@ def eva_config_and_state(model: Eva) -> tuple[dict[str, Any], dict[str, torch.Te
     block, rope = model.blocks[0], model.rope
     kind = "none" if rope is None else "mixed" if isinstance(rope, RotaryEmbeddingMixed) else "axial"
     values: dict[str, Any] = dict(
-        img_size=tuple(model.patch_embed.img_size),
-        patch_size=tuple(model.patch_embed.patch_size),
-        in_chans=model.patch_embed.proj.in_channels,
-        num_classes=model.num_classes,
-        embed_dim=model.embed_dim,
-        depth=len(model.blocks),
-        num_heads=block.attn.num_heads,
-        mlp_ratio=block.mlp.fc1.out_features / model.embed_dim,
+        **timm_geometry(model),
         qkv_bias=block.attn.qkv.bias is not None or getattr(block.attn, "q_bias", None) is not None,
         qk_norm=not isinstance(block.attn.q_norm, nn.Identity),
         class_token=model.cls_token is not None,

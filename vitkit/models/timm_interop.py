@@ -31,7 +31,15 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from .config import ViTConfig
 from .registry import MODEL_CONFIGS
-from .timm_eva import eva_config_and_state, eva_state_dict, eva_twin, eva_unsupported, is_eva, is_eva_state_dict
+from .timm_eva import (
+    eva_config_and_state,
+    eva_state_dict,
+    eva_twin,
+    eva_unsupported,
+    is_eva,
+    is_eva_state_dict,
+    timm_geometry,
+)
 from .vision_transformer import VisionTransformer
 
 PATCH_WEIGHT = "patch_embed.proj.weight"
@@ -196,14 +204,7 @@ def _config_from_timm_model(model: nn.Module) -> dict[str, Any]:
     """Hyper-parameters of a timm ``VisionTransformer`` instance (checked by :func:`refuse_unsupported`)."""
     block = model.blocks[0]
     return dict(
-        img_size=tuple(model.patch_embed.img_size),
-        patch_size=tuple(model.patch_embed.patch_size),
-        in_chans=model.patch_embed.proj.in_channels,
-        num_classes=model.num_classes,
-        embed_dim=model.embed_dim,
-        depth=len(model.blocks),
-        num_heads=block.attn.num_heads,
-        mlp_ratio=block.mlp.fc1.out_features / model.embed_dim,
+        **timm_geometry(model),
         qkv_bias=block.attn.qkv.bias is not None,
         qk_norm=not isinstance(block.attn.q_norm, nn.Identity),
         class_token=model.has_class_token,
