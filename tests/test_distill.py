@@ -11,12 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tiny_runs import SHORT, tiny_recipe
+from safetensors.torch import save_file
 from torch import nn
 
 from vitkit.io import save_model
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.train import RecipeError, load_recipe, train
-from vitkit.train.distill import TEACHER_FILE, DistillationLoss, freeze
+from vitkit.data import DataInfo
+from vitkit.train.config import TeacherConfig
+from vitkit.train.distill import TEACHER_FILE, DistillationLoss, build_teacher, freeze
 from vitkit.train.module import ViTClassifier
 
 CLASS_LOGITS = [[2.0, 0.0, 0.0], [0.0, 1.0, -1.0]]
@@ -108,6 +111,7 @@ def test_a_run_trains_a_timm_cnn_teacher_first_and_reports_it(tmp_path: Path) ->
     result = train(recipe)
     assert result.summary["teacher"] == "test_resnet"
     assert 0 <= result.summary["teacher_val_acc"] <= 100 and result.summary["teacher_train_s"] > 0
+    assert 0 <= result.summary["teacher_test_acc"] <= 100
     assert (result.run_dir / TEACHER_FILE).is_file()  # a resumed run distils from the same teacher
     assert result.summary["test_acc"] is not None
     resumed = train(recipe, ["trainer.max_epochs=2"], resume=result.run_dir / "checkpoints" / "last.ckpt")
@@ -124,7 +128,7 @@ def test_a_vitkit_model_file_teacher_must_fit_the_data(tmp_path: Path) -> None:
 
 
 def test_distill_recipe_section_is_checked_before_anything_runs() -> None:
-    with pytest.raises(RecipeError, match="distill.teacher .*must name exactly one"):
+    with pytest.raises(RecipeError, match="distill.teacher .*must name teacher.model"):
         load_recipe("recipes/fashion_mnist.yaml", ["distill.type=hard"])
     with pytest.raises(RecipeError, match="Did you mean 'resnet18'"):
         load_recipe("recipes/fashion_mnist.yaml", ["distill.type=hard", "distill.teacher.model=resnet81"])
@@ -149,3 +153,71 @@ def test_a_distilled_student_learns_labels_on_its_class_head_and_the_teacher_on_
     torch.testing.assert_close(module.training_step((images, labels), 0).detach(), expected, atol=1e-6, rtol=1e-5)
     module.eval()  # evaluation averages the two heads, as DeiT
     torch.testing.assert_close(module(images), (cls_logits + dist_logits) / 2, atol=1e-6, rtol=1e-5)
+
+
+FASHION_28PX = DataInfo(
+    num_classes=10, class_names=tuple(map(str, range(10))), img_size=(28, 28), in_chans=1, mean=(0.5,), std=(0.5,),
+    name="fashion_mnist",
+)
+
+
+def last_stage_map(teacher: nn.Module) -> tuple[int, ...]:
+    with torch.no_grad():
+        return tuple(teacher.eval().forward_features(torch.zeros(1, 1, 28, 28)).shape[1:])
+
+
+def test_the_small_input_stem_keeps_a_28px_image_at_4x4_in_the_last_stage_where_timms_stem_leaves_1x1() -> None:
+    # resnet18: stem stride 4, then stages of stride 1, 2, 2, 2: 28 -> 7 -> 7, 4, 2, 1 with timm's stem;
+    # with He et al.'s CIFAR stem (3x3 stride 1, no pooling): 28 -> 28, 14, 7, 4
+    assert last_stage_map(build_teacher(TeacherConfig(model="resnet18"), FASHION_28PX)) == (512, 1, 1)
+    teacher = build_teacher(TeacherConfig(model="resnet18", small_input_stem=True), FASHION_28PX)
+    assert last_stage_map(teacher) == (512, 4, 4)
+    assert (teacher.conv1.kernel_size, teacher.conv1.stride, teacher.conv1.in_channels) == ((3, 3), (1, 1), 1)
+    assert isinstance(teacher.maxpool, nn.Identity)
+    assert teacher.conv1.weight.is_contiguous(memory_format=torch.channels_last)  # oneDNN's fast layout
+
+
+def test_model_kwargs_reach_timm_and_a_narrow_resnet10_has_the_widths_asked_for() -> None:
+    config = TeacherConfig(
+        model="resnet18", small_input_stem=True,
+        model_kwargs={"layers": [1, 1, 1, 1], "channels": [16, 32, 64, 128], "stem_width": 16},
+    )
+    teacher = build_teacher(config, FASHION_28PX)
+    assert last_stage_map(teacher) == (128, 4, 4)
+    stages = [getattr(teacher, f"layer{i}") for i in range(1, 5)]
+    assert [len(stage) for stage in stages] == [1, 1, 1, 1]
+    assert [stage[0].conv2.out_channels for stage in stages] == [16, 32, 64, 128]
+
+
+def test_teacher_options_that_cannot_apply_are_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="small_input_stem needs a ResNet-style stem .* 'test_vit'"):
+        build_teacher(TeacherConfig(model="test_vit", small_input_stem=True), FASHION_28PX)
+    with pytest.raises(RecipeError, match="model_kwargs .* do not build timm's 'resnet18'"):
+        build_teacher(TeacherConfig(model="resnet18", model_kwargs={"widht": 3}), FASHION_28PX)
+    with pytest.raises(RecipeError, match="model_kwargs .*may not set in_chans"):
+        load_recipe("recipes/fashion_mnist.yaml", ["distill.type=hard", "distill.teacher.model=resnet18",
+                                                     "distill.teacher.model_kwargs={in_chans: 3}"])
+    path = save_model(tiny_vit(), tmp_path / "teacher.safetensors")
+    with pytest.raises(RecipeError, match="finished vitkit model"):
+        load_recipe("recipes/fashion_mnist.yaml", ["distill.type=hard", f"distill.teacher.file={path}",
+                                                     "distill.teacher.small_input_stem=true"])
+
+
+def test_a_timm_teacher_loads_another_runs_weights_after_its_names_and_shapes_are_checked(tmp_path: Path) -> None:
+    config = TeacherConfig(model="resnet18", small_input_stem=True, model_kwargs={"layers": [1, 1, 1, 1]})
+    trained = build_teacher(config, FASHION_28PX)
+    for value in trained.state_dict().values():
+        if value.is_floating_point():
+            value.normal_()  # weights no fresh build has
+    path = tmp_path / TEACHER_FILE
+    save_file({key: value.contiguous() for key, value in trained.state_dict().items()}, path)
+    loaded = build_teacher(config.replace(file=str(path)), FASHION_28PX)
+    for key, value in trained.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    with pytest.raises(RecipeError, match=r"holds no weights of the teacher .*layer1.1.conv1.weight missing"):
+        build_teacher(TeacherConfig(model="resnet18", small_input_stem=True, file=str(path)), FASHION_28PX)
+    with pytest.raises(RecipeError, match=r"conv1.weight \[64, 1, 3, 3\] \(wanted \[64, 1, 7, 7\]\)"):
+        build_teacher(config.replace(small_input_stem=False, file=str(path)), FASHION_28PX)
+    path.write_bytes(b"\x08" + bytes(7) + b"not json")
+    with pytest.raises(RecipeError, match="no readable safetensors file"):
+        build_teacher(config.replace(file=str(path)), FASHION_28PX)

@@ -206,13 +206,20 @@ class TrainerConfig(Config):
 
 @dataclass
 class TeacherConfig(Config):
-    """The teacher of a distilling run: a timm model trained first by the same command, or a
-    vitkit model file.
+    """The teacher of a distilling run: a timm model trained first by the same command, a timm
+    model with trained weights from a file, or a vitkit model file.
 
     Attributes:
         model: a timm model name (``resnet18``), built for the data (``pretrained=False``,
             ``in_chans`` and ``num_classes`` from the dataset) and trained for ``epochs`` first.
-        file: a vitkit model file (``save_model``, e.g. another run's ``model.safetensors``).
+        model_kwargs: more keyword arguments of ``timm.create_model`` (timm's ``--model-kwargs``), e.g.
+            ``{layers: [1, 1, 1, 1], channels: [16, 32, 64, 128], stem_width: 16}`` for a narrow ResNet-10.
+        small_input_stem: replace a ResNet's stem (``conv1`` 7x7 stride 2, then ``maxpool``) with one
+            3x3 stride-1 convolution and no pooling, as He et al.'s CIFAR ResNets (arXiv 1512.03385,
+            section 4.2): a 28-pixel image then reaches the last stage at 4x4, not 1x1.
+        file: a vitkit model file (``save_model``, e.g. another run's ``model.safetensors``); with
+            ``model``, the weights of that timm teacher (another run's ``teacher.safetensors``), so
+            several students distil from one teacher trained once.
         epochs: training epochs of a ``model`` teacher (AdamW, one-epoch warmup, cosine decay).
         lr: its peak learning rate.
         weight_decay: its AdamW weight decay.
@@ -220,6 +227,8 @@ class TeacherConfig(Config):
     """
 
     model: str | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    small_input_stem: bool = False
     file: str | None = None
     epochs: int = field(default=5, metadata=bounds(ge=1, le=MAX_EPOCHS))
     lr: float = field(default=2e-3, metadata=bounds(gt=0))
@@ -234,6 +243,16 @@ class TeacherConfig(Config):
             raise FieldError("model", f"is no timm model: {describe(self.model)}.{hint}")
         if self.file is not None and not Path(self.file).is_file():
             raise FieldError("file", f"does not exist: {describe(self.file)}.")
+        if self.file is not None and self.model is None and (self.model_kwargs or self.small_input_stem):
+            raise FieldError(
+                "file", "alone is a finished vitkit model: model_kwargs and small_input_stem only shape a timm teacher "
+                "(give teacher.model too, to load a timm teacher's weights from the file)."
+            )
+        reserved = {"pretrained", "num_classes", "in_chans"} & set(self.model_kwargs)
+        if reserved:
+            raise FieldError(
+                "model_kwargs", f"may not set {', '.join(sorted(reserved))}: the teacher is built untrained for the data."
+            )
 
 
 @dataclass
@@ -254,11 +273,12 @@ class DistillConfig(Config):
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
     def validate(self) -> None:
-        """A distilling run names exactly one teacher."""
-        if self.type != "none" and (self.teacher.model is None) == (self.teacher.file is None):
+        """A distilling run names its teacher."""
+        if self.type != "none" and self.teacher.model is None and self.teacher.file is None:
             raise FieldError(
                 "teacher",
-                f"must name exactly one of teacher.model (a timm model name) and teacher.file (a vitkit model file) "
+                f"must name teacher.model (a timm model name), teacher.file (a vitkit model file) or both (a timm "
+                f"teacher with another run's teacher.safetensors) "
                 f"for distill.type={self.type!r}.",
             )
 

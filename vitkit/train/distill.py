@@ -29,6 +29,7 @@ from typing import Any
 import timm
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -97,8 +98,10 @@ def freeze(teacher: nn.Module) -> nn.Module:
 
 def build_teacher(config: TeacherConfig, info: DataInfo) -> nn.Module:
     """The teacher ``config`` names, built for the data: a vitkit model file (checked against the
-    dataset's classes, channels and image size) or a fresh timm model (``pretrained=False``)."""
-    if config.file is not None:
+    dataset's classes, channels and image size) or a timm model (``pretrained=False``, with
+    ``model_kwargs``, and :func:`small_input_stem` when asked) in channels-last memory format,
+    untrained or with the weights of ``file`` (another run's ``teacher.safetensors``)."""
+    if config.file is not None and config.model is None:
         model = load_model(config.file)
         found = (model.config.num_classes, model.config.in_chans, tuple(model.config.img_size))
         wanted = (info.num_classes, info.in_chans, tuple(info.img_size))
@@ -109,14 +112,66 @@ def build_teacher(config: TeacherConfig, info: DataInfo) -> nn.Module:
                 f"{wanted[2][0]}x{wanted[2][1]} images; give a teacher trained on this dataset."
             )
         return model
-    return timm.create_model(config.model, pretrained=False, num_classes=info.num_classes, in_chans=info.in_chans)
+    try:
+        model = timm.create_model(
+            config.model, pretrained=False, num_classes=info.num_classes, in_chans=info.in_chans, **config.model_kwargs
+        )
+    except (TypeError, ValueError, AssertionError) as error:
+        raise RecipeError(
+            f"distill.teacher.model_kwargs {config.model_kwargs} do not build timm's {config.model!r}: {error}."
+        ) from None
+    if config.small_input_stem:
+        model = small_input_stem(model, config.model)
+    if config.file is not None:
+        load_teacher_weights(model, Path(config.file), config.model)
+    # convolutions run fastest on CPU (oneDNN) and GPU with NHWC activations; a no-op for other weights
+    return model.to(memory_format=torch.channels_last)
+
+
+def load_teacher_weights(teacher: nn.Module, path: Path, name: str) -> None:
+    """Load ``path`` (a safetensors file, e.g. a distilling run's ``teacher.safetensors``) into the
+    timm ``teacher``, after checking from the file's header alone that it holds exactly the
+    teacher's tensor names and shapes."""
+    try:
+        with safe_open(path, "pt") as handle:
+            found = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    except (SafetensorError, OSError) as error:
+        raise RecipeError(f"distill.teacher.file {path} is no readable safetensors file ({error}).") from None
+    wanted = {key: tuple(value.shape) for key, value in teacher.state_dict().items()}
+    problems = [f"{key} missing" for key in wanted if key not in found]
+    problems += [f"{key} unexpected" for key in found if key not in wanted]
+    problems += [f"{key} {list(found[key])} (wanted {list(shape)})" for key, shape in wanted.items()
+                 if key in found and found[key] != shape]
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise RecipeError(
+            f"distill.teacher.file {path} holds no weights of the teacher built from timm's {name!r} with these "
+            f"options ({shown}); give the model, model_kwargs and small_input_stem it was trained with."
+        )
+    teacher.load_state_dict(load_file(path))
+
+
+def small_input_stem(model: nn.Module, name: str) -> nn.Module:
+    """``model`` (a ResNet: ``conv1`` then ``maxpool``) with the CIFAR stem of He et al. 2016 (arXiv
+    1512.03385, section 4.2): ``conv1`` becomes a 3x3 stride-1 convolution of the same widths and
+    ``maxpool`` an identity, so the image keeps its resolution until the first strided stage."""
+    conv, pool = getattr(model, "conv1", None), getattr(model, "maxpool", None)
+    if not isinstance(conv, nn.Conv2d) or not isinstance(pool, nn.Module):
+        raise RecipeError(
+            f"distill.teacher.small_input_stem needs a ResNet-style stem (a conv1 convolution and a maxpool), which "
+            f"timm's {name!r} does not have; use a ResNet (resnet10t, resnet18, ...) or drop small_input_stem."
+        )
+    model.conv1 = nn.Conv2d(conv.in_channels, conv.out_channels, 3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
 
 
 def fit_teacher(
     teacher: nn.Module, config: TeacherConfig, datamodule: ViTDataModule, precision: str
 ) -> dict[str, Any]:
     """Train ``teacher`` in place for ``config.epochs`` on the training split (its augmentation),
-    AdamW with a one-epoch warmup and cosine decay; returns its validation accuracy and time."""
+    AdamW with a one-epoch warmup and cosine decay; returns its validation and test accuracy and
+    its training time."""
     started = time.perf_counter()
     loader = datamodule.loader(datamodule.bundle.train, config.batch_size, train=True)
     total = config.epochs * len(loader)
@@ -127,6 +182,7 @@ def fit_teacher(
     teacher.train()
     for epoch in range(config.epochs):
         for images, targets in loader:
+            images = images.contiguous(memory_format=torch.channels_last)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss = F.cross_entropy(teacher(images), targets)
             optimizer.zero_grad(set_to_none=True)
@@ -135,9 +191,13 @@ def fit_teacher(
             schedule.step()
         log.info("teacher epoch %d/%d: last batch loss %.4f", epoch + 1, config.epochs, loss.item())
     teacher.eval()
-    val = datamodule.loader(datamodule.bundle.val, 2 * config.batch_size, train=False)
-    accuracy = evaluate_model(teacher, val).top1 if len(datamodule.bundle.val) else math.nan
-    return {"teacher_val_acc": accuracy, "teacher_train_s": round(time.perf_counter() - started, 2)}
+    trained_s = round(time.perf_counter() - started, 2)
+    report = {"teacher_train_s": trained_s}
+    for split in ("val", "test"):
+        dataset = getattr(datamodule.bundle, split)
+        loader = datamodule.loader(dataset, 2 * config.batch_size, train=False)
+        report[f"teacher_{split}_acc"] = evaluate_model(teacher, loader).top1 if len(dataset) else math.nan
+    return report
 
 
 def prepare_teacher(
@@ -146,7 +206,8 @@ def prepare_teacher(
     """Make ``teacher`` (from :func:`build_teacher`) the frozen teacher of a distilling run and
     say what to report about it: a ``teacher.file`` as loaded, else the run's own
     ``teacher.safetensors`` (a resumed run), else trained now (and saved there)."""
-    report: dict[str, Any] = {"teacher": config.teacher.file or config.teacher.model}
+    named = [name for name in (config.teacher.model, config.teacher.file) if name is not None]
+    report: dict[str, Any] = {"teacher": " with weights ".join(named)}
     saved = run_dir / TEACHER_FILE
     run_dir.mkdir(parents=True, exist_ok=True)
     if config.teacher.file is None:
