@@ -143,6 +143,26 @@ def test_init_ablation_tool_trains_every_variant_per_seed(fmnist_root: Path, tmp
     assert all(f"| {label} | 2 |" in table for label in labels)
 
 
+def test_init_ablation_can_stop_early_in_the_recipes_own_schedule(fmnist_root: Path, tmp_path: Path,
+                                                                   load_tool) -> None:
+    tool = load_tool("init_ablation")
+    recipe = mnist_recipe(fmnist_root, tmp_path / "runs", limit_train_batches=4)
+    recipe["trainer"]["max_epochs"] = 4
+    recipe["optim"] = {**recipe.get("optim", {}), "lr": 1e-3, "warmup_epochs": 1, "min_lr": 1e-5}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "ablation"
+    assert tool.main([str(path), "--seeds", "0", "--no-parts", "--stop-after-epochs", "1", "--out", str(out),
+                      "trainer.log_every=1"]) == 0
+    rows = list(csv.DictReader(open(out / "runs.csv")))
+    assert {row["steps"] for row in rows} == {"4"}  # one epoch of 4 batches, of a 16-step schedule
+    metrics = next((out / "runs").glob("*/*/logs/version_0/metrics.csv"))
+    rates = [float(row["lr/pg1"]) for row in csv.DictReader(open(metrics)) if row.get("lr/pg1")]
+    # warm-up over the first epoch's 4 steps to 1e-3, then cosine over the 12 left: the last step
+    # trained at the peak, where max_epochs=1 would have decayed it to min_lr by then
+    assert rates[-1] == pytest.approx(1e-3)
+
+
 def test_init_override_reinitialises_only_its_part_before_training(fmnist_root: Path, tmp_path: Path,
                                                                     load_tool) -> None:
     tool = load_tool("init_ablation")

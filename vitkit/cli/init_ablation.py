@@ -2,7 +2,12 @@
 report test accuracy after the same number of steps.
 
     vitkit init-ablation recipes/fashion_mnist.yaml trainer.max_epochs=1
+    vitkit init-ablation recipes/fashion_mnist_fast.yaml --stop-after-epochs 1 --no-parts
     vitkit init-ablation recipes/quickstart.yaml --no-parts
+
+``--stop-after-epochs N`` stops every run after its first N epochs of the recipe's own schedule
+(warm-up, then cosine over all ``trainer.max_epochs``), where ``trainer.max_epochs=N`` would
+compress the whole schedule into N epochs.
 
 Variants: vitkit's default init, timm's and jax's schemes on vitkit's model (``model.init``),
 timm's own VisionTransformer (``model.impl=timm``), and, unless --no-parts, vitkit's default with
@@ -40,6 +45,18 @@ class InitOverride(L.Callback):
         init_parts(pl_module.model, self.scheme, self.parts)
 
 
+class StopAfterEpochs(L.Callback):
+    """Stop training once ``epochs`` epochs ended, leaving the learning-rate schedule as the recipe
+    sets it (over all ``trainer.max_epochs``); the run then tests its best checkpoint as usual."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True
+
+
 def variants(with_parts: bool) -> list[tuple[str, list[str], list[L.Callback]]]:
     """``(label, recipe overrides, callbacks)`` of every variant."""
     rows: list[tuple[str, list[str], list[L.Callback]]] = [
@@ -64,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     out = claim_output_dir(args.out, "init_ablation")
     for seed in args.seeds:
         for label, overrides, callbacks in variants(not args.no_parts):
+            if args.stop_after_epochs is not None:
+                callbacks = [*callbacks, StopAfterEpochs(args.stop_after_epochs)]
             run_overrides = [*args.overrides, *overrides, f"trainer.seed={seed}", f"output.dir={out / 'runs'}"]
             summary = train(args.recipe, run_overrides, callbacks=callbacks).summary
             results.append({"variant": label, "seed": seed, "test_acc": summary["test_acc"],
