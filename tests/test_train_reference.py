@@ -185,6 +185,10 @@ def test_time_to_accuracy_adds_a_plain_vitkit_run_when_timm_cannot_match_the_rec
     assert list(runs) == ["vitkit", "vitkit (plain ViT)", "timm"]
     assert "model.shifted_patches=false" in runs["timm"] and "model.shifted_patches=false" in runs["vitkit (plain ViT)"]
     assert runs["vitkit"] == ["model.impl=vitkit"]
+    recipe["model"] = {**recipe["model"], "shifted_patches": False, "patch_embed": "conv", "patch_size": 4}
+    runs = tool.runs_to_make(load_recipe(recipe), ["vitkit", "timm"])
+    assert list(runs) == ["vitkit", "vitkit (plain ViT)", "timm"] and "model.patch_embed=linear" in runs["timm"]
+    load_recipe(recipe, runs["timm"])  # what timm's VisionTransformer can be
 
 
 def test_timm_reference_with_options_timm_lacks_is_refused_before_training() -> None:

@@ -7,8 +7,8 @@ test accuracy as training goes; write the curves (CSV, PNG) and a table.
 
 Each run may be capped at --budget-minutes of training (Lightning's max_time); the table gives the
 time each model needs to reach every target accuracy and the accuracy each has at the budget.
-timm has no shifted patch tokenization or locality self-attention: when the recipe uses them, timm
-trains the plain ViT of the same shape, and so does a third run, "vitkit (plain ViT)", so that
+timm has no shifted patch tokenization, locality self-attention or convolutional stem: when the
+recipe uses them, timm trains the plain ViT of the same shape (linear patches of the same size), and so does a third run, "vitkit (plain ViT)", so that
 the architecture and the implementation can be told apart.
 Writes <out>/curves.csv, <out>/time_to_accuracy.png and <out>/summary.json.
 """
@@ -27,12 +27,12 @@ from .main import run_command
 
 IMPLS = ("vitkit", "timm")
 #: Overrides that turn the recipe's model into what timm's VisionTransformer can be.
-PLAIN_VIT = ("model.shifted_patches=false", "model.locality_attention=false")
+PLAIN_VIT = ("model.shifted_patches=false", "model.locality_attention=false", "model.patch_embed=linear")
 
 
 def runs_to_make(config: RecipeConfig, impls: list[str]) -> dict[str, list[str]]:
     """Label -> extra overrides of every training run the benchmark makes."""
-    plain = config.model.shifted_patches or config.model.locality_attention
+    plain = config.model.shifted_patches or config.model.locality_attention or config.model.patch_embed == "conv"
     runs: dict[str, list[str]] = {}
     for impl in impls:
         if impl == "vitkit":
