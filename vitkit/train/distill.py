@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..data import DataInfo
 from ..evaluation import evaluate_model
@@ -167,7 +168,7 @@ def small_input_stem(model: nn.Module, name: str) -> nn.Module:
 
 
 def fit_teacher(
-    teacher: nn.Module, config: TeacherConfig, datamodule: ViTDataModule, precision: str
+    teacher: nn.Module, config: TeacherConfig, datamodule: ViTDataModule, precision: str, progress: bool = False
 ) -> dict[str, Any]:
     """Train ``teacher`` in place for ``config.epochs`` on the training split (its augmentation),
     AdamW with a one-epoch warmup and cosine decay; returns its validation and test accuracy and
@@ -181,7 +182,8 @@ def fit_teacher(
     bf16 = precision == "bf16-mixed"
     teacher.train()
     for epoch in range(config.epochs):
-        for images, targets in loader:
+        batches = tqdm(loader, desc=f"teacher epoch {epoch + 1}/{config.epochs}", disable=not progress, leave=False)
+        for images, targets in batches:
             images = images.contiguous(memory_format=torch.channels_last)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss = F.cross_entropy(teacher(images), targets)
@@ -189,6 +191,7 @@ def fit_teacher(
             loss.backward()
             optimizer.step()
             schedule.step()
+            batches.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         log.info("teacher epoch %d/%d: last batch loss %.4f", epoch + 1, config.epochs, loss.item())
     teacher.eval()
     trained_s = round(time.perf_counter() - started, 2)
@@ -201,7 +204,12 @@ def fit_teacher(
 
 
 def prepare_teacher(
-    teacher: nn.Module, config: DistillConfig, datamodule: ViTDataModule, run_dir: Path, precision: str
+    teacher: nn.Module,
+    config: DistillConfig,
+    datamodule: ViTDataModule,
+    run_dir: Path,
+    precision: str,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Make ``teacher`` (from :func:`build_teacher`) the frozen teacher of a distilling run and
     say what to report about it: a ``teacher.file`` as loaded, else the run's own
@@ -214,7 +222,7 @@ def prepare_teacher(
         if saved.is_file():
             teacher.load_state_dict(load_file(saved))
         else:
-            report.update(fit_teacher(teacher, config.teacher, datamodule, precision))
+            report.update(fit_teacher(teacher, config.teacher, datamodule, precision, progress))
             state = {key: value.detach().contiguous() for key, value in teacher.state_dict().items()}
             atomic_write(saved, lambda tmp: save_file(state, tmp))
     freeze(teacher)

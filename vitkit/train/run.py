@@ -141,7 +141,9 @@ def _fit(
     """Fit, test and export into ``run_dir`` (see :func:`train`)."""
     teacher_report: dict[str, Any] = {}
     if teacher is not None:  # trained (or loaded) first: it counts in the run's wall time
-        teacher_report = prepare_teacher(teacher, config.distill, datamodule, run_dir, config.trainer.precision)
+        teacher_report = prepare_teacher(
+            teacher, config.distill, datamodule, run_dir, config.trainer.precision, config.trainer.enable_progress_bar
+        )
         module.attach_teacher(teacher)
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
