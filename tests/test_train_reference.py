@@ -143,6 +143,24 @@ def test_init_ablation_tool_trains_every_variant_per_seed(fmnist_root: Path, tmp
     assert all(f"| {label} | 2 |" in table for label in labels)
 
 
+def test_init_ablation_of_a_conv_stem_recipe_adds_the_plain_vit_and_trains_timm_as_it(load_tool) -> None:
+    tool = load_tool("init_ablation")
+    recipe = yaml.safe_load(Path("recipes/fashion_mnist.yaml").read_text())
+    recipe["model"].update(patch_embed="conv", patch_size=8, shifted_patches=False)
+    recipe["data"]["img_size"] = 32
+    rows = tool.variants(with_parts=False, plain=tool.timm_lacks(load_recipe(recipe)))
+    assert [label for label, _, _ in rows] == [
+        "vitkit default", "timm scheme", "jax scheme", "plain ViT, vitkit default", "plain ViT, timm scheme",
+        "timm VisionTransformer",
+    ]
+    built = {label: load_recipe(recipe, overrides) for label, overrides, _ in rows}
+    assert built["vitkit default"].model.patch_embed == "conv" and built["timm scheme"].model.init == "timm"
+    for label in ("plain ViT, vitkit default", "plain ViT, timm scheme", "timm VisionTransformer"):
+        model = built[label].model  # loads: the timm reference is not refused
+        assert (model.patch_embed, model.locality_attention, model.shifted_patches) == ("linear", False, False)
+    assert built["timm VisionTransformer"].model.impl == "timm"
+
+
 def test_init_ablation_can_stop_early_in_the_recipes_own_schedule(fmnist_root: Path, tmp_path: Path,
                                                                    load_tool) -> None:
     tool = load_tool("init_ablation")

@@ -10,7 +10,8 @@ report test accuracy after the same number of steps.
 compress the whole schedule into N epochs.
 
 Variants: vitkit's default init, timm's and jax's schemes on vitkit's model (``model.init``),
-timm's own VisionTransformer (``model.impl=timm``), and, unless --no-parts, vitkit's default with
+timm's own VisionTransformer (``model.impl=timm``; for a recipe with SPT, LSA or a convolutional
+stem, the plain ViT of its shape, which is also trained with vitkit's and timm's schemes), and, unless --no-parts, vitkit's default with
 one part at a time (patch, qkv, proj, mlp) initialised as timm does. Writes <out>/runs.csv and
 <out>/table.md and prints the table (mean and range over the seeds).
 """
@@ -27,6 +28,7 @@ import lightning as L
 from vitkit.models.init import init_parts
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train import load_recipe, train
+from vitkit.train.config import PLAIN_VIT_OVERRIDES, timm_lacks
 
 from .main import run_command
 
@@ -57,14 +59,21 @@ class StopAfterEpochs(L.Callback):
             trainer.should_stop = True
 
 
-def variants(with_parts: bool) -> list[tuple[str, list[str], list[L.Callback]]]:
-    """``(label, recipe overrides, callbacks)`` of every variant."""
+def variants(with_parts: bool, plain: bool = False) -> list[tuple[str, list[str], list[L.Callback]]]:
+    """``(label, recipe overrides, callbacks)`` of every variant. ``plain``: the recipe's model has
+    parts timm's VisionTransformer lacks (:func:`~vitkit.train.config.timm_lacks`), so the plain ViT
+    of its shape is trained too, with vitkit's and timm's schemes, and is what timm's model trains."""
     rows: list[tuple[str, list[str], list[L.Callback]]] = [
         ("vitkit default", [], []),
         ("timm scheme", ["model.init=timm"], []),
         ("jax scheme", ["model.init=jax"], []),
-        ("timm VisionTransformer", ["model.impl=timm"], []),
     ]
+    if plain:
+        rows += [
+            ("plain ViT, vitkit default", [*PLAIN_VIT_OVERRIDES], []),
+            ("plain ViT, timm scheme", [*PLAIN_VIT_OVERRIDES, "model.init=timm"], []),
+        ]
+    rows.append(("timm VisionTransformer", ["model.impl=timm", *(PLAIN_VIT_OVERRIDES if plain else ())], []))
     if with_parts:
         rows += [(f"vitkit, {part} as timm", [], [InitOverride("timm", (part,))]) for part in SWAPPABLE_PARTS]
     return rows
@@ -77,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
-    load_recipe(args.recipe, args.overrides)  # fail before any training
+    plain = timm_lacks(load_recipe(args.recipe, args.overrides))  # fail before any training
     out = claim_output_dir(args.out, "init_ablation")
     for seed in args.seeds:
-        for label, overrides, callbacks in variants(not args.no_parts):
+        for label, overrides, callbacks in variants(not args.no_parts, plain):
             if args.stop_after_epochs is not None:
                 callbacks = [*callbacks, StopAfterEpochs(args.stop_after_epochs)]
             run_overrides = [*args.overrides, *overrides, f"trainer.seed={seed}", f"output.dir={out / 'runs'}"]

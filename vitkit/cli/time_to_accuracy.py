@@ -21,26 +21,25 @@ import json
 
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train import RecipeConfig, load_recipe, train
+from vitkit.train.config import PLAIN_VIT_OVERRIDES, timm_lacks
 from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise
 
 from .main import run_command
 
 IMPLS = ("vitkit", "timm")
-#: Overrides that turn the recipe's model into what timm's VisionTransformer can be.
-PLAIN_VIT = ("model.shifted_patches=false", "model.locality_attention=false", "model.patch_embed=linear")
 
 
 def runs_to_make(config: RecipeConfig, impls: list[str]) -> dict[str, list[str]]:
     """Label -> extra overrides of every training run the benchmark makes."""
-    plain = config.model.shifted_patches or config.model.locality_attention or config.model.patch_embed == "conv"
+    plain = timm_lacks(config)
     runs: dict[str, list[str]] = {}
     for impl in impls:
         if impl == "vitkit":
             runs["vitkit"] = ["model.impl=vitkit"]
             if plain and "timm" in impls:
-                runs["vitkit (plain ViT)"] = ["model.impl=vitkit", *PLAIN_VIT]
+                runs["vitkit (plain ViT)"] = ["model.impl=vitkit", *PLAIN_VIT_OVERRIDES]
         else:
-            runs["timm"] = ["model.impl=timm", *(PLAIN_VIT if plain else ())]
+            runs["timm"] = ["model.impl=timm", *(PLAIN_VIT_OVERRIDES if plain else ())]
     return runs
 
 

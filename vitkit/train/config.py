@@ -327,6 +327,19 @@ class RecipeConfig(Config):
         return values
 
 
+#: Overrides that turn a recipe's model into one timm's VisionTransformer can be: the same shape with
+#: plain attention and linear patches of the same size (see :func:`timm_lacks`).
+PLAIN_VIT_OVERRIDES = ("model.shifted_patches=false", "model.locality_attention=false", "model.patch_embed=linear")
+
+
+def timm_lacks(config: RecipeConfig) -> bool:
+    """Whether the recipe's model uses a tokenizer or attention timm's VisionTransformer lacks
+    (shifted patches, locality self-attention, a convolutional stem), so that a timm reference
+    of it needs :data:`PLAIN_VIT_OVERRIDES`."""
+    model = config.model
+    return bool(model.shifted_patches or model.locality_attention or model.patch_embed == "conv")
+
+
 def load_recipe(
     recipe: str | Path | dict[str, Any] | RecipeConfig, overrides: typing.Iterable[str] = ()
 ) -> RecipeConfig:
