@@ -28,10 +28,14 @@ def test_vit_cifar_small_recipe_is_vit_lite_7_4() -> None:
     assert (vit.embed_dim, vit.depth, vit.num_heads, tuple(vit.patch_size)) == (256, 7, 4, (4, 4))
 
 
-def test_fashion_mnist_fast_recipe_is_the_plain_recipe_plus_distillation_and_random_erasing() -> None:
+def test_fashion_mnist_fast_recipe_is_the_plain_recipe_with_a_conv_stem_on_a_4x4_token_grid() -> None:
     plain, fast = load_recipe(RECIPES / "fashion_mnist.yaml"), load_recipe(RECIPES / "fashion_mnist_fast.yaml")
-    assert fast.model.replace(distilled=None) == plain.model  # the same ViT, with a distillation token
-    assert fast.model.distilled and plain.model.distilled is None
-    assert (fast.distill.type, fast.distill.alpha, fast.distill.teacher.model) == ("hard", 0.5, "test_resnet")
-    assert fast.data.augment.random_erasing == 0.25 and plain.data.augment.random_erasing == 0.0
-    assert fast.optim == plain.optim and fast.trainer == plain.trainer
+    vit = fast.vit_config(img_size=fast.data.resolved_img_size(), in_chans=1, num_classes=10)
+    plain_vit = plain.vit_config(img_size=plain.data.resolved_img_size(), in_chans=1, num_classes=10)
+    # 32 px through three stride-2 convolutions: a 4x4 grid, as many tokens as 7x7 patches of 28 px
+    assert (vit.patch_embed, vit.grid_size, vit.num_tokens) == ("conv", (4, 4), plain_vit.num_tokens)
+    assert vit.locality_attention and not vit.shifted_patches and plain_vit.shifted_patches
+    same = ("embed_dim", "depth", "num_heads", "mlp_ratio", "drop_path_rate")
+    assert [getattr(vit, key) for key in same] == [getattr(plain_vit, key) for key in same]
+    assert fast.optim == plain.optim and fast.data.augment == plain.data.augment
+    assert fast.trainer.replace(max_epochs=30) == plain.trainer and fast.distill.type == "none"
