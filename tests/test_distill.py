@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_runs import SHORT, tiny_recipe
 from safetensors.torch import save_file
+from tiny_runs import SHORT, tiny_recipe
 from torch import nn
 
+from vitkit.data import DataInfo
 from vitkit.io import save_model
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.train import RecipeError, load_recipe, train
-from vitkit.data import DataInfo
 from vitkit.train.config import TeacherConfig
 from vitkit.train.distill import TEACHER_FILE, DistillationLoss, build_teacher, freeze
 from vitkit.train.module import ViTClassifier

@@ -162,7 +162,7 @@ def test_init_ablation_of_a_conv_stem_recipe_adds_the_plain_vit_and_trains_timm_
 
 
 def test_init_ablation_can_stop_early_in_the_recipes_own_schedule(fmnist_root: Path, tmp_path: Path,
-                                                                   load_tool) -> None:
+                                                                   load_tool, capsys) -> None:
     tool = load_tool("init_ablation")
     recipe = mnist_recipe(fmnist_root, tmp_path / "runs", limit_train_batches=4)
     recipe["trainer"]["max_epochs"] = 4
@@ -170,9 +170,13 @@ def test_init_ablation_can_stop_early_in_the_recipes_own_schedule(fmnist_root: P
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "ablation"
-    assert tool.main([str(path), "--seeds", "0", "--no-parts", "--stop-after-epochs", "1", "--out", str(out),
-                      "trainer.log_every=1"]) == 0
+    assert tool.main([str(path), "--variants", "vitkit default", "jax", "--out", str(out)]) == 2
+    assert "error: --variants 'jax' is no variant of this recipe; choose from: 'vitkit default'" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything was claimed or trained
+    assert tool.main([str(path), "--seeds", "0", "--variants", "timm scheme", "--stop-after-epochs", "1", "--out",
+                      str(out), "trainer.log_every=1"]) == 0
     rows = list(csv.DictReader(open(out / "runs.csv")))
+    assert [row["variant"] for row in rows] == ["timm scheme"]
     assert {row["steps"] for row in rows} == {"4"}  # one epoch of 4 batches, of a 16-step schedule
     metrics = next((out / "runs").glob("*/*/logs/version_0/metrics.csv"))
     rates = [float(row["lr/pg1"]) for row in csv.DictReader(open(metrics)) if row.get("lr/pg1")]

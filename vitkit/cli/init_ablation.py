@@ -25,6 +25,7 @@ from typing import Any
 
 import lightning as L
 
+from vitkit.errors import UsageError
 from vitkit.models.init import init_parts
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train import load_recipe, train
@@ -87,9 +88,18 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     plain = timm_lacks(load_recipe(args.recipe, args.overrides))  # fail before any training
+    chosen = variants(not args.no_parts, plain)
+    if args.variants:
+        labels = [label for label, _, _ in chosen]
+        unknown = [name for name in args.variants if name not in labels]
+        if unknown:
+            raise UsageError(
+                f"--variants {unknown[0]!r} is no variant of this recipe; choose from: {', '.join(map(repr, labels))}."
+            )
+        chosen = [row for row in chosen if row[0] in args.variants]
     out = claim_output_dir(args.out, "init_ablation")
     for seed in args.seeds:
-        for label, overrides, callbacks in variants(not args.no_parts, plain):
+        for label, overrides, callbacks in chosen:
             if args.stop_after_epochs is not None:
                 callbacks = [*callbacks, StopAfterEpochs(args.stop_after_epochs)]
             run_overrides = [*args.overrides, *overrides, f"trainer.seed={seed}", f"output.dir={out / 'runs'}"]

@@ -270,6 +270,8 @@ def init_ablation(parser: argparse.ArgumentParser) -> None:
     recipe_arguments(parser, "dotted key=value overrides for every run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="trainer.seed values")
     parser.add_argument("--no-parts", action="store_true", help="skip the one-part-at-a-time variants")
+    parser.add_argument("--variants", nargs="+", metavar="LABEL", default=None,
+                        help="train only these variants (labels as the table prints them, e.g. 'timm scheme')")
     parser.add_argument("--stop-after-epochs", type=positive_int, default=None, metavar="N",
                         help="stop each run after N epochs of the recipe's schedule (default: train it all)")
     parser.add_argument("--out", default="runs/init_ablation", help="output folder")
