@@ -183,7 +183,7 @@ def fit_teacher(
     teacher.train()
     for epoch in range(config.epochs):
         batches = tqdm(loader, desc=f"teacher epoch {epoch + 1}/{config.epochs}", disable=not progress, leave=False)
-        for images, targets in batches:
+        for step, (images, targets) in enumerate(batches):
             images = images.contiguous(memory_format=torch.channels_last)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss = F.cross_entropy(teacher(images), targets)
@@ -191,7 +191,8 @@ def fit_teacher(
             loss.backward()
             optimizer.step()
             schedule.step()
-            batches.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            if progress and step % 50 == 0:  # .item() waits for the device: not on every step
+                batches.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         log.info("teacher epoch %d/%d: last batch loss %.4f", epoch + 1, config.epochs, loss.item())
     teacher.eval()
     trained_s = round(time.perf_counter() - started, 2)
@@ -219,8 +220,8 @@ def prepare_teacher(
     saved = run_dir / TEACHER_FILE
     run_dir.mkdir(parents=True, exist_ok=True)
     if config.teacher.file is None:
-        if saved.is_file():
-            teacher.load_state_dict(load_file(saved))
+        if saved.is_file():  # a resumed run: the same header check as a teacher.file
+            load_teacher_weights(teacher, saved, config.teacher.model)
         else:
             report.update(fit_teacher(teacher, config.teacher, datamodule, precision, progress))
             state = {key: value.detach().contiguous() for key, value in teacher.state_dict().items()}
