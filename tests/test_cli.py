@@ -11,6 +11,7 @@ import site
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,7 @@ def test_help_of_every_subcommand_lists_each_option_with_its_default_and_debug()
 
 
 def test_the_written_out_library_constants_equal_the_librarys() -> None:
+    from vitkit.evaluation import TestTimeAugmentation
     from vitkit.explain import DEFAULT_MAX_BYTES, HEAD_FUSIONS, METHODS, HeadThresholds
 
     assert parsers.LIBRARY_CONSTANTS == {
@@ -79,6 +81,7 @@ def test_the_written_out_library_constants_equal_the_librarys() -> None:
         "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
         "vitkit.explain.HeadThresholds()": dataclasses.asdict(HeadThresholds()),
         "vitkit.explain.DEFAULT_MAX_BYTES": DEFAULT_MAX_BYTES,
+        "vitkit.evaluation.TestTimeAugmentation": typing.get_args(TestTimeAugmentation),
     }
 
 

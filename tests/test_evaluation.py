@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitkit.evaluation import batch_metrics, evaluate_model
+from vitkit.evaluation import batch_metrics, evaluate_model, predict
 
 
 class FixedLogits(nn.Module):
@@ -89,3 +89,28 @@ def test_evaluation_runs_in_eval_mode_on_the_models_device_and_restores_its_mode
 def test_empty_loader_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="yielded no examples"):
         evaluate_model(FixedLogits(ranked_logits()), [])
+
+
+class Halves(nn.Module):
+    """Three classes scored from a ``[B, 1, 1, 2]`` image: its left pixel, its right pixel, and 1.5."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        left, right = images[:, 0, 0, 0], images[:, 0, 0, 1]
+        return torch.stack([left, right, torch.full_like(left, 1.5)], dim=1) + 0 * self.anchor
+
+
+def test_hflip_averages_the_class_probabilities_of_the_image_and_its_mirror() -> None:
+    image = torch.tensor([[[[2.0, 0.0]]]])  # scores (2, 0, 1.5); its mirror scores (0, 2, 1.5)
+    z = math.exp(2.0) + math.exp(0.0) + math.exp(1.5)  # the same partition function for both views
+    expected = [(math.exp(2.0) + 1.0) / (2 * z)] * 2 + [math.exp(1.5) / z]
+    probs = predict(Halves(), image, "hflip").softmax(-1)[0]
+    assert probs.tolist() == pytest.approx(expected, rel=1e-6)
+    assert predict(Halves(), image, "none").tolist() == [[2.0, 0.0, 1.5]]
+    # the mirror moves the left class's mass to the right one: averaged, the constant class wins
+    label = torch.tensor([2])
+    assert evaluate_model(Halves(), [(image, label)], tta="none").top1 == 0.0
+    assert evaluate_model(Halves(), [(image, label)], tta="hflip").top1 == 100.0

@@ -81,6 +81,14 @@ def test_odd_batch_with_mixup_is_rejected() -> None:
         load_recipe({}, ["optim.mixup=0.8", "trainer.batch_size=33"])
 
 
+@pytest.mark.parametrize("data", [["data.name=digits"], ["data.name=shapes", "data.augment.enabled=false"]])
+def test_mirrored_test_views_need_a_model_trained_on_mirrored_images(data: list[str]) -> None:
+    # digits default to no flips; shapes flip by default, but not with augmentation off
+    with pytest.raises(RecipeError, match="trainer.tta .*'hflip'.*never saw: set data.augment.hflip"):
+        load_recipe({}, [*data, "trainer.tta=hflip"])
+    assert load_recipe({}, ["data.name=shapes", "trainer.tta=hflip"]).trainer.tta == "hflip"
+
+
 def test_overrides_are_coerced_from_strings() -> None:
     config = load_recipe({}, ["optim.lr=5e-4", "trainer.devices=2", "model.patch_size=2", "data.img_size=[16, 24]",
                               "optim.clip_grad=null", "trainer.limit_train_batches=0.5"])

@@ -17,8 +17,10 @@ from tiny_runs import SHORT, Recorder, tiny_recipe
 
 from vitkit.data import AugmentConfig, build_train_transform
 from vitkit.data.info import DataInfo
+from vitkit.io import load_model_and_extra
 from vitkit.models import vision_transformer as vit_module
-from vitkit.train import OptimConfig, train
+from vitkit.train import OptimConfig, evaluate, train
+from vitkit.train.evaluate import datasets_for
 from vitkit.train.module import build_criterion
 
 pytestmark = pytest.mark.slow
@@ -60,6 +62,26 @@ def test_ema_follows_its_recurrence_with_the_configured_decay(tmp_path: Path) ->
         expected = decay * expected + (1 - decay) * weights
     torch.testing.assert_close(recorder.ema_weights[-1], expected, atol=1e-6, rtol=1e-5)
     assert not torch.allclose(recorder.ema_weights[-1], recorder.weights[-1])
+
+
+def test_hflip_tta_scores_the_test_split_with_each_image_and_its_mirror(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, **SHORT, tta="hflip")
+    recipe["data"]["augment"] = {"enabled": True, "hflip": 0.5, "padding": 0}
+    result = train(recipe)
+    # the tested images (2 batches of 2 x 32, in order), scored here by hand with the exported model
+    model, extra = load_model_and_extra(result.run_dir / "model.safetensors")
+    bundle = datasets_for(model, extra)
+    images = torch.stack([bundle.test[i][0] for i in range(2 * 2 * 32)])
+    labels = torch.tensor([bundle.test[i][1] for i in range(2 * 2 * 32)])
+    with torch.no_grad():
+        plain, mirrored = model(images).softmax(-1), model(images.flip(-1)).softmax(-1)
+    one_view = 100 * (plain.argmax(-1) == labels).float().mean().item()
+    both = 100 * ((plain + mirrored).argmax(-1) == labels).float().mean().item()
+    assert result.summary["test_acc"] == pytest.approx(both, abs=1e-3)
+    assert result.summary["test_acc_one_view"] == pytest.approx(one_view, abs=1e-3)
+    assert both != one_view  # the mirror changes some answers, so an ignored option cannot pass
+    assert evaluate(result.run_dir / "model.safetensors")["top1"] != evaluate(
+        result.run_dir / "model.safetensors", tta="none")["top1"]  # the option is saved with the model
 
 
 def test_learning_rate_follows_linear_warmup_then_cosine(tmp_path: Path) -> None:

@@ -2,15 +2,17 @@
 
 It serves ``vitkit.train.evaluate`` (and ``tools/evaluate.py``), the pruning tools and the
 time-to-accuracy timer; the Lightning validation/test step scores its batches with the same
-:func:`batch_metrics`. The loop runs where the model is (its first parameter's device) and never
+:func:`predict` and :func:`batch_metrics`. The loop runs where the model is (its first parameter's device) and never
 moves it; a model loaded from a file is placed with :func:`default_device`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,10 @@ from torch import nn
 from tqdm import tqdm
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+#: Test-time augmentation: ``'none'`` scores each image once; ``'hflip'`` averages the class
+#: probabilities of the image and its left-right mirror.
+TestTimeAugmentation = Literal["none", "hflip"]
 
 
 def default_device() -> torch.device:
@@ -59,6 +65,33 @@ def batches(loader: Iterable[Batch], max_batches: int | None, desc: str, progres
         yield batch
 
 
+def predict_views(
+    model: nn.Module, images: torch.Tensor, tta: TestTimeAugmentation = "none", **kwargs: Any
+) -> list[torch.Tensor]:
+    """``[B, K]`` logits of ``model`` for each view of ``[B, C, H, W]`` images that ``tta`` scores:
+    the images themselves first, then (``'hflip'``) their left-right mirror. ``kwargs`` go to the model."""
+    views = [model(images, **kwargs)]
+    if tta == "hflip":
+        views.append(model(images.flip(-1), **kwargs))
+    return views
+
+
+def average_views(views: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One view's ``[B, K]`` logits as they are; several views' as ``log(mean_v softmax(views[v]))``
+    in float32: log-probabilities whose softmax is the mean of the views' class probabilities, so
+    that cross-entropy and top-k read them as logits."""
+    if len(views) == 1:
+        return views[0]
+    log_probs = torch.stack([view.float().log_softmax(-1) for view in views])
+    return torch.logsumexp(log_probs, dim=0) - math.log(len(views))
+
+
+def predict(model: nn.Module, images: torch.Tensor, tta: TestTimeAugmentation = "none", **kwargs: Any) -> torch.Tensor:
+    """``[B, K]`` logits of ``model`` for ``[B, C, H, W]`` images, its views under ``tta`` averaged
+    (:func:`predict_views`, :func:`average_views`)."""
+    return average_views(predict_views(model, images, tta, **kwargs))
+
+
 def batch_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean cross-entropy and top-1 / top-5 accuracy in percent (timm's ``accuracy``; top-5 is
     top-K with K < 5 classes) of ``[B, K]`` logits against ``[B]`` labels, as 0-d tensors."""
@@ -96,6 +129,7 @@ def evaluate_model(
     head_mask: Sequence[torch.Tensor] | None = None,
     max_batches: int | None = None,
     progress: bool = False,
+    tta: TestTimeAugmentation = "none",
 ) -> Evaluation:
     """Score ``model`` (in eval mode, on its own device) over ``loader``.
 
@@ -105,6 +139,7 @@ def evaluate_model(
         head_mask: optional per-block ``[H_l]`` head gates (a vitkit model's ``head_mask``).
         max_batches: stop after this many batches.
         progress: show a tqdm bar.
+        tta: test-time augmentation (:func:`predict`).
 
     Raises:
         ValueError: the loader yielded no images.
@@ -117,7 +152,7 @@ def evaluate_model(
         for images, targets in batches(loader, max_batches, "evaluate", progress):
             targets = torch.as_tensor(targets).to(device)
             # Models without head gates (timm's, during training) are called without the argument.
-            logits = model(images.to(device)) if gates is None else model(images.to(device), head_mask=gates)
+            logits = predict(model, images.to(device), tta, **({} if gates is None else {"head_mask": gates}))
             batch_loss, acc1, acc5 = batch_metrics(logits, targets)
             size = len(targets)
             loss += float(batch_loss) * size

@@ -2,6 +2,7 @@
 
     vitkit evaluate runs/quickstart/<timestamp>/model.safetensors
     vitkit evaluate runs/vit_small/<timestamp>/checkpoints/best.ckpt --data root=/data/cifar --out eval/
+    vitkit evaluate runs/fashion_mnist_fast/<timestamp>/model.safetensors --tta none   # one view per image
 
 Prints the accuracies; with --out (default: beside the model) writes eval.json and confusion_matrix.png.
 """
@@ -29,12 +30,13 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(errno.ENOENT, "model file does not exist", args.model)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
     claim_output_dir(out, "evaluate")
-    report = evaluate(args.model, args.data, out_dir=out, split=args.split)
+    report = evaluate(args.model, args.data, out_dir=out, split=args.split, tta=args.tta)
     per_class = "  ".join(f"{name}: {acc:.1f}" for name, acc in report["per_class"].items())
-    print(f"{report['dataset']} {report['split']} ({report['num_images']} images): "
+    views = "" if report["tta"] == "none" else f", {report['tta']} views averaged"
+    print(f"{report['dataset']} {report['split']} ({report['num_images']} images{views}): "
           f"top-1 {report['top1']:.2f}%  top-5 {report['top5']:.2f}%")
     print(f"per class: {per_class}")
-    print(json.dumps({key: report[key] for key in ("top1", "top5", "num_images")}))
+    print(json.dumps({key: report[key] for key in ("top1", "top5", "num_images", "tta")}))
     print(f"wrote {out / 'eval.json'} and {out / 'confusion_matrix.png'}")
     return 0
 

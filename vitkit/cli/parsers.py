@@ -25,16 +25,18 @@ EXIT_STATUS_HELP = """exit status (every command):
   1    a bug in vitkit (a traceback)"""
 
 #: Written out from the library (they live beside torch code): explain's map methods and rollout
-#: head fusions, HeadThresholds' defaults, the explorer's size cap.
+#: head fusions, HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
 METHODS = ("rollout", "grad_rollout", "chefer", "heads")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
+TTA_CHOICES = ("none", "hflip")
 LIBRARY_CONSTANTS = {
     "vitkit.explain.METHODS": METHODS,
     "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
     "vitkit.explain.HeadThresholds()": HEAD_THRESHOLDS,
     "vitkit.explain.DEFAULT_MAX_BYTES": EXPLORER_MAX_BYTES,
+    "vitkit.evaluation.TestTimeAugmentation": TTA_CHOICES,
 }
 
 #: ``vitkit benchmark``'s default models (NAME:BATCH).
@@ -159,6 +161,8 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model.safetensors or a training .ckpt")
     data_arguments(parser)
     parser.add_argument("--split", choices=("test", "val"), default="test", help="split to evaluate")
+    parser.add_argument("--tta", choices=TTA_CHOICES, help="test-time augmentation: hflip averages each image's and its "
+                        "mirror's class probabilities (default: as the model was trained, saved with it)")
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
 
 

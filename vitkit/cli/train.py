@@ -38,8 +38,9 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
         return "n/a" if summary.get(key) is None else f"{summary[key]:.2f}%"
 
     model = run_dir / "model.safetensors"
+    views = "" if summary.get("tta", "none") == "none" else f" with {summary['tta']} views, {percent('test_acc_one_view')} without"
     return "\n".join([
-        f"test accuracy {percent('test_acc')} (top-5 {percent('test_acc5')}, validation {percent('val_acc')}), "
+        f"test accuracy {percent('test_acc')}{views} (top-5 {percent('test_acc5')}, validation {percent('val_acc')}), "
         f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
         f"run directory: {run_dir} (summary.json has the rest)",
         "next:",

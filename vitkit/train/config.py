@@ -22,6 +22,7 @@ import yaml
 from lightning.pytorch.strategies import StrategyRegistry
 
 from ..data import DataConfig
+from ..evaluation import TestTimeAugmentation
 from ..files import atomic_write
 from ..models import ViTConfig, model_config
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
@@ -157,6 +158,10 @@ class TrainerConfig(Config):
             steps pay the compilation (``first_step_s`` in ``summary.json``).
         max_time_minutes: stop training after this many minutes (Lightning's ``max_time``), then
             test as usual; ``null``: no limit.
+        tta: test-time augmentation of validation and test (:data:`~vitkit.evaluation.TestTimeAugmentation`):
+            ``'hflip'`` averages the class probabilities of each image and its mirror (twice the
+            evaluation cost; needs a model trained with ``data.augment.hflip``). It is saved with
+            the model, and ``vitkit evaluate`` scores that way too.
     """
 
     max_epochs: int = field(default=10, metadata=bounds(ge=1, le=MAX_EPOCHS))
@@ -179,6 +184,7 @@ class TrainerConfig(Config):
     num_threads: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_THREADS))
     compile: bool = False
     max_time_minutes: float | None = field(default=None, metadata=bounds(gt=0))
+    tta: TestTimeAugmentation = "none"
 
     def validate(self) -> None:
         """``devices``: a count in [1, MAX_DEVICES] or distinct ids in [0, MAX_DEVICES); what Lightning
@@ -303,7 +309,8 @@ class RecipeConfig(Config):
     distill: DistillConfig = field(default_factory=DistillConfig)
 
     def validate(self) -> None:
-        """The name is one folder name (runs stay inside ``output.dir``); Mixup pairs need an even batch."""
+        """The name is one folder name (runs stay inside ``output.dir``); Mixup pairs need an even
+        batch; mirrored test views need a model trained on mirrored images."""
         if not self.name or self.name in (".", "..") or "/" in self.name or "\\" in self.name:
             raise FieldError(
                 "name", f"must be a single folder name (the run goes to output.dir/<name>/), got {describe(self.name)}."
@@ -312,6 +319,14 @@ class RecipeConfig(Config):
             raise ValueError(
                 f"Mixup/CutMix pairs images within a batch, so trainer.batch_size must be even, "
                 f"got {self.trainer.batch_size}."
+            )
+        data = self.data.resolved()
+        if self.trainer.tta == "hflip" and not (data.augment.enabled and data.augment.hflip):
+            raise FieldError(
+                "trainer.tta",
+                f"is 'hflip', which scores each image with its mirror, but this recipe trains {data.name} without mirrored "
+                "images (data.augment.hflip is 0 or augmentation is off), so the mirror is an image the model "
+                "never saw: set data.augment.hflip=0.5, or trainer.tta=none.",
             )
 
     def vit_config(self, **data_fields: Any) -> ViTConfig:

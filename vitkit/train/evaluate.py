@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
 from ..data.info import MetadataError
 from ..errors import VitkitError
-from ..evaluation import default_device, evaluate_model
+from ..evaluation import TestTimeAugmentation, default_device, evaluate_model
 from ..io import load_model_and_extra
 from ..models import VisionTransformer
 from .artifacts import write_json
@@ -29,6 +29,7 @@ def evaluate(
     out_dir: str | os.PathLike | None = None,
     split: str = "test",
     batch_size: int = 256,
+    tta: TestTimeAugmentation | None = None,
 ) -> dict[str, Any]:
     """Accuracy of a ``.safetensors`` or ``.ckpt`` model on a split of the data it was trained on,
     computed on :func:`~vitkit.evaluation.default_device` (a GPU when there is one).
@@ -40,10 +41,12 @@ def evaluate(
         out_dir: when given, ``eval.json`` and ``confusion_matrix.png`` are written there.
         split: ``'test'`` or ``'val'``.
         batch_size: evaluation batch size.
+        tta: test-time augmentation (:func:`~vitkit.evaluation.predict`); ``None``: the one the
+            model was trained with (saved with it; ``'none'`` for older files).
 
     Returns:
         ``{"top1", "top5"}`` in percent, ``"loss"`` (mean cross-entropy), ``"per_class"`` accuracy by class name, ``"confusion_matrix"``
-        (rows: true class), ``"num_images"``, ``"model"``, ``"dataset"``, ``"split"``.
+        (rows: true class), ``"num_images"``, ``"model"``, ``"dataset"``, ``"split"``, ``"tta"``.
     """
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}.")
@@ -51,7 +54,9 @@ def evaluate(
     model.eval()
     bundle = datasets_for(model, extra, data_overrides)
     info = bundle.info
-    scores = evaluate_model(model.to(default_device()), DataLoader(getattr(bundle, split), batch_size=batch_size))
+    tta = extra.get("tta", "none") if tta is None else tta
+    loader = DataLoader(getattr(bundle, split), batch_size=batch_size)
+    scores = evaluate_model(model.to(default_device()), loader, tta=tta)
     k = info.num_classes
     matrix = confusion_matrix(scores.labels.numpy(), scores.predictions.numpy(), labels=list(range(k)))
     per_class = np.divide(np.diag(matrix), matrix.sum(axis=1), out=np.zeros(k), where=matrix.sum(axis=1) > 0)
@@ -59,6 +64,7 @@ def evaluate(
         "model": str(model_path),
         "dataset": info.name,
         "split": split,
+        "tta": tta,
         "num_images": scores.num_images,
         "top1": round(scores.top1, 3),
         "top5": round(scores.top5, 3),

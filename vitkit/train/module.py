@@ -16,7 +16,7 @@ from timm.utils import ModelEmaV3, accuracy
 from torch import nn
 
 from ..errors import VitkitError
-from ..evaluation import batch_metrics
+from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, predict_views
 from ..models import VisionTransformer, ViTConfig, from_timm, timm_twin
 from .config import DistillConfig, OptimConfig
 from .distill import DistillationLoss
@@ -48,6 +48,7 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.optim_config: OptimConfig = build(OptimConfig, recipe.get("optim", {}), source="the checkpoint's recipe")
+        self.tta: TestTimeAugmentation = recipe.get("trainer", {}).get("tta", "none")
         model_section = recipe.get("model", {})
         config = ViTConfig.from_dict(vit_config)
         # model.impl=timm trains timm's own VisionTransformer of the same shape (the reference).
@@ -165,9 +166,13 @@ class ViTClassifier(L.LightningModule):
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
         images, targets = batch
-        loss, acc1, acc5 = batch_metrics(self.inference_model(images), targets)
+        views = predict_views(self.inference_model, images, self.tta)
+        loss, acc1, acc5 = batch_metrics(average_views(views), targets)
         self.log_dict({f"{stage}/loss": loss, f"{stage}/acc5": acc5}, sync_dist=True, batch_size=len(targets))
         self.log(f"{stage}/acc1", acc1, sync_dist=True, batch_size=len(targets), prog_bar=True)
+        if len(views) > 1:  # the images alone, beside the averaged views, so that the gain is measured
+            single = accuracy(views[0], targets)[0]
+            self.log(f"{stage}/acc1_one_view", single, sync_dist=True, batch_size=len(targets))
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         self._recent_losses.append(loss.detach())

@@ -178,6 +178,8 @@ def _fit(
         "val_acc": _metric(validated, "val/acc1"),
         "test_acc": _metric(tested, "test/acc1"),
         "test_acc5": _metric(tested, "test/acc5"),
+        "tta": config.trainer.tta,
+        **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
         "epochs": trainer.current_epoch,
         "global_steps": trainer.global_step,
         "wall_time_s": round(time.perf_counter() - started, 2),
@@ -202,8 +204,9 @@ def _fit(
 
 def build_module(config: RecipeConfig, info: DataInfo) -> ViTClassifier:
     """The LightningModule for ``config``, its model sized by the dataset, with the ``extra``
-    metadata (normalisation, classes, dataset and recipe names, data options) to export."""
-    extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict()}
+    metadata (normalisation, classes, dataset and recipe names, data options, test-time
+    augmentation) to export."""
+    extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict(), "tta": config.trainer.tta}
     vit_config = config.vit_config(img_size=info.img_size, in_chans=info.in_chans, num_classes=info.num_classes)
     module = ViTClassifier(config.to_dict(), vit_config.to_dict(), extra)
     if config.trainer.compile:

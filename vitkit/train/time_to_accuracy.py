@@ -63,7 +63,9 @@ class TestAccuracyTimer(Callback):
         paused_at = time.perf_counter()
         seconds = paused_at - self._start - self._paused
         with torch.no_grad(), trainer.precision_plugin.forward_context():  # the run's own autocast
-            accuracy = evaluate_model(pl_module.inference_model, trainer.datamodule.test_dataloader()).top1
+            accuracy = evaluate_model(
+                pl_module.inference_model, trainer.datamodule.test_dataloader(), tta=pl_module.tta
+            ).top1
         self.points.append(AccuracyPoint(round(seconds, 2), trainer.global_step, round(accuracy, 3)))
         self._paused += time.perf_counter() - paused_at
 
