@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     result = train(args.recipe, args.overrides, resume=args.resume)
-    print(closing_lines(result.summary, result.run_dir))
+    if result.primary:  # one report per run, not one per DDP process
+        print(closing_lines(result.summary, result.run_dir))
     return 0
 
 

@@ -75,12 +75,14 @@ class RunStoppedError(VitkitError):
 
 @dataclass
 class RunResult:
-    """What :func:`train` returns: the run directory, its ``summary.json`` content and the
-    trained model (best checkpoint, EMA weights when enabled) on the CPU in eval mode."""
+    """What :func:`train` returns: the run directory, its ``summary.json`` content, the trained
+    model (best checkpoint, EMA weights when enabled) on the CPU in eval mode, and whether this
+    process is global rank 0 (the one that writes the run's files and reports it)."""
 
     run_dir: Path
     summary: dict[str, Any]
     model: VisionTransformer
+    primary: bool = True
 
 
 def train(
@@ -199,7 +201,7 @@ def _fit(
         plot_curves(merge_metrics(run_dir), run_dir / "curves.png")
         write_json(run_dir / "summary.json", summary)
         point_latest(run_dir)
-    return RunResult(run_dir=run_dir, summary=summary, model=model)
+    return RunResult(run_dir=run_dir, summary=summary, model=model, primary=trainer.is_global_zero)
 
 
 def build_module(config: RecipeConfig, info: DataInfo) -> ViTClassifier:
