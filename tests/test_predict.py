@@ -16,7 +16,7 @@ from tiny_runs import SHORT, tiny_recipe
 
 import vitkit
 from vitkit.cli.predict import main as predict_main
-from vitkit.data import ImageReadError
+from vitkit.data import DataInfo, ImageReadError
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,23 @@ def test_predict_applies_the_model_files_preprocessing(trained: Path) -> None:
     assert prediction.classes == tuple(str(i) for i in order.tolist())  # digits are named "0".."9"
     assert np.allclose(prediction.probabilities, expected[order].numpy(), atol=1e-5)
     assert sum(prediction.probabilities) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_predict_averages_mirrored_views_as_the_model_file_says(trained: Path, tmp_path: Path) -> None:
+    image = block_image(0)
+    model, extra = vitkit.load_model_and_extra(trained)
+    model.eval()
+    pixels = by_hand(image, trained)
+    with torch.no_grad():
+        both = (model(pixels).softmax(-1) + model(pixels.flip(-1)).softmax(-1))[0] / 2
+    mirrored = tmp_path / "mirrored.safetensors"
+    vitkit.save_model(model, mirrored, extra={**extra, "tta": "hflip"})  # as a trainer.tta=hflip run saves it
+    info = DataInfo.from_extra(extra)
+    by_model = vitkit.predict(model, image, top_k=10, info=info, tta="hflip")[0]
+    for prediction in (vitkit.predict(mirrored, image, top_k=10)[0], by_model):
+        assert np.allclose(prediction.probabilities, both[list(prediction.indices)].numpy(), atol=1e-5)
+    (one_view,) = vitkit.predict(mirrored, image, top_k=10, tta="none")
+    assert not np.allclose(one_view.probabilities, both[list(one_view.indices)].numpy(), atol=1e-5)
 
 
 def test_predict_takes_paths_images_and_pixel_tensors_alike(trained: Path, tmp_path: Path) -> None:

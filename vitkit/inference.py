@@ -18,6 +18,8 @@ from PIL import Image
 from .data import DataInfo, build_eval_transform, load_image
 from .data.images import convert_channels
 from .errors import VitkitError
+from .evaluation import TestTimeAugmentation
+from .evaluation import predict as predict_logits
 from .io import load_model_and_extra
 from .models import VisionTransformer
 
@@ -37,9 +39,10 @@ class Prediction(NamedTuple):
     probabilities: tuple[float, ...]
 
 
-def load_predictor(path: str | os.PathLike) -> tuple[VisionTransformer, DataInfo]:
-    """The model of a vitkit ``.safetensors`` model file or training ``.ckpt``, in eval mode, and
-    the preprocessing its metadata records.
+def load_predictor(path: str | os.PathLike) -> tuple[VisionTransformer, DataInfo, TestTimeAugmentation]:
+    """The model of a vitkit ``.safetensors`` model file or training ``.ckpt``, in eval mode, the
+    preprocessing its metadata records, and the test-time augmentation it was trained to be
+    scored with (``'none'`` when the file records none).
 
     Raises:
         PredictionError: the file records no preprocessing (written by ``save_model`` without
@@ -47,7 +50,7 @@ def load_predictor(path: str | os.PathLike) -> tuple[VisionTransformer, DataInfo
     """
     model, extra = load_model_and_extra(path)
     try:
-        return model.eval(), DataInfo.from_extra(extra)
+        return model.eval(), DataInfo.from_extra(extra), extra.get("tta", "none")
     except KeyError as error:
         raise PredictionError(
             f"{path} records no preprocessing ({error.args[0]}); save models with "
@@ -109,6 +112,7 @@ def predict(
     top_k: int = 5,
     info: DataInfo | None = None,
     batch_size: int = 64,
+    tta: TestTimeAugmentation | None = None,
 ) -> list[Prediction]:
     """The ``top_k`` classes and probabilities (softmax of the logits) of each image.
 
@@ -123,6 +127,9 @@ def predict(
         top_k: classes returned per image (all of them when the model has fewer).
         info: the preprocessing, overriding the model's own.
         batch_size: images per forward pass.
+        tta: test-time augmentation (:func:`vitkit.evaluation.predict`: ``'hflip'`` averages the
+            probabilities of each image and its mirror); ``None``: the one a model file records,
+            ``'none'`` for a model.
 
     Returns:
         One :class:`Prediction` per image, in order.
@@ -135,9 +142,10 @@ def predict(
         raise PredictionError(f"top_k and batch_size must be at least 1, got {top_k} and {batch_size}.")
     if isinstance(model_or_path, VisionTransformer):
         model, info = model_or_path, info or preprocessing_of(model_or_path)
+        tta = tta or "none"
     else:
-        model, saved = load_predictor(model_or_path)
-        info = info or saved
+        model, saved, saved_tta = load_predictor(model_or_path)
+        info, tta = info or saved, tta or saved_tta
     if isinstance(images, torch.Tensor) and images.ndim == 4:
         images = list(images)
     elif isinstance(images, (Image.Image, str, os.PathLike, torch.Tensor)):
@@ -149,7 +157,7 @@ def predict(
     try:
         for first in range(0, len(images), batch_size):
             batch = preprocess([as_image(item) for item in images[first : first + batch_size]], info)
-            probabilities = model(batch.to(device)).float().softmax(dim=-1).cpu()
+            probabilities = predict_logits(model, batch.to(device), tta).float().softmax(dim=-1).cpu()
             values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
             predictions += [
                 Prediction(tuple(row.tolist()), tuple(info.class_names[i] for i in row.tolist()), tuple(p.tolist()))

@@ -115,6 +115,12 @@ def data_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def tta_argument(parser: argparse.ArgumentParser) -> None:
+    """``--tta``: how a model file's images are scored (default: as saved with the model)."""
+    parser.add_argument("--tta", choices=TTA_CHOICES, help="test-time augmentation: hflip averages each image's and its "
+                        "mirror's class probabilities; unset: as saved with the model by its training run")
+
+
 # --- argument types ---------------------------------------------------------------------------
 
 
@@ -161,8 +167,7 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model.safetensors or a training .ckpt")
     data_arguments(parser)
     parser.add_argument("--split", choices=("test", "val"), default="test", help="split to evaluate")
-    parser.add_argument("--tta", choices=TTA_CHOICES, help="test-time augmentation: hflip averages each image's and its "
-                        "mirror's class probabilities (default: as the model was trained, saved with it)")
+    tta_argument(parser)
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
 
 
@@ -172,6 +177,7 @@ def predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=positive_int, default=5, help="classes per image")
     parser.add_argument("--csv", metavar="FILE", help="also write the predictions to this CSV file")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
+    tta_argument(parser)
 
 
 def attention_maps(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, info = load_predictor(args.model)
+    model, info, saved_tta = load_predictor(args.model)
+    tta = args.tta or saved_tta
     paths = find_images(args.images)
     if not paths:
         raise UsageError(f"no image files in {', '.join(args.images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             note.add(path, image)
             read.append(path)
             images.append(image)
-        for path, prediction in zip(read, predict(model, images, args.top_k, info=info, batch_size=args.batch_size)):
+        for path, prediction in zip(read, predict(model, images, args.top_k, info=info, batch_size=args.batch_size, tta=tta)):
             ranked = list(zip(prediction.classes, prediction.probabilities))
             tqdm.write(f"{path}: " + ", ".join(f"{name} ({p:.1%})" for name, p in ranked))
             rows.append([str(path), *(value for name, p in ranked for value in (name, f"{p:.6f}"))])

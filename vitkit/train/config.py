@@ -161,7 +161,7 @@ class TrainerConfig(Config):
         tta: test-time augmentation of validation and test (:data:`~vitkit.evaluation.TestTimeAugmentation`):
             ``'hflip'`` averages the class probabilities of each image and its mirror (twice the
             evaluation cost; needs a model trained with ``data.augment.hflip``). It is saved with
-            the model, and ``vitkit evaluate`` scores that way too.
+            the model, and ``vitkit evaluate`` and ``vitkit predict`` score that way too.
     """
 
     max_epochs: int = field(default=10, metadata=bounds(ge=1, le=MAX_EPOCHS))
