@@ -77,6 +77,20 @@ def test_predict_averages_mirrored_views_as_the_model_file_says(trained: Path, t
     assert not np.allclose(one_view.probabilities, both[list(one_view.indices)].numpy(), atol=1e-5)
 
 
+def test_an_unknown_recorded_tta_is_one_error_line_unless_one_is_chosen(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    model, extra = vitkit.load_model_and_extra(trained)
+    odd = tmp_path / "odd.safetensors"
+    vitkit.save_model(model, odd, extra={**extra, "tta": "rot90"})  # a hand-edited file
+    image = tmp_path / "x.png"
+    block_image(1).save(image)
+    assert predict_main([str(odd), str(image)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "'rot90'" in err[0] and "--tta" in err[0]
+    assert predict_main([str(odd), str(image), "--tta", "none"]) == 0  # an explicit choice needs no record
+
+
 def test_predict_takes_paths_images_and_pixel_tensors_alike(trained: Path, tmp_path: Path) -> None:
     images = [block_image(1), block_image(2)]
     path = tmp_path / "one.png"

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,13 @@ from timm.utils import accuracy
 from torch import nn
 from tqdm import tqdm
 
+from .errors import VitkitError
+
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+class UnknownTTAError(VitkitError, ValueError):
+    """A model file records a test-time augmentation vitkit does not know."""
+
 
 #: Test-time augmentation: ``'none'`` scores each image once; ``'hflip'`` averages the class
 #: probabilities of the image and its left-right mirror.
@@ -63,6 +69,21 @@ def batches(loader: Iterable[Batch], max_batches: int | None, desc: str, progres
         if max_batches is not None and index >= max_batches:
             return
         yield batch
+
+
+def recorded_tta(extra: dict[str, Any], source: str) -> TestTimeAugmentation:
+    """The test-time augmentation a model file's metadata records (``'none'`` when it records none).
+
+    Raises:
+        UnknownTTAError: the metadata names another one (a hand-edited or foreign file).
+    """
+    value = extra.get("tta", "none")
+    if value not in get_args(TestTimeAugmentation):
+        raise UnknownTTAError(
+            f"{source} records test-time augmentation {value!r}, which vitkit does not know: "
+            f"expected one of {list(get_args(TestTimeAugmentation))}; choose one with --tta (tta=)."
+        )
+    return value
 
 
 def predict_views(

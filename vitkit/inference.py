@@ -18,7 +18,7 @@ from PIL import Image
 from .data import DataInfo, build_eval_transform, load_image
 from .data.images import convert_channels
 from .errors import VitkitError
-from .evaluation import TestTimeAugmentation
+from .evaluation import TestTimeAugmentation, recorded_tta
 from .evaluation import predict as predict_logits
 from .io import load_model_and_extra
 from .models import VisionTransformer
@@ -39,23 +39,27 @@ class Prediction(NamedTuple):
     probabilities: tuple[float, ...]
 
 
-def load_predictor(path: str | os.PathLike) -> tuple[VisionTransformer, DataInfo, TestTimeAugmentation]:
+def load_predictor(
+    path: str | os.PathLike, tta: TestTimeAugmentation | None = None
+) -> tuple[VisionTransformer, DataInfo, TestTimeAugmentation]:
     """The model of a vitkit ``.safetensors`` model file or training ``.ckpt``, in eval mode, the
-    preprocessing its metadata records, and the test-time augmentation it was trained to be
-    scored with (``'none'`` when the file records none).
+    preprocessing its metadata records, and ``tta``, or (``None``) the test-time augmentation
+    the file records (:func:`~vitkit.evaluation.recorded_tta`).
 
     Raises:
         PredictionError: the file records no preprocessing (written by ``save_model`` without
             ``extra=DataInfo.to_extra()``).
+        vitkit.evaluation.UnknownTTAError: with ``tta=None``, the file records an unknown one.
     """
     model, extra = load_model_and_extra(path)
     try:
-        return model.eval(), DataInfo.from_extra(extra), extra.get("tta", "none")
+        info = DataInfo.from_extra(extra)
     except KeyError as error:
         raise PredictionError(
             f"{path} records no preprocessing ({error.args[0]}); save models with "
             "vitkit.save_model(model, path, extra=DataInfo(...).to_extra())."
         ) from None
+    return model.eval(), info, recorded_tta(extra, str(path)) if tta is None else tta
 
 
 def preprocessing_of(model: VisionTransformer) -> DataInfo:
@@ -144,8 +148,8 @@ def predict(
         model, info = model_or_path, info or preprocessing_of(model_or_path)
         tta = tta or "none"
     else:
-        model, saved, saved_tta = load_predictor(model_or_path)
-        info, tta = info or saved, tta or saved_tta
+        model, saved, tta = load_predictor(model_or_path, tta)
+        info = info or saved
     if isinstance(images, torch.Tensor) and images.ndim == 4:
         images = list(images)
     elif isinstance(images, (Image.Image, str, os.PathLike, torch.Tensor)):

@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, info, saved_tta = load_predictor(args.model)
-    tta = args.tta or saved_tta
+    model, info, tta = load_predictor(args.model, args.tta)
     paths = find_images(args.images)
     if not paths:
         raise UsageError(f"no image files in {', '.join(args.images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")

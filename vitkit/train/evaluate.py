@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
 from ..data.info import MetadataError
 from ..errors import VitkitError
-from ..evaluation import TestTimeAugmentation, default_device, evaluate_model
+from ..evaluation import TestTimeAugmentation, default_device, evaluate_model, recorded_tta
 from ..io import load_model_and_extra
 from ..models import VisionTransformer
 from .artifacts import write_json
@@ -54,7 +54,7 @@ def evaluate(
     model.eval()
     bundle = datasets_for(model, extra, data_overrides)
     info = bundle.info
-    tta = extra.get("tta", "none") if tta is None else tta
+    tta = recorded_tta(extra, str(model_path)) if tta is None else tta
     loader = DataLoader(getattr(bundle, split), batch_size=batch_size)
     scores = evaluate_model(model.to(default_device()), loader, tta=tta)
     k = info.num_classes
