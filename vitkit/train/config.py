@@ -320,8 +320,8 @@ class RecipeConfig(Config):
                 f"Mixup/CutMix pairs images within a batch, so trainer.batch_size must be even, "
                 f"got {self.trainer.batch_size}."
             )
-        data = self.data.resolved()
-        if self.trainer.tta == "hflip" and not (data.augment.enabled and data.augment.hflip):
+        data = self.data.resolved() if self.trainer.tta == "hflip" else None
+        if data is not None and not (data.augment.enabled and data.augment.hflip):
             raise FieldError(
                 "trainer.tta",
                 f"is 'hflip', which scores each image with its mirror, but this recipe trains {data.name} without mirrored "

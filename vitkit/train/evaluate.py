@@ -51,10 +51,10 @@ def evaluate(
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}.")
     model, extra = load_model_and_extra(model_path)
+    tta = recorded_tta(extra, str(model_path)) if tta is None else tta  # checked before the data is loaded
     model.eval()
     bundle = datasets_for(model, extra, data_overrides)
     info = bundle.info
-    tta = recorded_tta(extra, str(model_path)) if tta is None else tta
     loader = DataLoader(getattr(bundle, split), batch_size=batch_size)
     scores = evaluate_model(model.to(default_device()), loader, tta=tta)
     k = info.num_classes
