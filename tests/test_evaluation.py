@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitkit.evaluation import batch_metrics, evaluate_model, predict
+from vitkit.evaluation import UnknownTTAError, batch_metrics, evaluate_model, predict
 
 
 class FixedLogits(nn.Module):
@@ -114,3 +114,12 @@ def test_hflip_averages_the_class_probabilities_of_the_image_and_its_mirror() ->
     label = torch.tensor([2])
     assert evaluate_model(Halves(), [(image, label)], tta="none").top1 == 0.0
     assert evaluate_model(Halves(), [(image, label)], tta="hflip").top1 == 100.0
+
+
+@pytest.mark.parametrize("tta", ["hflp", "HFLIP", None])
+def test_an_unknown_tta_is_refused_not_scored_as_one_view(tta: object) -> None:
+    image = torch.tensor([[[[2.0, 0.0]]]])
+    with pytest.raises(UnknownTTAError, match=rf"test-time augmentation {tta!r} .*'none', 'hflip'"):
+        predict(Halves(), image, tta)
+    with pytest.raises(UnknownTTAError):
+        evaluate_model(Halves(), [(image, torch.tensor([2]))], tta=tta)

@@ -574,11 +574,13 @@ def test_d24_attention_report_on_a_model_without_heads_is_one_error(headless: Pa
 def test_d25_data_overrides_that_do_not_fit_the_model_are_one_error(tmp_path: Path, capsys, load_tool,
                                                                     override: str, words: str | None) -> None:
     path = save_tiny(tiny_shapes_model(), tmp_path / "m.safetensors")
-    code = load_tool("evaluate").main([str(path), "--data", override, "--out", str(tmp_path / "e")])
+    out = tmp_path / "e"
+    code = load_tool("evaluate").main([str(path), "--data", override, "--out", str(out)])
     if words is None:
-        assert code == 0  # a change that keeps the geometry is fine
+        assert code == 0 and (out / "eval.json").is_file()  # a change that keeps the geometry is fine
     else:
         assert code == 2 and words in _one_error_line(capsys.readouterr().err)
+        assert not out.exists()  # the folder is claimed only once there are results
 
 
 # --- minor points --------------------------------------------------------------------------------

@@ -71,19 +71,27 @@ def batches(loader: Iterable[Batch], max_batches: int | None, desc: str, progres
         yield batch
 
 
+def check_tta(value: Any, where: str, fix: str) -> TestTimeAugmentation:
+    """``value`` if it is a :data:`TestTimeAugmentation`.
+
+    Raises:
+        UnknownTTAError: it is not; the message says ``where`` it came from and ends with ``fix``.
+    """
+    if value not in get_args(TestTimeAugmentation):
+        raise UnknownTTAError(
+            f"{where}: test-time augmentation {value!r} is not one vitkit knows "
+            f"(expected one of {list(get_args(TestTimeAugmentation))}); {fix}."
+        )
+    return value
+
+
 def recorded_tta(extra: dict[str, Any], source: str) -> TestTimeAugmentation:
     """The test-time augmentation a model file's metadata records (``'none'`` when it records none).
 
     Raises:
         UnknownTTAError: the metadata names another one (a hand-edited or foreign file).
     """
-    value = extra.get("tta", "none")
-    if value not in get_args(TestTimeAugmentation):
-        raise UnknownTTAError(
-            f"{source} records test-time augmentation {value!r}, which vitkit does not know: "
-            f"expected one of {list(get_args(TestTimeAugmentation))}; choose one with --tta (tta=)."
-        )
-    return value
+    return check_tta(extra.get("tta", "none"), f"{source}'s metadata", "choose one with --tta (tta=)")
 
 
 def predict_views(
@@ -91,6 +99,7 @@ def predict_views(
 ) -> list[torch.Tensor]:
     """``[B, K]`` logits of ``model`` for each view of ``[B, C, H, W]`` images that ``tta`` scores:
     the images themselves first, then (``'hflip'``) their left-right mirror. ``kwargs`` go to the model."""
+    check_tta(tta, "predict_views(tta=)", "pass one of them")
     views = [model(images, **kwargs)]
     if tta == "hflip":
         views.append(model(images.flip(-1), **kwargs))

@@ -149,6 +149,20 @@ def check_extra(extra: Any, config: ViTConfig, source: str, error: type[ConfigEr
     return {key: list(value) if isinstance(value, tuple) else value for key, value in checked.items() if key in extra}
 
 
+def shape_mismatches(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> str:
+    """Up to three of the tensors that differ between ``expected`` and ``found`` (name -> shape),
+    missing, unexpected or misshapen, joined for an error message; ``""`` when they match."""
+    problems = [f"{name} missing" for name in expected if name not in found]
+    problems += [f"unexpected {name}" for name in found if name not in expected]
+    problems += [
+        f"{name} is {list(found[name])}, the model needs {list(shape)}"
+        for name, shape in expected.items()
+        if name in found and found[name] != shape
+    ]
+    more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+    return "; ".join(problems[:3]) + more if problems else ""
+
+
 def check_tensor_shapes(
     config: ViTConfig, shapes: dict[str, tuple[int, ...]], source: str, error: type[ConfigError]
 ) -> None:
@@ -165,15 +179,8 @@ def check_tensor_shapes(
         shapes = {name: shape for name, shape in shapes.items() if name != "pos_embed"}
     renamed = {name: _lsa_upgraded(name, shape, expected) for name, shape in shapes.items()}
     shapes = {new: expected[new] if new != name else shapes[name] for name, new in renamed.items()}
-    problems = [f"{name} missing" for name in expected if name not in shapes]
-    problems += [f"unexpected {name}" for name in shapes if name not in expected]
-    problems += [
-        f"{name} is {list(shapes[name])}, the config needs {list(shape)}"
-        for name, shape in expected.items()
-        if name in shapes and shapes[name] != shape
-    ]
-    if problems:
-        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    shown = shape_mismatches(expected, shapes)
+    if shown:
         raise error(
             f"the tensors of {source} do not match its model config: {shown}. The file is damaged or its "
             "weights and config come from different models."

@@ -66,8 +66,10 @@ def mark(folder: str | os.PathLike, kind: str) -> Path:
     return folder
 
 
-def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = ()) -> Path:
-    """``folder``, created and marked as ``tool``'s, unless it holds another writer's results.
+def check_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = ()) -> Path:
+    """``folder``, if ``tool`` may write its results there (nothing is created): a tool checks this
+    before its work, so a refused folder costs nothing, and claims it (:func:`claim_output_dir`)
+    once it has results, so refused input leaves no empty folder behind.
 
     Args:
         folder: the ``--out`` folder.
@@ -96,7 +98,16 @@ def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterab
                 f"--out {folder} already holds {', '.join(found)}, not written by {tool} (or by an older vitkit); "
                 "choose another folder, or move those files first."
             )
-    return mark(folder, tool)
+    return folder
+
+
+def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = ()) -> Path:
+    """``folder``, checked (:func:`check_output_dir`), created and marked as ``tool``'s.
+
+    Raises:
+        OutputDirError: as :func:`check_output_dir`.
+    """
+    return mark(check_output_dir(folder, tool, extra_results), tool)
 
 
 @contextlib.contextmanager

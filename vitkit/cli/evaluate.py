@@ -14,8 +14,8 @@ import errno
 import json
 from pathlib import Path
 
-from vitkit.output_dirs import claim_output_dir
-from vitkit.train import evaluate
+from vitkit.output_dirs import check_output_dir, claim_output_dir
+from vitkit.train import evaluate, write_evaluation
 
 from .main import run_command
 
@@ -29,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.model).is_file():  # before the output folder beside it is claimed
         raise FileNotFoundError(errno.ENOENT, "model file does not exist", args.model)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
-    claim_output_dir(out, "evaluate")
-    report = evaluate(args.model, args.data, out_dir=out, split=args.split, tta=args.tta)
+    check_output_dir(out, "evaluate")  # claimed once there are results: a refused model leaves no folder
+    report = evaluate(args.model, args.data, split=args.split, tta=args.tta)
+    write_evaluation(report, claim_output_dir(out, "evaluate"))
     per_class = "  ".join(f"{name}: {acc:.1f}" for name, acc in report["per_class"].items())
     views = "" if report["tta"] == "none" else f", {report['tta']} views averaged"
     print(f"{report['dataset']} {report['split']} ({report['num_images']} images{views}): "

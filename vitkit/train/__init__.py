@@ -10,7 +10,7 @@ from ..io import CheckpointError, UnsafeCheckpointError, load_checkpoint
 from .checkpoint import AtomicCheckpointIO, load_for_inference
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
-from .evaluate import evaluate
+from .evaluate import evaluate, write_evaluation
 from .kernel_trial import KernelTrial, TrainingKernelChooser
 from .module import NonFiniteLossError, ViTClassifier
 from .run import RunResult, RunStoppedError, train
@@ -38,4 +38,5 @@ __all__ = [
     "load_for_inference",
     "load_recipe",
     "train",
+    "write_evaluation",
 ]

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from ..data import DataInfo
 from ..evaluation import evaluate_model
 from ..files import atomic_write
-from ..io import load_model
+from ..io import load_model, shape_mismatches
 from .config import DistillConfig, TeacherConfig
 from .datamodule import ViTDataModule
 from .optim import warmup_cosine
@@ -139,12 +139,8 @@ def load_teacher_weights(teacher: nn.Module, path: Path, name: str) -> None:
     except (SafetensorError, OSError) as error:
         raise RecipeError(f"distill.teacher.file {path} is no readable safetensors file ({error}).") from None
     wanted = {key: tuple(value.shape) for key, value in teacher.state_dict().items()}
-    problems = [f"{key} missing" for key in wanted if key not in found]
-    problems += [f"{key} unexpected" for key in found if key not in wanted]
-    problems += [f"{key} {list(found[key])} (wanted {list(shape)})" for key, shape in wanted.items()
-                 if key in found and found[key] != shape]
-    if problems:
-        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    shown = shape_mismatches(wanted, found)
+    if shown:
         raise RecipeError(
             f"distill.teacher.file {path} holds no weights of the teacher built from timm's {name!r} with these "
             f"options ({shown}); give the model, model_kwargs and small_input_stem it was trained with."

@@ -26,7 +26,6 @@ from .schema import build, dotted_keys, merge, parse_overrides
 def evaluate(
     model_path: str | os.PathLike,
     data_overrides: Iterable[str] = (),
-    out_dir: str | os.PathLike | None = None,
     split: str = "test",
     batch_size: int = 256,
     tta: TestTimeAugmentation | None = None,
@@ -38,7 +37,6 @@ def evaluate(
         model_path: an exported ``model.safetensors`` or a training checkpoint.
         data_overrides: ``key=value`` changes to the training data options saved with the model
             (``root=/data/cifar``, ``num_workers=0``).
-        out_dir: when given, ``eval.json`` and ``confusion_matrix.png`` are written there.
         split: ``'test'`` or ``'val'``.
         batch_size: evaluation batch size.
         tta: test-time augmentation (:func:`~vitkit.evaluation.predict`); ``None``: the one the
@@ -72,12 +70,16 @@ def evaluate(
         "per_class": {name: round(float(acc * 100), 3) for name, acc in zip(info.class_names, per_class)},
         "confusion_matrix": matrix.tolist(),
     }
-    if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(out_dir / "eval.json", report)
-        plot_confusion_matrix(matrix, info.class_names, out_dir / "confusion_matrix.png")
     return report
+
+
+def write_evaluation(report: dict[str, Any], out_dir: str | os.PathLike) -> None:
+    """Write :func:`evaluate`'s ``report`` to ``out_dir``: ``eval.json`` and ``confusion_matrix.png``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "eval.json", report)
+    plot_confusion_matrix(np.asarray(report["confusion_matrix"]), list(report["per_class"]),
+                          out_dir / "confusion_matrix.png")
 
 
 def data_config_for(
