@@ -42,3 +42,14 @@ def test_fashion_mnist_fast_recipe_is_the_plain_recipe_with_a_conv_stem_on_a_4x4
     # 20 epochs instead of 30, and mirrored test views (the recipe trains on mirrored images)
     assert fast.trainer.replace(max_epochs=30, tta="none") == plain.trainer and fast.trainer.tta == "hflip"
     assert fast.distill.type == "none"
+
+
+def test_fashion_mnist_long_recipe_is_the_fast_recipe_deeper_longer_and_regularised() -> None:
+    fast, long = load_recipe(RECIPES / "fashion_mnist_fast.yaml"), load_recipe(RECIPES / "fashion_mnist_long.yaml")
+    vit = long.vit_config(img_size=long.data.resolved_img_size(), in_chans=1, num_classes=10)
+    fast_vit = fast.vit_config(img_size=fast.data.resolved_img_size(), in_chans=1, num_classes=10)
+    assert vit.replace(depth=4, drop_path_rate=0.0) == fast_vit and (vit.depth, vit.drop_path_rate) == (6, 0.1)
+    assert long.data.augment.replace(random_erasing=0.0) == fast.data.augment and long.data.augment.random_erasing == 0.25
+    assert long.optim.replace(warmup_epochs=1.0) == fast.optim and long.optim.warmup_epochs == 5.0
+    assert long.trainer.replace(max_epochs=20) == fast.trainer and long.trainer.max_epochs == 100
+    assert long.data.replace(augment=fast.data.augment) == fast.data and long.distill == fast.distill
