@@ -24,8 +24,9 @@ from .errors import VitkitError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
+
 class UnknownTTAError(VitkitError, ValueError):
-    """A model file records a test-time augmentation vitkit does not know."""
+    """A test-time augmentation vitkit does not know: recorded by a model file, or passed as ``tta``."""
 
 
 #: Test-time augmentation: ``'none'`` scores each image once; ``'hflip'`` averages the class
