@@ -8,7 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from vitkit.evaluation import UnknownTTAError, batch_metrics, evaluate_model, predict
+from vitkit.evaluation import (
+    UnknownTTAError,
+    batch_metrics,
+    black_level,
+    evaluate_model,
+    predict,
+    predict_views,
+    shift_images,
+)
 
 
 class FixedLogits(nn.Module):
@@ -114,6 +122,57 @@ def test_hflip_averages_the_class_probabilities_of_the_image_and_its_mirror() ->
     label = torch.tensor([2])
     assert evaluate_model(Halves(), [(image, label)], tta="none").top1 == 0.0
     assert evaluate_model(Halves(), [(image, label)], tta="hflip").top1 == 100.0
+
+
+class Recording(nn.Module):
+    """Scores ``[B, C, H, W]`` images by a fixed linear map of their pixels; records every input."""
+
+    def __init__(self, pixels: int, classes: int = 3) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(pixels, classes, generator=torch.Generator().manual_seed(0)))
+        self.inputs: list[torch.Tensor] = []
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(images.clone())
+        return images.flatten(1) @ self.weight
+
+
+def test_shift_moves_the_pixels_and_fills_the_uncovered_border_per_channel() -> None:
+    image = torch.arange(1.0, 10.0).view(1, 1, 3, 3).repeat(1, 2, 1, 1)
+    image[:, 1] *= 10
+    fill = torch.tensor([-1.0, -2.0])
+    down = shift_images(image, 1, 0, fill)
+    assert down[0, 0].tolist() == [[-1, -1, -1], [1, 2, 3], [4, 5, 6]]
+    assert down[0, 1].tolist() == [[-2, -2, -2], [10, 20, 30], [40, 50, 60]]
+    assert shift_images(image, 0, -1, fill)[0, 0].tolist() == [[2, 3, -1], [5, 6, -1], [8, 9, -1]]
+    assert shift_images(image, -1, 1, fill)[0, 0].tolist() == [[-1, 4, 5], [-1, 7, 8], [-1, -1, -1]]
+
+
+def test_hflip_shift_scores_the_windows_training_pad_and_crop_cuts_and_their_mirrors() -> None:
+    # Training pads the uint8 pixels with zeros and crops (vitkit.data.batch_transforms.random_crop),
+    # then normalises; the views are derived here the same way, in pixel space.
+    raw = torch.randint(0, 256, (2, 2, 4, 5), generator=torch.Generator().manual_seed(1)).float()
+    mean, std = torch.tensor([0.3, 0.6]), torch.tensor([0.2, 0.25])
+
+    def normalise(pixels: torch.Tensor) -> torch.Tensor:
+        return (pixels / 255 - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+    padded = torch.nn.functional.pad(raw, (1, 1, 1, 1))
+    windows = [(1, 1), (2, 1), (0, 1), (1, 2), (1, 0)]  # (top, left) offsets: centre, up, down, left, right
+    expected = []
+    for top, left in windows:
+        crop = normalise(padded[..., top : top + 4, left : left + 5])
+        expected += [crop, crop.flip(-1)]
+    model = Recording(2 * 4 * 5)
+    views = predict_views(model, normalise(raw), "hflip_shift", black_level(mean.tolist(), std.tolist()))
+    assert len(views) == len(model.inputs) == 10
+    for seen, want in zip(model.inputs, expected):
+        torch.testing.assert_close(seen, want)
+    probabilities = torch.stack([(view.flatten(1) @ model.weight).softmax(-1) for view in expected]).mean(0)
+    averaged = predict(model, normalise(raw), "hflip_shift", black_level(mean.tolist(), std.tolist()))
+    torch.testing.assert_close(averaged.softmax(-1), probabilities)
+    with pytest.raises(ValueError, match="needs fill="):
+        predict(model, normalise(raw), "hflip_shift")
 
 
 @pytest.mark.parametrize("tta", ["hflp", "HFLIP", None])

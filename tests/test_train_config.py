@@ -87,6 +87,19 @@ def test_mirrored_test_views_need_a_model_trained_on_mirrored_images(data: list[
     with pytest.raises(RecipeError, match="trainer.tta .*'hflip'.*never saw: set data.augment.hflip"):
         load_recipe({}, [*data, "trainer.tta=hflip"])
     assert load_recipe({}, ["data.name=shapes", "trainer.tta=hflip"]).trainer.tta == "hflip"
+    with pytest.raises(RecipeError, match="trainer.val_tta .*'hflip_shift'.*never saw"):
+        load_recipe({}, [*data, "trainer.val_tta=hflip_shift"])
+
+
+@pytest.mark.parametrize("key", ["tta", "val_tta"])
+def test_shifted_test_views_need_a_model_trained_on_shifted_images(key: str) -> None:
+    shapes = ["data.name=shapes", "data.augment.hflip=0.5"]
+    for crop in (["data.augment.crop=resize"], ["data.augment.crop=pad", "data.augment.padding=0"]):
+        with pytest.raises(RecipeError, match=rf"trainer.{key} .*'hflip_shift'.*without shifted images"):
+            load_recipe({}, [*shapes, *crop, f"trainer.{key}=hflip_shift"])
+    trainer = load_recipe({}, [*shapes, "data.augment.crop=pad", "data.augment.padding=1",
+                               f"trainer.{key}=hflip_shift"]).trainer
+    assert getattr(trainer, key) == "hflip_shift"
 
 
 def test_overrides_are_coerced_from_strings() -> None:

@@ -6,6 +6,7 @@ formula, the Mixup convex combination), not read back from the code under test.
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,38 @@ def test_hflip_tta_scores_the_test_split_with_each_image_and_its_mirror(tmp_path
     assert both != one_view  # the mirror changes some answers, so an ignored option cannot pass
     assert evaluate(result.run_dir / "model.safetensors")["top1"] != evaluate(
         result.run_dir / "model.safetensors", tta="none")["top1"]  # the option is saved with the model
+
+
+def test_hflip_shift_tta_scores_the_test_split_with_ten_views_and_val_tta_validation_with_one(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, **{**SHORT, "limit_train_batches": 45}, max_epochs=3, tta="hflip_shift", val_tta="none")
+    recipe["data"]["augment"] = {"enabled": True, "hflip": 0.5, "crop": "pad", "padding": 1}
+    result = train(recipe)
+    model, extra = load_model_and_extra(result.run_dir / "model.safetensors")
+    bundle = datasets_for(model, extra)
+    fill = torch.tensor([-m / s for m, s in zip(extra["mean"], extra["std"])]).view(1, -1, 1, 1)
+
+    def scored(split: Any, count: int) -> tuple[float, float]:
+        """One-view and 10-view accuracy of the first ``count`` images, views cut by hand."""
+        images = torch.stack([split[i][0] for i in range(count)])
+        labels = torch.tensor([split[i][1] for i in range(count)])
+        padded = torch.nn.functional.pad(images - fill, (1, 1, 1, 1)) + fill
+        crops = [padded[..., top : top + 8, left : left + 8] for top, left in [(1, 1), (0, 1), (2, 1), (1, 0), (1, 2)]]
+        with torch.no_grad():
+            probs = [model(view).softmax(-1) for crop in crops for view in (crop, crop.flip(-1))]
+        one = 100 * (probs[0].argmax(-1) == labels).float().mean().item()
+        ten = 100 * (sum(probs).argmax(-1) == labels).float().mean().item()
+        return one, ten
+
+    test_one, test_ten = scored(bundle.test, 2 * 2 * 32)  # the tested images: 2 batches of 2 x 32, in order
+    assert result.summary["test_acc"] == pytest.approx(test_ten, abs=1e-3)
+    assert result.summary["test_acc_one_view"] == pytest.approx(test_one, abs=1e-3)
+    assert test_ten != test_one  # the moved views change some answers
+    val_one, val_ten = scored(bundle.val, 2 * 2 * 32)  # 2 batches of 2 x 32 too
+    assert result.summary["val_acc"] == pytest.approx(val_one, abs=1e-3)
+    with open(result.run_dir / "metrics.csv") as rows:
+        columns = next(csv.reader(rows))
+    # every epoch validated one view (no averaged views to log one beside); the test logged both
+    assert "val/acc1" in columns and "val/acc1_one_view" not in columns and "test/acc1_one_view" in columns
 
 
 def test_learning_rate_follows_linear_warmup_then_cosine(tmp_path: Path) -> None:

@@ -30,8 +30,13 @@ class UnknownTTAError(VitkitError, ValueError):
 
 
 #: Test-time augmentation: ``'none'`` scores each image once; ``'hflip'`` averages the class
-#: probabilities of the image and its left-right mirror.
-TestTimeAugmentation = Literal["none", "hflip"]
+#: probabilities of the image and its left-right mirror; ``'hflip_shift'`` adds both moved by one
+#: pixel up, down, left and right (10 views), the uncovered border black, as the zero padding of
+#: ``data.augment.crop='pad'`` leaves it in training.
+TestTimeAugmentation = Literal["none", "hflip", "hflip_shift"]
+
+#: ``(rows down, columns right)`` of the four moved copies ``'hflip_shift'`` scores.
+SHIFTS: tuple[tuple[int, int], ...] = ((-1, 0), (1, 0), (0, -1), (0, 1))
 
 
 def default_device() -> torch.device:
@@ -95,15 +100,51 @@ def recorded_tta(extra: dict[str, Any], source: str) -> TestTimeAugmentation:
     return check_tta(extra.get("tta", "none"), f"{source}'s metadata", "choose one with --tta (tta=)")
 
 
+def black_level(mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """``[C]`` value of a black (all-zero) pixel after ``Normalize(mean, std)``: ``-mean / std``."""
+    return -torch.as_tensor(mean, dtype=torch.float32) / torch.as_tensor(std, dtype=torch.float32)
+
+
+def shift_images(images: torch.Tensor, rows: int, cols: int, fill: torch.Tensor) -> torch.Tensor:
+    """``[B, C, H, W]`` images moved ``rows`` down and ``cols`` right (negative: up, left), the
+    uncovered border set to the ``[C]`` values ``fill``: the window that training's pad-and-crop cuts
+    at that offset. The pixels kept are copied exactly."""
+    height, width = images.shape[-2:]
+    if abs(rows) >= height or abs(cols) >= width:
+        raise ValueError(f"cannot move {height}x{width} images by ({rows}, {cols}) pixels.")
+    moved = fill.to(images).view(1, -1, 1, 1).expand_as(images).clone()
+    moved[..., max(rows, 0) : height + min(rows, 0), max(cols, 0) : width + min(cols, 0)] = (
+        images[..., max(-rows, 0) : height + min(-rows, 0), max(-cols, 0) : width + min(-cols, 0)]
+    )
+    return moved
+
+
 def predict_views(
-    model: nn.Module, images: torch.Tensor, tta: TestTimeAugmentation = "none", **kwargs: Any
+    model: nn.Module,
+    images: torch.Tensor,
+    tta: TestTimeAugmentation = "none",
+    fill: torch.Tensor | None = None,
+    **kwargs: Any,
 ) -> list[torch.Tensor]:
     """``[B, K]`` logits of ``model`` for each view of ``[B, C, H, W]`` images that ``tta`` scores:
-    the images themselves first, then (``'hflip'``) their left-right mirror. ``kwargs`` go to the model."""
+    the images themselves first, then (``'hflip'``) their left-right mirror, then
+    (``'hflip_shift'``) each of :data:`SHIFTS` and its mirror, the border filled with the ``[C]``
+    values ``fill`` (:func:`black_level` of the images' normalisation). ``kwargs`` go to the model.
+
+    Raises:
+        ValueError: ``'hflip_shift'`` without ``fill``.
+    """
     check_tta(tta, "predict_views(tta=)", "pass one of them")
     views = [model(images, **kwargs)]
-    if tta == "hflip":
-        views.append(model(images.flip(-1), **kwargs))
+    if tta == "none":
+        return views
+    views.append(model(images.flip(-1), **kwargs))
+    if tta == "hflip_shift":
+        if fill is None:
+            raise ValueError("tta='hflip_shift' needs fill=, the normalised value of a black pixel (black_level).")
+        for rows, cols in SHIFTS:
+            moved = shift_images(images, rows, cols, fill)
+            views += [model(moved, **kwargs), model(moved.flip(-1), **kwargs)]
     return views
 
 
@@ -117,10 +158,16 @@ def average_views(views: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.logsumexp(log_probs, dim=0) - math.log(len(views))
 
 
-def predict(model: nn.Module, images: torch.Tensor, tta: TestTimeAugmentation = "none", **kwargs: Any) -> torch.Tensor:
+def predict(
+    model: nn.Module,
+    images: torch.Tensor,
+    tta: TestTimeAugmentation = "none",
+    fill: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
     """``[B, K]`` logits of ``model`` for ``[B, C, H, W]`` images, its views under ``tta`` averaged
     (:func:`predict_views`, :func:`average_views`)."""
-    return average_views(predict_views(model, images, tta, **kwargs))
+    return average_views(predict_views(model, images, tta, fill, **kwargs))
 
 
 def batch_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -161,6 +208,7 @@ def evaluate_model(
     max_batches: int | None = None,
     progress: bool = False,
     tta: TestTimeAugmentation = "none",
+    fill: torch.Tensor | None = None,
 ) -> Evaluation:
     """Score ``model`` (in eval mode, on its own device) over ``loader``.
 
@@ -171,6 +219,7 @@ def evaluate_model(
         max_batches: stop after this many batches.
         progress: show a tqdm bar.
         tta: test-time augmentation (:func:`predict`).
+        fill: ``[C]`` normalised value of a black pixel, for ``tta='hflip_shift'`` (:func:`black_level`).
 
     Raises:
         ValueError: the loader yielded no images.
@@ -183,7 +232,7 @@ def evaluate_model(
         for images, targets in batches(loader, max_batches, "evaluate", progress):
             targets = torch.as_tensor(targets).to(device)
             # Models without head gates (timm's, during training) are called without the argument.
-            logits = predict(model, images.to(device), tta, **({} if gates is None else {"head_mask": gates}))
+            logits = predict(model, images.to(device), tta, fill, **({} if gates is None else {"head_mask": gates}))
             batch_loss, acc1, acc5 = batch_metrics(logits, targets)
             size = len(targets)
             loss += float(batch_loss) * size

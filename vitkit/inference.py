@@ -18,7 +18,7 @@ from PIL import Image
 from .data import DataInfo, build_eval_transform, load_image
 from .data.images import convert_channels
 from .errors import VitkitError
-from .evaluation import TestTimeAugmentation, recorded_tta
+from .evaluation import TestTimeAugmentation, black_level, recorded_tta
 from .evaluation import predict as predict_logits
 from .io import load_model_and_extra
 from .models import VisionTransformer
@@ -161,7 +161,7 @@ def predict(
     try:
         for first in range(0, len(images), batch_size):
             batch = preprocess([as_image(item) for item in images[first : first + batch_size]], info)
-            probabilities = predict_logits(model, batch.to(device), tta).float().softmax(dim=-1).cpu()
+            probabilities = predict_logits(model, batch.to(device), tta, black_level(info.mean, info.std)).float().softmax(dim=-1).cpu()
             values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
             predictions += [
                 Prediction(tuple(row.tolist()), tuple(info.class_names[i] for i in row.tolist()), tuple(p.tolist()))

@@ -30,7 +30,7 @@ METHODS = ("rollout", "grad_rollout", "chefer", "heads")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
-TTA_CHOICES = ("none", "hflip")
+TTA_CHOICES = ("none", "hflip", "hflip_shift")
 LIBRARY_CONSTANTS = {
     "vitkit.explain.METHODS": METHODS,
     "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
@@ -118,7 +118,8 @@ def data_arguments(parser: argparse.ArgumentParser) -> None:
 def tta_argument(parser: argparse.ArgumentParser) -> None:
     """``--tta``: how a model file's images are scored (default: as saved with the model)."""
     parser.add_argument("--tta", choices=TTA_CHOICES, help="test-time augmentation: hflip averages each image's and its "
-                        "mirror's class probabilities; unset: as saved with the model by its training run")
+                        "mirror's class probabilities, hflip_shift adds both moved by one pixel in each direction "
+                        "(10 views); unset: as saved with the model by its training run")
 
 
 # --- argument types ---------------------------------------------------------------------------

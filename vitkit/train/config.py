@@ -160,8 +160,13 @@ class TrainerConfig(Config):
             test as usual; ``null``: no limit.
         tta: test-time augmentation of validation and test (:data:`~vitkit.evaluation.TestTimeAugmentation`):
             ``'hflip'`` averages the class probabilities of each image and its mirror (twice the
-            evaluation cost; needs a model trained with ``data.augment.hflip``). It is saved with
-            the model, and ``vitkit evaluate`` and ``vitkit predict`` score that way too.
+            evaluation cost; needs a model trained with ``data.augment.hflip``); ``'hflip_shift'``
+            adds both moved one pixel up, down, left and right (10 views; also needs
+            ``data.augment.crop='pad'``). It is saved with the model, and ``vitkit evaluate`` and
+            ``vitkit predict`` score that way too.
+        val_tta: the test-time augmentation of validation alone (which picks ``best.ckpt``, every
+            epoch); ``null``: ``tta``. A cheaper one keeps the epochs short when ``tta`` is
+            ``'hflip_shift'``.
     """
 
     max_epochs: int = field(default=10, metadata=bounds(ge=1, le=MAX_EPOCHS))
@@ -185,6 +190,7 @@ class TrainerConfig(Config):
     compile: bool = False
     max_time_minutes: float | None = field(default=None, metadata=bounds(gt=0))
     tta: TestTimeAugmentation = "none"
+    val_tta: TestTimeAugmentation | None = None
 
     def validate(self) -> None:
         """``devices``: a count in [1, MAX_DEVICES] or distinct ids in [0, MAX_DEVICES); what Lightning
@@ -320,13 +326,31 @@ class RecipeConfig(Config):
                 f"Mixup/CutMix pairs images within a batch, so trainer.batch_size must be even, "
                 f"got {self.trainer.batch_size}."
             )
-        data = self.data.resolved() if self.trainer.tta == "hflip" else None
-        if data is not None and not (data.augment.enabled and data.augment.hflip):
+        for key in ("tta", "val_tta"):
+            self._check_tta_was_trained(key, getattr(self.trainer, key))
+
+    def _check_tta_was_trained(self, key: str, tta: TestTimeAugmentation | None) -> None:
+        """``trainer.<key>`` scores only views the recipe's augmentation trains on.
+
+        Raises:
+            FieldError: it scores mirrors the model never saw, or moved copies without ``crop='pad'``.
+        """
+        if tta in (None, "none"):
+            return
+        data = self.data.resolved()
+        if not (data.augment.enabled and data.augment.hflip):
             raise FieldError(
-                "trainer.tta",
-                f"is 'hflip', which scores each image with its mirror, but this recipe trains {data.name} without mirrored "
+                f"trainer.{key}",
+                f"is {tta!r}, which scores each image with its mirror, but this recipe trains {data.name} without mirrored "
                 "images (data.augment.hflip is 0 or augmentation is off), so the mirror is an image the model "
-                "never saw: set data.augment.hflip=0.5, or trainer.tta=none.",
+                f"never saw: set data.augment.hflip=0.5, or trainer.{key}=none.",
+            )
+        if tta == "hflip_shift" and not (data.augment.crop == "pad" and data.augment.padding >= 1):
+            raise FieldError(
+                f"trainer.{key}",
+                f"is 'hflip_shift', which scores copies moved by one pixel, but this recipe trains {data.name} "
+                f"without shifted images (data.augment.crop is {data.augment.crop!r}, padding {data.augment.padding}): "
+                f"set data.augment.crop=pad with data.augment.padding of 1 or more, or trainer.{key}=hflip.",
             )
 
     def vit_config(self, **data_fields: Any) -> ViTConfig:

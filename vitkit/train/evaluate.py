@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
 from ..data.info import MetadataError
 from ..errors import VitkitError
-from ..evaluation import TestTimeAugmentation, default_device, evaluate_model, recorded_tta
+from ..evaluation import TestTimeAugmentation, black_level, default_device, evaluate_model, recorded_tta
 from ..io import load_model_and_extra
 from ..models import VisionTransformer
 from .artifacts import write_json
@@ -54,7 +54,7 @@ def evaluate(
     bundle = datasets_for(model, extra, data_overrides)
     info = bundle.info
     loader = DataLoader(getattr(bundle, split), batch_size=batch_size)
-    scores = evaluate_model(model.to(default_device()), loader, tta=tta)
+    scores = evaluate_model(model.to(default_device()), loader, tta=tta, fill=black_level(info.mean, info.std))
     k = info.num_classes
     matrix = confusion_matrix(scores.labels.numpy(), scores.predictions.numpy(), labels=list(range(k)))
     per_class = np.divide(np.diag(matrix), matrix.sum(axis=1), out=np.zeros(k), where=matrix.sum(axis=1) > 0)

@@ -16,7 +16,7 @@ from timm.utils import ModelEmaV3, accuracy
 from torch import nn
 
 from ..errors import VitkitError
-from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, predict_views
+from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, black_level, predict_views
 from ..models import VisionTransformer, ViTConfig, from_timm, timm_twin
 from .config import DistillConfig, OptimConfig
 from .distill import DistillationLoss
@@ -48,7 +48,11 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.optim_config: OptimConfig = build(OptimConfig, recipe.get("optim", {}), source="the checkpoint's recipe")
-        self.tta: TestTimeAugmentation = recipe.get("trainer", {}).get("tta", "none")
+        trainer_section = recipe.get("trainer", {})
+        self.tta: TestTimeAugmentation = trainer_section.get("tta", "none")
+        self.val_tta: TestTimeAugmentation = trainer_section.get("val_tta") or self.tta
+        #: ``[C]`` normalised black, the border of ``'hflip_shift'``'s moved views.
+        self.fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
         model_section = recipe.get("model", {})
         config = ViTConfig.from_dict(vit_config)
         # model.impl=timm trains timm's own VisionTransformer of the same shape (the reference).
@@ -166,7 +170,7 @@ class ViTClassifier(L.LightningModule):
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
         images, targets = batch
-        views = predict_views(self.inference_model, images, self.tta)
+        views = predict_views(self.inference_model, images, self.val_tta if stage == "val" else self.tta, self.fill)
         loss, acc1, acc5 = batch_metrics(average_views(views), targets)
         self.log_dict({f"{stage}/loss": loss, f"{stage}/acc5": acc5}, sync_dist=True, batch_size=len(targets))
         self.log(f"{stage}/acc1", acc1, sync_dist=True, batch_size=len(targets), prog_bar=True)
