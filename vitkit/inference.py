@@ -158,10 +158,11 @@ def predict(
     model.eval()
     device = next(model.parameters()).device
     predictions: list[Prediction] = []
+    fill = black_level(info.mean, info.std)  # the border of 'hflip_shift''s moved views
     try:
         for first in range(0, len(images), batch_size):
             batch = preprocess([as_image(item) for item in images[first : first + batch_size]], info)
-            probabilities = predict_logits(model, batch.to(device), tta, black_level(info.mean, info.std)).float().softmax(dim=-1).cpu()
+            probabilities = predict_logits(model, batch.to(device), tta, fill).float().softmax(dim=-1).cpu()
             values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
             predictions += [
                 Prediction(tuple(row.tolist()), tuple(info.class_names[i] for i in row.tolist()), tuple(p.tolist()))
