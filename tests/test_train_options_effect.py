@@ -93,8 +93,9 @@ def test_hflip_shift_tta_scores_the_test_split_with_ten_views_and_val_tta_valida
     bundle = datasets_for(model, extra)
     fill = torch.tensor([-m / s for m, s in zip(extra["mean"], extra["std"])]).view(1, -1, 1, 1)
 
-    def scored(split: Any, count: int) -> tuple[float, float]:
-        """One-view and 10-view accuracy of the first ``count`` images, views cut by hand."""
+    def scored(split: Any, count: int) -> tuple[float, float, float]:
+        """One-view, 2-view (image and mirror) and 10-view accuracy of the first ``count`` images,
+        views cut by hand."""
         images = torch.stack([split[i][0] for i in range(count)])
         labels = torch.tensor([split[i][1] for i in range(count)])
         padded = torch.nn.functional.pad(images - fill, (1, 1, 1, 1)) + fill
@@ -102,14 +103,17 @@ def test_hflip_shift_tta_scores_the_test_split_with_ten_views_and_val_tta_valida
         with torch.no_grad():
             probs = [model(view).softmax(-1) for crop in crops for view in (crop, crop.flip(-1))]
         one = 100 * (probs[0].argmax(-1) == labels).float().mean().item()
+        two = 100 * ((probs[0] + probs[1]).argmax(-1) == labels).float().mean().item()
         ten = 100 * (sum(probs).argmax(-1) == labels).float().mean().item()
-        return one, ten
+        return one, two, ten
 
-    test_one, test_ten = scored(bundle.test, 2 * 2 * 32)  # the tested images: 2 batches of 2 x 32, in order
+    test_one, test_two, test_ten = scored(bundle.test, 2 * 2 * 32)  # the tested images: 2 batches of 2 x 32, in order
     assert result.summary["test_acc"] == pytest.approx(test_ten, abs=1e-3)
     assert result.summary["test_acc_one_view"] == pytest.approx(test_one, abs=1e-3)
-    assert test_ten != test_one  # the moved views change some answers
-    val_one, val_ten = scored(bundle.val, 2 * 2 * 32)  # 2 batches of 2 x 32 too
+    assert result.summary["test_acc_mirrored"] == pytest.approx(test_two, abs=1e-3)
+    assert len({test_one, test_two, test_ten}) == 3  # the mirror and the moved views each change some answers
+    assert (result.summary["tta"], result.summary["val_tta"]) == ("hflip_shift", "none")
+    val_one = scored(bundle.val, 2 * 2 * 32)[0]  # 2 batches of 2 x 32 too
     assert result.summary["val_acc"] == pytest.approx(val_one, abs=1e-3)
     with open(result.run_dir / "metrics.csv") as rows:
         columns = next(csv.reader(rows))

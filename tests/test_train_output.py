@@ -31,3 +31,13 @@ def test_training_ends_with_a_few_lines_and_no_lightning_banners(
     # tiny_recipe overrides these fields of vit_cifar_tiny
     overridden = "patch_size=(2, 2), embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0"
     assert summary["model"] == f"vit_cifar_tiny, overridden: {overridden}"
+
+
+def test_closing_line_names_each_view_count_the_summary_scored(load_tool) -> None:
+    summary = {"test_acc": 94.61, "test_acc5": 99.9, "val_acc": 94.2, "epochs": 100, "wall_time_s": 3100.4,
+               "train_images_per_s": 1790.0, "tta": "hflip_shift", "test_acc_one_view": 93.9, "test_acc_mirrored": 94.3}
+    first = load_tool("train").closing_lines(summary, Path("runs/r")).splitlines()[0]
+    assert first.startswith("test accuracy 94.61% with hflip_shift views, 93.90% without, 94.30% with hflip's two")
+    plain = {**summary, "tta": "none"}
+    del plain["test_acc_one_view"], plain["test_acc_mirrored"]
+    assert load_tool("train").closing_lines(plain, Path("runs/r")).splitlines()[0].startswith("test accuracy 94.61% (top-5")

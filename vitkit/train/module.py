@@ -177,6 +177,9 @@ class ViTClassifier(L.LightningModule):
         if len(views) > 1:  # the images alone, beside the averaged views, so that the gain is measured
             single = accuracy(views[0], targets)[0]
             self.log(f"{stage}/acc1_one_view", single, sync_dist=True, batch_size=len(targets))
+        if len(views) > 2:  # and the image with its mirror ('hflip'), so that the moved views' gain is too
+            mirrored = accuracy(average_views(views[:2]), targets)[0]
+            self.log(f"{stage}/acc1_mirrored", mirrored, sync_dist=True, batch_size=len(targets))
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         self._recent_losses.append(loss.detach())
