@@ -181,7 +181,7 @@ def _fit(
         "test_acc": _metric(tested, "test/acc1"),
         "test_acc5": _metric(tested, "test/acc5"),
         "tta": config.trainer.tta,
-        "val_tta": config.trainer.val_tta or config.trainer.tta,
+        "val_tta": module.val_tta,  # the module resolves an unset one to tta
         **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
         **({"test_acc_mirrored": _metric(tested, "test/acc1_mirrored")} if config.trainer.tta == "hflip_shift" else {}),
         "epochs": trainer.current_epoch,
