@@ -53,3 +53,20 @@ def test_fashion_mnist_long_recipe_is_the_fast_recipe_deeper_longer_and_regulari
     assert long.optim.replace(warmup_epochs=1.0) == fast.optim and long.optim.warmup_epochs == 5.0
     assert long.trainer.replace(max_epochs=20) == fast.trainer and long.trainer.max_epochs == 100
     assert long.data.replace(augment=fast.data.augment) == fast.data and long.distill == fast.distill
+
+
+def test_fashion_mnist_distilled_recipe_is_the_long_recipe_with_a_resnet10_teacher_and_stronger_erasing() -> None:
+    long, distilled = load_recipe(RECIPES / "fashion_mnist_long.yaml"), load_recipe(RECIPES / "fashion_mnist_distilled.yaml")
+    vit = distilled.vit_config(img_size=distilled.data.resolved_img_size(), in_chans=1, num_classes=10)
+    long_vit = long.vit_config(img_size=long.data.resolved_img_size(), in_chans=1, num_classes=10)
+    assert vit.replace(distilled=False) == long_vit and vit.distilled
+    assert (distilled.distill.type, distilled.distill.alpha, long.distill.type) == ("hard", 0.5, "none")
+    teacher = distilled.distill.teacher
+    assert (teacher.model, teacher.small_input_stem, teacher.epochs, teacher.file) == ("resnet18", True, 30, None)
+    assert teacher.model_kwargs == {"layers": [1, 1, 1, 1], "channels": [32, 64, 128, 256]}
+    # Zhong et al.'s Fashion-MNIST erasing (arXiv 1708.04896): p = 0.5, area 0.02-0.4, random values
+    erasing = {"random_erasing": 0.5, "erasing_area": (0.02, 0.4), "erasing_mode": "pixel"}
+    assert distilled.data.augment == long.data.augment.replace(**erasing)
+    assert distilled.optim == long.optim and distilled.data.replace(augment=long.data.augment) == long.data
+    measured = {"seed": 1, "tta": "hflip_shift", "val_tta": "hflip"}
+    assert distilled.trainer == long.trainer.replace(**measured)
