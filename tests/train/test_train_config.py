@@ -16,7 +16,7 @@ from vitkit.train.config import ModelConfig, OptimConfig, TrainerConfig, save_re
 from vitkit.train.optim import param_groups, warmup_cosine
 from vitkit.train.run import check_precision
 
-RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
 
 
 def write_recipe(tmp_path: Path, values: dict) -> Path:

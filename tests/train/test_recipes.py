@@ -9,7 +9,7 @@ import timm
 from vitkit.models import VisionTransformer
 from vitkit.train.config import load_recipe
 
-RECIPES = Path(__file__).parent.parent / "recipes"
+RECIPES = Path(__file__).parents[2] / "recipes"
 
 
 def test_vit_small_recipe_trains_vit_s_at_patch_4_on_cifar10() -> None:

@@ -23,7 +23,7 @@ from vitkit.models import model_config
 from vitkit.schema import MAX_ECHO_CHARS, MAX_YAML_NODES, ConfigError
 from vitkit.train import RecipeError, load_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: A valid tiny model config (the base every model-file case edits one field of).
 TINY = model_config("vit_cifar_tiny", embed_dim=16, depth=2, num_heads=2).to_dict()
 

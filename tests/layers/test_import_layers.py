@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).parent.parent / "vitkit"
+PACKAGE = Path(__file__).parents[2] / "vitkit"
 
 #: The layers, lowest first. A module may import from a lower layer and from its own top-level
 #: package; the packages of one layer are independent of each other.

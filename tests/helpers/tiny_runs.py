@@ -15,7 +15,7 @@ import lightning as L
 import torch
 import yaml
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 #: Trainer limits that keep a run to a few steps.
 SHORT = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2}
 

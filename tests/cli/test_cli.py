@@ -19,7 +19,7 @@ import pytest
 from vitkit.cli import parsers
 from vitkit.cli.main import MODULES, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
