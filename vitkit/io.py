@@ -275,6 +275,38 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         ) from None
 
 
+def read_weights_file(
+    path: str | os.PathLike, error: type[VitkitError] = CheckpointError, what: str = "weights file"
+) -> dict[str, torch.Tensor]:
+    """A state dict saved with safetensors (``.safetensors``) or ``torch.save`` (``.pth``, ``.bin``,
+    ... read with ``weights_only=True``, so no pickled code runs), e.g. a timm model's weights.
+
+    Raises:
+        ``error``: the file is missing, unreadable, unsafe or holds no mapping of tensors; the
+            message starts with ``what`` and names the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what}: {path} does not exist.")
+    if path.suffix == ".safetensors":
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                return {key: handle.get_tensor(key) for key in handle.keys()}
+        except (SafetensorError, OSError, ValueError) as problem:
+            raise error(f"{what}: {path} is not a readable safetensors file ({_first_line(problem)}).") from None
+    try:
+        state = load_checkpoint(path)
+    except VitkitError as problem:
+        raise error(f"{what}: {problem}") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # a checkpoint that wraps its weights
+    if not isinstance(state, dict) or not state or not all(
+        isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in state.items()
+    ):
+        raise error(f"{what}: {path} holds no state dict (a mapping of parameter names to tensors).")
+    return state
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__

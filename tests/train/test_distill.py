@@ -81,8 +81,7 @@ def test_training_step_distils_from_a_frozen_teacher_whose_weights_never_change(
     recipe = tiny_recipe(Path("unused"))
     recipe["distill"] = {"type": "hard", "alpha": 0.5, "teacher": {"model": "test_resnet"}}
     student = tiny_vit()
-    module = ViTClassifier(recipe, student.config.to_dict(), {})
-    module.model.load_state_dict(student.state_dict())
+    module = ViTClassifier(student, load_recipe(recipe), student.config, {})
     teacher = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 10))
     module.attach_teacher(freeze(teacher))
     assert "teacher" not in dict(module.named_children()) and not any(k.startswith("teacher") for k in module.state_dict())
@@ -140,7 +139,8 @@ def test_distill_recipe_section_is_checked_before_anything_runs() -> None:
 def test_a_distilled_student_learns_labels_on_its_class_head_and_the_teacher_on_its_distillation_head() -> None:
     recipe = tiny_recipe(Path("unused"))
     recipe["distill"] = {"type": "hard", "alpha": 0.5, "teacher": {"model": "test_resnet"}}
-    module = ViTClassifier(recipe, tiny_vit(distilled=True).config.to_dict(), {})
+    student = tiny_vit(distilled=True)
+    module = ViTClassifier(student, load_recipe(recipe), student.config, {})
     teacher = freeze(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
     module.attach_teacher(teacher)
     model = module.model.train()

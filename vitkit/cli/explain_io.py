@@ -17,14 +17,12 @@ from typing import Any, NamedTuple
 import timm
 import torch
 from PIL import Image
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
 from ..data.images import convert_channels, describe_conversion
 from ..errors import UsageError, VitkitError
-from ..io import load_checkpoint, load_model_and_extra
+from ..io import load_model_and_extra, read_weights_file
 from ..models import VisionTransformer, from_timm
 from ..models.timm_interop import pretrained_preprocessing
 from ..train.evaluate import datasets_for
@@ -79,14 +77,8 @@ def load_explained_model(
     path = Path(timm_weights)
     if not path.is_file():
         raise FileNotFoundError(f"timm weights file {path} does not exist.")
-    if path.suffix == ".safetensors":
-        try:
-            state = load_file(str(path))
-        except (SafetensorError, OSError) as error:
-            raise UsageError(f"{path} is not a readable safetensors file ({error}).") from None
-    else:
-        state = load_checkpoint(path)  # weights_only: refuses pickled code, names a truncated file
-    if not isinstance(state, dict) or "patch_embed.proj.weight" not in state:
+    state = read_weights_file(path, error=UsageError, what="--timm-weights")  # weights_only: no pickled code
+    if "patch_embed.proj.weight" not in state:
         raise UsageError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
     try:
         model = from_timm(state, name=model_name.split(".")[0]).eval()

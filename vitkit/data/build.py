@@ -44,6 +44,7 @@ def data_info(cfg: DataConfig, class_names: Sequence[str], mean: Sequence[float]
         std=convert_stats(cfg.std or std, cfg.resolved_in_chans()),
         name=cfg.name,
         crop_pct=cfg.crop_pct,
+        interpolation=cfg.interpolation or "bilinear",
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 from timm.data import auto_augment
 
 from ..schema import MAX_IMG_SIDE, Channels, Config, FieldError, bounds
+from .info import Interpolation
 
 CropMode = Literal["random_resized", "pad", "resize"]
 CROP_MODES: tuple[str, ...] = get_args(CropMode)
@@ -157,6 +158,8 @@ class DataConfig(Config):
         std: per-channel normalisation std; ``None``: the dataset's statistics.
         crop_pct: eval transform resizes the shorter side to ``img_size / crop_pct`` then
             centre-crops; ``None``: dataset default (1.0, imagefolder 0.875).
+        interpolation: the eval resize's resampling filter (timm's names); ``None``: bilinear, or
+            with ``model.pretrained`` the filter the weights were trained with.
         shapes_num_samples: total number of generated shapes images (split like digits).
         shapes_noise_std: std of the Gaussian background noise of shapes images (0-1 scale).
         shapes_style: ``'flat'`` (one-colour objects on a uniform noisy background) or
@@ -182,6 +185,7 @@ class DataConfig(Config):
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = field(default=None, metadata=bounds(gt=0))
     crop_pct: float | None = field(default=None, metadata=bounds(gt=0, le=1))
+    interpolation: Interpolation | None = None
     shapes_num_samples: int = field(default=6000, metadata=bounds(ge=30, le=MAX_SHAPES_SAMPLES))
     shapes_noise_std: float = field(default=0.06, metadata=bounds(ge=0, le=1))
     shapes_style: ShapesStyle = "flat"

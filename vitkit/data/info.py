@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from timm.data import DEFAULT_CROP_PCT
 from torch.utils.data import Dataset
@@ -17,8 +17,9 @@ IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
 
 #: How the eval transform fits an image to ``img_size`` (timm's ``crop_mode`` values).
 CROP_MODES = ("center", "squash", "border")
-#: Resampling filters of the eval resize (timm's ``interpolation`` values).
-INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area", "lanczos")
+#: A resampling filter of the eval resize (timm's ``interpolation`` values).
+Interpolation = Literal["nearest", "bilinear", "bicubic", "area", "lanczos"]
+INTERPOLATIONS: tuple[str, ...] = get_args(Interpolation)
 
 
 class DataFileError(VitkitError, ValueError):

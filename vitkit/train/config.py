@@ -31,7 +31,9 @@ from .schema import RecipeError
 #: ViTConfig fields set from the dataset rather than the recipe.
 DATA_DRIVEN_FIELDS = ("img_size", "in_chans", "num_classes")
 #: ModelConfig fields that choose the model rather than override a ViTConfig field.
-MODEL_CHOICE_FIELDS = ("name", "grad_checkpointing", "impl")
+MODEL_CHOICE_FIELDS = ("name", "grad_checkpointing", "impl", "pretrained", "pretrained_file", "pretrained_kwargs", "reset_head")
+#: The variant a recipe without ``model.name`` or ``model.pretrained`` builds.
+DEFAULT_VARIANT = "vit_cifar_tiny"
 
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
 ModelImpl = Literal["vitkit", "timm"]
@@ -45,9 +47,42 @@ MAX_THREADS = 1024
 
 @dataclass
 class _ModelChoice(Config):
-    name: str = "vit_cifar_tiny"
+    name: str | None = None
     grad_checkpointing: bool = False
     impl: ModelImpl = "vitkit"
+    pretrained: str | None = None
+    pretrained_file: str | None = None
+    pretrained_kwargs: dict[str, Any] = field(default_factory=dict)
+    reset_head: bool | None = None
+
+    def validate(self) -> None:
+        """``pretrained_file`` and ``pretrained_kwargs`` come with a timm name, ``reset_head`` with
+        weights; the files themselves are read by :func:`~vitkit.train.model_builder.load_starting_weights`
+        (a resumed run reads its checkpoint instead)."""
+        if self.pretrained is None:
+            given = [key for key in ("pretrained_file", "pretrained_kwargs", "reset_head") if getattr(self, key) not in (None, {})]
+            if given:
+                key = given[0]
+                raise FieldError(key, "only applies to pretrained weights: set model.pretrained too (a model file or timm:NAME).")
+            return
+        if self.pretrained.startswith("timm:"):
+            reserved = {"pretrained", "num_classes", "pretrained_cfg_overlay"} & set(self.pretrained_kwargs)
+            if reserved:
+                raise FieldError(
+                    "pretrained_kwargs", f"may not set {', '.join(sorted(reserved))}: the weights and the data decide them."
+                )
+            return
+        if self.pretrained_file is not None or self.pretrained_kwargs:
+            raise FieldError(
+                "pretrained_file" if self.pretrained_file is not None else "pretrained_kwargs",
+                f"belongs to a timm model, but model.pretrained={self.pretrained!r} names no timm model: give "
+                "model.pretrained=timm:<timm model name>, or model.pretrained=<a vitkit model file> alone.",
+            )
+
+    @property
+    def variant(self) -> str:
+        """The variant to build from scratch: ``name``, or :data:`DEFAULT_VARIANT`."""
+        return self.name or DEFAULT_VARIANT
 
     def vit_overrides(self) -> dict[str, Any]:
         """The ViTConfig fields this recipe sets."""
@@ -73,10 +108,22 @@ ModelConfig.__module__ = __name__
 ModelConfig.__doc__ = """Which variant to build, how, and the :class:`ViTConfig` fields to override.
 
     Attributes:
-        name: a variant of :func:`vitkit.list_models`.
+        name: a variant of :func:`vitkit.list_models` (``None``: ``vit_cifar_tiny``, or with
+            ``pretrained`` the weights' own architecture).
         grad_checkpointing: recompute block activations in the backward pass (less memory).
         impl: ``'vitkit'``, or ``'timm'`` to train timm's ``VisionTransformer`` of the same shape
             as a reference.
+        pretrained: weights to start from (fine-tuning): a vitkit model file or training checkpoint
+            (``model.safetensors``, ``checkpoints/best.ckpt``, a pruned model), or ``timm:NAME``
+            (``timm:deit_small_patch16_224``; a tag such as ``.augreg_in21k`` selects timm's
+            ``pretrained_cfg``). The weights fix the architecture (see
+            :mod:`vitkit.train.model_builder`).
+        pretrained_file: the timm model's weights on disk (a state dict as ``.safetensors``, or a
+            ``.pth``/``.bin`` read with ``weights_only``); without it timm downloads them.
+        pretrained_kwargs: more ``timm.create_model`` arguments of that timm model (timm's
+            ``--model-kwargs``), for weights of a model built with them (``{depth: 6}``).
+        reset_head: re-initialise the classifier (``None``: when the data's class count differs
+            from the weights').
 
     Every other field is generated from the :class:`ViTConfig` field of the same name (except the
     data-driven ``img_size``, ``in_chans`` and ``num_classes``), typed ``ViTConfig``'s type or
@@ -356,7 +403,7 @@ class RecipeConfig(Config):
     def vit_config(self, **data_fields: Any) -> ViTConfig:
         """The model's :class:`ViTConfig`: variant + overrides + ``data_fields`` (img_size, in_chans,
         num_classes from the dataset)."""
-        return model_config(self.model.name, **self.model.vit_overrides(), **data_fields)
+        return model_config(self.model.variant, **self.model.vit_overrides(), **data_fields)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (saved as the run's ``config.yaml`` and in checkpoints); model fields
@@ -405,6 +452,8 @@ def load_recipe(
     values = merge(values, updates)
     config = build(RecipeConfig, values, source=source, all_keys=dotted_keys(RecipeConfig),
                    override_keys=override_keys, error=RecipeError)
+    if config.model.pretrained is not None:  # the weights fix the model: checked as it is built (model_builder)
+        return config
     try:
         vit_config = config.vit_config(img_size=config.data.resolved_img_size(), in_chans=config.data.resolved_in_chans())
     except FieldError as error:  # a ViTConfig range: name the recipe key that set it

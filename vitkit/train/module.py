@@ -17,11 +17,10 @@ from torch import nn
 
 from ..errors import VitkitError
 from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, black_level, predict_views
-from ..models import VisionTransformer, ViTConfig, from_timm, timm_twin
-from .config import DistillConfig, OptimConfig
+from ..models import VisionTransformer, ViTConfig, from_timm
+from .config import OptimConfig, RecipeConfig
 from .distill import DistillationLoss
 from .optim import build_optimizer, warmup_cosine
-from .schema import build
 
 #: How many recent losses a non-finite-loss error reports.
 LOSS_HISTORY = 8
@@ -35,31 +34,28 @@ class ViTClassifier(L.LightningModule):
     """Image classification with a ViT.
 
     Args:
-        recipe: the resolved recipe as a plain dict (``RecipeConfig.to_dict()``); its ``optim``
-            section and ``model.grad_checkpointing``/``model.impl`` are used here.
-        vit_config: ``ViTConfig.to_dict()`` of the model to build.
+        model: the model to train, built once by :func:`~vitkit.train.model_builder.build_model`
+            (a vitkit :class:`VisionTransformer`, or timm's for ``model.impl: timm``).
+        recipe: the resolved recipe; its ``optim``, ``distill`` and ``trainer.tta`` sections are used here.
+        vit_config: the model's :class:`ViTConfig` (the one ``model`` was built from).
         extra: metadata exported with the model (mean, std, img_size, class_names, ...).
 
-    All three are plain dicts, saved as hyper-parameters, so checkpoints load with
-    ``torch.load(weights_only=True)`` and rebuild the model without the recipe file.
+    The recipe, ``vit_config`` and ``extra`` are saved as plain-dict hyper-parameters, so a
+    checkpoint loads with ``torch.load(weights_only=True)`` and rebuilds its model without the
+    recipe file (:func:`vitkit.load_model`).
     """
 
-    def __init__(self, recipe: dict[str, Any], vit_config: dict[str, Any], extra: dict[str, Any]) -> None:
+    def __init__(self, model: nn.Module, recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        self.optim_config: OptimConfig = build(OptimConfig, recipe.get("optim", {}), source="the checkpoint's recipe")
-        trainer_section = recipe.get("trainer", {})
-        self.tta: TestTimeAugmentation = trainer_section.get("tta", "none")
-        self.val_tta: TestTimeAugmentation = trainer_section.get("val_tta") or self.tta
+        self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra})
+        self.optim_config: OptimConfig = recipe.optim
+        self.tta: TestTimeAugmentation = recipe.trainer.tta
+        self.val_tta: TestTimeAugmentation = recipe.trainer.val_tta or self.tta
         #: ``[C]`` normalised black, the border of ``'hflip_shift'``'s moved views.
         self.fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
-        model_section = recipe.get("model", {})
-        config = ViTConfig.from_dict(vit_config)
-        # model.impl=timm trains timm's own VisionTransformer of the same shape (the reference).
-        self.model = timm_twin(config) if model_section.get("impl", "vitkit") == "timm" else VisionTransformer(config)
-        self.model.set_grad_checkpointing(bool(model_section.get("grad_checkpointing", False)))
-        self.mixup, self.train_criterion = build_criterion(self.optim_config, self.model.num_classes)
-        distill = build(DistillConfig, recipe.get("distill", {}), source="the checkpoint's recipe")
+        self.model = model
+        self.mixup, self.train_criterion = build_criterion(self.optim_config, vit_config.num_classes)
+        distill = recipe.distill
         self.distill_loss = (
             None if distill.type == "none"
             else DistillationLoss(self.train_criterion, distill.type, distill.alpha, distill.tau)

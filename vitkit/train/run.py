@@ -13,6 +13,7 @@ its newest finite checkpoint; a run stopped by SIGTERM saves ``last.ckpt`` and s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -29,6 +30,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
@@ -59,6 +61,7 @@ from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
 from .kernel_trial import TrainingKernelChooser
+from .model_builder import StartingWeights, build_model, load_starting_weights, pretrained_data
 from .module import NonFiniteLossError, ViTClassifier
 from .plots import plot_curves
 from .schema import RecipeError
@@ -119,8 +122,13 @@ def train(
     if config.trainer.num_threads is not None:
         torch.set_num_threads(config.trainer.num_threads)
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
+    weights = load_starting_weights(config.model, resume)
+    if weights is not None:
+        data, note = pretrained_data(config.data, weights)
+        config = dataclasses.replace(config, data=data)  # the run's config.yaml records what was used
+        rank_zero_info(note)
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
-    module = build_module(config, datamodule.info)
+    module = build_module(config, datamodule.info, weights)
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name)
     teacher = build_teacher(config.distill.teacher, datamodule.info) if config.distill.type != "none" else None
@@ -206,13 +214,16 @@ def _fit(
     return RunResult(run_dir=run_dir, summary=summary, model=model, primary=trainer.is_global_zero)
 
 
-def build_module(config: RecipeConfig, info: DataInfo) -> ViTClassifier:
-    """The LightningModule for ``config``, its model sized by the dataset, with the ``extra``
-    metadata (normalisation, classes, dataset and recipe names, data options, test-time
-    augmentation) to export."""
+def build_module(config: RecipeConfig, info: DataInfo, weights: StartingWeights | None = None) -> ViTClassifier:
+    """The LightningModule for ``config``, its model built once (:func:`build_model`: a fresh
+    variant sized by the dataset, or ``weights`` fitted to it), with the ``extra`` metadata
+    (normalisation, classes, dataset and recipe names, data options, test-time augmentation,
+    where the weights came from) to export."""
     extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict(), "tta": config.trainer.tta}
-    vit_config = config.vit_config(img_size=info.img_size, in_chans=info.in_chans, num_classes=info.num_classes)
-    module = ViTClassifier(config.to_dict(), vit_config.to_dict(), extra)
+    if weights is not None:
+        extra["pretrained"] = weights.record
+    model, vit_config = build_model(config, info, weights)
+    module = ViTClassifier(model, config, vit_config, extra)
     if config.trainer.compile:
         # Module.compile() compiles forward in place: parameter names (checkpoints) stay as they are.
         module.model.compile()
@@ -330,11 +341,14 @@ def _callbacks(config: RecipeConfig, run_dir: Path) -> tuple[ModelCheckpoint, La
 
 
 def describe_model(config: RecipeConfig) -> str:
-    """The variant a recipe builds and the fields it overrides (``summary.json``'s ``model``)."""
-    overrides = config.model.vit_overrides()
+    """The variant a recipe builds (or the weights it starts from) and the fields it overrides
+    (``summary.json``'s ``model``)."""
+    model = config.model
+    start = f"fine-tuned from {model.pretrained}" if model.pretrained is not None else model.variant
+    overrides = model.vit_overrides()
     if not overrides:
-        return config.model.name
-    return f"{config.model.name}, overridden: {', '.join(f'{key}={value}' for key, value in overrides.items())}"
+        return start
+    return f"{start}, overridden: {', '.join(f'{key}={value}' for key, value in overrides.items())}"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,262 @@
+"""Fine-tuning: a recipe starts from pretrained weights (a vitkit model file, a pruned model, a
+training checkpoint, or a timm model's state dict), fitted to the data: classifier kept or reset,
+position embedding resampled, channels adapted, normalisation taken from the weights; every
+contradiction refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+from tiny_runs import SHORT, tiny_recipe
+
+from vitkit import load_model, save_model
+from vitkit.data import build_datasets
+from vitkit.io import read_model
+from vitkit.models import VisionTransformer, ViTConfig, from_timm
+from vitkit.prune import prune_heads
+from vitkit.train import RecipeError, load_recipe, train
+from vitkit.train.model_builder import load_starting_weights, pretrained_data
+from vitkit.train.run import build_module
+
+#: The tiny recipe's architecture (2 blocks, 32 wide, 2 heads, 2x2 patches on 8x8 digits).
+TINY = dict(patch_size=2, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
+
+
+def tiny_weights(tmp_path: Path, name: str = "pre.safetensors", **overrides: object) -> Path:
+    """A randomly initialised tiny model saved as a vitkit model file (10 classes, 8x8, 1 channel)."""
+    config = ViTConfig(**{**TINY, "img_size": 8, "in_chans": 1, "num_classes": 10, **overrides})
+    model = VisionTransformer(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))  # no zero head or bias: every weight counts
+    extra = {"mean": [0.25] * config.in_chans, "std": [0.5] * config.in_chans}
+    return save_model(model, tmp_path / name, extra=extra)
+
+
+def finetune_recipe(tmp_path: Path, pretrained: str, **model: object) -> dict:
+    recipe = tiny_recipe(tmp_path / "runs", **SHORT)
+    recipe["model"] = {"pretrained": pretrained, **model}
+    return recipe
+
+
+def built(recipe: dict):
+    """The module a run would train, built as ``train`` builds it (weights, data, model)."""
+    config = load_recipe(recipe)
+    weights = load_starting_weights(config.model)
+    if weights is not None:
+        data, _ = pretrained_data(config.data, weights)
+        config = config.__class__(**{**config.__dict__, "data": data})
+    return build_module(config, build_datasets(config.data).info, weights)
+
+
+def test_a_vitkit_model_file_with_the_same_classes_starts_with_all_its_weights(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)
+    module = built(finetune_recipe(tmp_path, str(path)))
+    source = load_model(path).state_dict()
+    state = module.model.state_dict()
+    assert set(state) == set(source)
+    for key, value in source.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_a_new_class_count_resets_the_classifier_and_keeps_the_backbone(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path, num_classes=3)
+    module = built(finetune_recipe(tmp_path, str(path)))  # digits: 10 classes
+    source = load_model(path).state_dict()
+    state = module.model.state_dict()
+    assert state["head.weight"].shape == (10, 32)
+    for key, value in source.items():
+        if not key.startswith("head."):
+            assert torch.equal(state[key], value), key
+
+
+def test_reset_head_true_reinitialises_a_matching_classifier_and_false_refuses_a_new_class_count(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)
+    module = built(finetune_recipe(tmp_path, str(path), reset_head=True))
+    assert not torch.equal(module.model.head.weight, load_model(path).head.weight)
+    other = tiny_weights(tmp_path, "three.safetensors", num_classes=3)
+    with pytest.raises(RecipeError, match=r"reset_head=false .* 3 classes, but the data have 10"):
+        built(finetune_recipe(tmp_path, str(other), reset_head=False))
+
+
+def test_the_position_embedding_is_resampled_to_the_recipes_image_size(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)
+    recipe = finetune_recipe(tmp_path, str(path))
+    recipe["data"]["img_size"] = 16  # a 4x4 grid of patches becomes 8x8
+    module = built(recipe)
+    table = load_model(path).pos_embed.detach()
+    expected = resample_abs_pos_embed(table, [8, 8], old_size=[4, 4], num_prefix_tokens=1)  # timm's own resampling
+    torch.testing.assert_close(module.model.pos_embed.detach(), expected)
+
+
+def test_rgb_weights_on_grayscale_data_see_a_gray_image_as_its_rgb_copy(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path, in_chans=3)
+    module = built(finetune_recipe(tmp_path, str(path)))  # digits: 1 channel
+    source = load_model(path).eval()
+    model = module.model.eval()
+    gray = torch.randn(4, 1, 8, 8)
+    # the filters summed over the channels: the same response as the image repeated in R, G and B
+    torch.testing.assert_close(model(gray), source(gray.repeat(1, 3, 1, 1)), atol=1e-5, rtol=1e-5)
+
+
+def test_a_pruned_model_fine_tunes_with_its_head_counts_kept(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path, num_heads=4)
+    pruned = prune_heads(load_model(path), {0: [1, 3], 1: [0]})
+    pruned_path = save_model(pruned, tmp_path / "pruned.safetensors", extra={"mean": [0.25], "std": [0.5]})
+    recipe = finetune_recipe(tmp_path, str(pruned_path), num_heads=4, embed_dim=32)  # the recipe it was trained with
+    result = train(recipe)
+    model = load_model(result.run_dir / "model.safetensors")
+    assert model.heads_per_layer() == [2, 3]
+    assert read_model(result.run_dir / "model.safetensors")[2]["pretrained"]["pretrained"] == str(pruned_path)
+
+
+def test_the_weights_normalisation_is_used_unless_the_recipe_sets_one(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)
+    config = load_recipe(finetune_recipe(tmp_path, str(path)))
+    data, note = pretrained_data(config.data, load_starting_weights(config.model))
+    assert (data.mean, data.std) == ((0.25,), (0.5,)) and "mean [0.25]" in note
+    recipe = finetune_recipe(tmp_path, str(path))
+    recipe["data"]["mean"] = [0.1]
+    config = load_recipe(recipe)
+    data, note = pretrained_data(config.data, load_starting_weights(config.model))
+    assert data.mean == (0.1,) and data.std == (0.5,)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"embed_dim": 64}, r"model.embed_dim=64 \(the weights have 32\)"),
+        ({"name": "vit_small_patch16_224"}, r"model.depth=12 \(the weights have 2\)"),
+        ({"act_layer": "quick_gelu"}, r"model.act_layer=quick_gelu"),
+    ],
+)
+def test_a_recipe_field_that_contradicts_the_weights_is_refused(tmp_path: Path, override: dict, message: str) -> None:
+    path = tiny_weights(tmp_path)
+    with pytest.raises(RecipeError, match=message):
+        train(finetune_recipe(tmp_path, str(path), **override))
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was claimed
+
+
+def test_free_fields_apply_on_top_of_the_weights(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)
+    module = built(finetune_recipe(tmp_path, str(path), drop_path_rate=0.2, grad_checkpointing=True))
+    assert module.model.config.drop_path_rate == 0.2 and module.model.grad_checkpointing
+    assert module.model.blocks[1].drop_path1.drop_prob == pytest.approx(0.2)
+
+
+def test_pretrained_references_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match=r"model.pretrained: .*missing.safetensors does not exist"):
+        train(finetune_recipe(tmp_path, str(tmp_path / "missing.safetensors")))
+    with pytest.raises(RecipeError, match=r"model.pretrained_file: .*missing.pth does not exist"):
+        train(finetune_recipe(tmp_path, "timm:test_vit", pretrained_file=str(tmp_path / "missing.pth")))
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(RecipeError, match=r"model.pretrained_file .*only applies to pretrained weights"):
+        load_recipe(tiny_recipe(tmp_path) | {"model": {"pretrained_file": "x.safetensors"}})
+    path = tiny_weights(tmp_path)
+    with pytest.raises(RecipeError, match="names no timm model"):
+        load_recipe(finetune_recipe(tmp_path, str(path), pretrained_file=str(path)))
+    with pytest.raises(RecipeError, match=r"Did you mean 'timm:test_vit'"):
+        train(finetune_recipe(tmp_path, "timm:test_vitt", pretrained_file=str(path)))
+
+
+def test_a_timm_state_dict_given_as_a_vitkit_file_says_how_to_name_it(tmp_path: Path) -> None:
+    timm_file = tmp_path / "timm.safetensors"
+    save_file(timm.create_model("test_vit", num_classes=10).state_dict(), str(timm_file))
+    with pytest.raises(RecipeError, match=r"model.pretrained=timm:<timm model name> model.pretrained_file="):
+        train(finetune_recipe(tmp_path, str(timm_file)))
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+def test_a_pth_holding_pickled_code_is_refused_and_never_run(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "evil.pth"
+    path.write_bytes(pickle.dumps({"patch_embed.proj.weight": _Payload()}))
+    with pytest.raises(RecipeError, match="model.pretrained_file: refusing to load"):
+        train(finetune_recipe(tmp_path, "timm:test_vit", pretrained_file=str(path)))
+    assert "pickled code ran" not in capsys.readouterr().out
+
+
+def timm_file(tmp_path: Path, name: str, suffix: str = ".safetensors", **kwargs: object) -> Path:
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.02 * torch.randn_like(param))
+    path = tmp_path / f"{name}{suffix}"
+    if suffix == ".safetensors":
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    else:
+        torch.save(model.state_dict(), path)
+    return path
+
+
+def test_timm_weights_of_another_architecture_are_refused_in_one_line(tmp_path: Path) -> None:
+    path = timm_file(tmp_path, "test_vit2", num_classes=10)
+    with pytest.raises(RecipeError, match=r"does not hold the weights of timm model test_vit"):
+        train(finetune_recipe(tmp_path, "timm:test_vit", pretrained_file=str(path)))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_timm_weights_fine_tune_from_the_timm_models_own_logits(tmp_path: Path, suffix: str) -> None:
+    path = timm_file(tmp_path, "test_vit", suffix, num_classes=10)
+    recipe = finetune_recipe(tmp_path, "timm:test_vit.r160_in1k", pretrained_file=str(path))
+    recipe["data"]["img_size"] = 160  # timm's own size: no resampling, so the logits must be timm's
+    recipe["data"]["in_chans"] = 3
+    module = built(recipe)
+    reference = timm.create_model("test_vit", num_classes=10).eval()
+    reference.load_state_dict(torch.load(path, weights_only=True) if suffix == ".pth" else _safetensors(path))
+    images = torch.randn(2, 3, 160, 160)
+    torch.testing.assert_close(module.model.eval()(images), reference(images), atol=1e-4, rtol=1e-4)
+    # the data are normalised as the tag's pretrained_cfg says (test_vit.r160_in1k: mean 0.5, bicubic)
+    assert module.hparams["extra"]["mean"] == [0.5, 0.5, 0.5]
+    assert module.hparams["extra"]["interpolation"] == "bicubic"
+
+
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def test_a_timm_fine_tuning_run_trains_exports_and_resumes(tmp_path: Path) -> None:
+    path = timm_file(tmp_path, "test_vit", num_classes=1000)  # ImageNet's head: reset for the 10 digits
+    recipe = finetune_recipe(tmp_path, "timm:test_vit", pretrained_file=str(path), pretrained_kwargs={"depth": 6})
+    recipe["data"]["img_size"] = 32
+    result = train(recipe)
+    assert result.summary["model"].startswith("fine-tuned from timm:test_vit")
+    extra = read_model(result.run_dir / "model.safetensors")[2]
+    assert extra["pretrained"] == {"pretrained": "timm:test_vit", "pretrained_file": str(path)}
+    model = load_model(result.run_dir / "model.safetensors")
+    assert model.config.in_chans == 1 and model.config.num_classes == 10 and model.config.img_size == (32, 32)
+    reference = from_timm(timm.create_model("test_vit", num_classes=1000))
+    assert model.config.embed_dim == reference.config.embed_dim and model.config.depth == reference.config.depth
+    saved = json.loads(json.dumps(load_recipe(result.run_dir / "config.yaml").data.mean))
+    assert saved == [0.5]  # the weights' normalisation is recorded in the run's config
+    path.unlink()  # a resumed run reads its architecture off the checkpoint: the weights file may be gone
+    resumed = train(result.run_dir / "config.yaml", ["trainer.max_epochs=2"],
+                    resume=result.run_dir / "checkpoints" / "last.ckpt")
+    assert resumed.run_dir == result.run_dir and resumed.summary["epochs"] == 2
+
+
+def test_model_impl_timm_fine_tunes_timms_own_model_from_vitkit_weights(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)
+    module = built(finetune_recipe(tmp_path, str(path), impl="timm"))
+    assert isinstance(module.model, timm.models.vision_transformer.VisionTransformer)
+    images = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(module.model.eval()(images), load_model(path).eval()(images), atol=1e-5, rtol=1e-5)
+
+
+def test_training_the_built_model_does_not_touch_the_loaded_weights_file(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)
+    before = path.read_bytes()
+    train(finetune_recipe(tmp_path, str(path)))
+    assert path.read_bytes() == before
