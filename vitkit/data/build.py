@@ -8,6 +8,7 @@ Splits: CIFAR holds ``val_fraction`` of its training set out for validation (str
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
 from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
 from .imagefolder import ImageFolderDataset, scan_image_folder
-from .info import IMAGENET_MEAN, IMAGENET_STD, DataInfo, DatasetBundle
+from .info import IMAGENET_MEAN, IMAGENET_STD, DataFileError, DataInfo, DatasetBundle
 from .mnist import MNIST_SOURCES, load_mnist
 from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
 from .transforms import build_eval_transform, build_train_transform
@@ -48,9 +49,50 @@ def data_info(cfg: DataConfig, class_names: Sequence[str], mean: Sequence[float]
     )
 
 
+def choose_classes(
+    info: DataInfo, parts: list[tuple[np.ndarray, np.ndarray]], classes: Sequence[int] | None,
+    train_per_class: int | None, seed: int,
+) -> tuple[DataInfo, list[tuple[np.ndarray, np.ndarray]]]:
+    """The ``(train, val, test)`` parts restricted to ``classes`` (relabelled ``0..k-1`` in that
+    order; ``info``'s names follow) and the training part to ``train_per_class`` images of each
+    class, drawn by ``seed``.
+
+    Raises:
+        DataFileError: a class index the dataset lacks, or fewer training images of a class than asked.
+    """
+    if classes is not None:
+        missing = [c for c in classes if not 0 <= c < info.num_classes]
+        if missing:
+            raise DataFileError(
+                f"data.classes {missing} do not exist: {info.name} has classes 0 to {info.num_classes - 1}."
+            )
+        lookup = np.full(info.num_classes, -1, dtype=np.int64)
+        lookup[list(classes)] = np.arange(len(classes))
+        parts = [(images[lookup[labels] >= 0], lookup[labels][lookup[labels] >= 0]) for images, labels in parts]
+        names = tuple(info.class_names[c] for c in classes)
+        info = dataclasses.replace(info, class_names=names, num_classes=len(names))
+    if train_per_class is not None:
+        images, labels = parts[0]
+        rng = np.random.default_rng(seed)
+        kept = []
+        for label in range(info.num_classes):
+            where = np.flatnonzero(labels == label)
+            if len(where) < train_per_class:
+                raise DataFileError(
+                    f"data.train_per_class={train_per_class}, but class {info.class_names[label]!r} has only "
+                    f"{len(where)} training images; ask for at most {len(where)}."
+                )
+            kept.append(rng.choice(where, train_per_class, replace=False))
+        index = np.sort(np.concatenate(kept))
+        parts = [(images[index], labels[index]), *parts[1:]]
+    return info, parts
+
+
 def _array_bundle(cfg: DataConfig, info: DataInfo, parts: list[tuple[np.ndarray, np.ndarray]]) -> DatasetBundle:
-    """Array datasets of the three ``(images, labels)`` parts, transformed per batch where the
-    recipe's augmentation allows it (see :mod:`.batch_transforms`), else per image."""
+    """Array datasets of the three ``(images, labels)`` parts (restricted as ``data.classes`` and
+    ``data.train_per_class`` say), transformed per batch where the recipe's augmentation allows
+    it (see :mod:`.batch_transforms`), else per image."""
+    info, parts = choose_classes(info, parts, cfg.classes, cfg.train_per_class, cfg.seed)
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
     stored_size = parts[0][0].shape[1:3]
     train_batch_tf = build_batch_transform(cfg.augment, info, stored_size)

@@ -25,6 +25,8 @@ CROP_MODES: tuple[str, ...] = get_args(CropMode)
 ErasingMode = Literal["const", "rand", "pixel"]
 
 ShapesStyle = Literal["flat", "textured"]
+#: The datasets whose classes and training images per class a recipe can choose (stored arrays).
+SUBSETTABLE = ("cifar10", "cifar100", "fashion_mnist", "mnist", "digits")
 SHAPES_STYLES: tuple[str, ...] = get_args(ShapesStyle)
 
 DatasetName = Literal["cifar10", "cifar100", "imagefolder", "fashion_mnist", "mnist", "digits", "shapes"]
@@ -168,6 +170,10 @@ class DataConfig(Config):
         shapes_scale: range of a shape's diameter as a fraction of the image's shorter side.
             Large shapes nearly always cover the image centre, so a map that merely peaks in the
             middle wins the pointing game; smaller ones (e.g. ``[0.3, 0.65]``) make it informative.
+        classes: keep only these class indices of the dataset, relabelled ``0..k-1`` in the
+            order given (every split); ``None``: every class.
+        train_per_class: keep this many training images of each class (drawn by ``seed``), e.g.
+            10 for few-shot fine-tuning; validation and test keep theirs. ``None``: all.
         augment: training augmentation.
     """
 
@@ -190,10 +196,20 @@ class DataConfig(Config):
     shapes_noise_std: float = field(default=0.06, metadata=bounds(ge=0, le=1))
     shapes_style: ShapesStyle = "flat"
     shapes_scale: tuple[float, float] = field(default=(0.3, 0.9), metadata=bounds(gt=0, le=1))
+    classes: list[int] | None = field(default=None, metadata=bounds(ge=0))
+    train_per_class: int | None = field(default=None, metadata=bounds(ge=1))
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def validate(self) -> None:
         """Cross-field checks (types and bounds are checked already): raise naming the option."""
+        if (self.classes is not None or self.train_per_class is not None) and self.name not in SUBSETTABLE:
+            key = "classes" if self.classes is not None else "train_per_class"
+            raise FieldError(
+                key, f"applies to {', '.join(SUBSETTABLE)}; for an image folder make a subset folder "
+                "(vitkit make-subset), shapes are generated per class already.",
+            )
+        if self.classes is not None and (not self.classes or len(set(self.classes)) != len(self.classes)):
+            raise FieldError("classes", f"must list distinct class indices, got {self.classes}.")
         if not self.root:
             raise FieldError("root", f"is empty; give the folder holding the {self.name!r} files.")
         if self.val_fraction + self.test_fraction >= 1.0:

@@ -68,6 +68,9 @@ class ViTClassifier(L.LightningModule):
             # timm leaves the copy in eval mode; Lightning switches every module to eval for
             # validation anyway, and warns at fit start about modules left in eval mode.
             self.ema.train()
+            # The copy is updated in place, never by gradients; left requiring grad, DDP counts its
+            # parameters as unused by the loss and stops the run.
+            self.ema.requires_grad_(False)
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
 
     def attach_teacher(self, teacher: nn.Module) -> None:

@@ -1,0 +1,54 @@
+"""data.classes and data.train_per_class: a recipe trains on some classes of a dataset, with a
+few labelled images per class (few-shot fine-tuning), relabelled in the order given."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vitkit.data import DataConfig, build_datasets
+from vitkit.data.info import DataFileError
+from vitkit.train import RecipeError, load_recipe
+
+
+def images_by_label(dataset) -> dict[int, set[bytes]]:
+    """Each label's images as raw bytes, to compare two builds of the same split."""
+    found: dict[int, set[bytes]] = {}
+    for index in range(len(dataset)):
+        image, label = dataset[index]
+        found.setdefault(int(label), set()).add(np.asarray(image).tobytes())
+    return found
+
+
+def test_chosen_classes_are_relabelled_in_the_order_given_in_every_split() -> None:
+    base = dict(name="digits", img_size=8, num_workers=0, augment={"enabled": False})
+    full = build_datasets(DataConfig.from_dict(base))
+    chosen = build_datasets(DataConfig.from_dict({**base, "classes": [7, 2, 9]}))
+    assert chosen.info.class_names == ("7", "2", "9") and chosen.info.num_classes == 3
+    for split in ("train", "val", "test"):
+        whole, part = images_by_label(getattr(full, split)), images_by_label(getattr(chosen, split))
+        assert part == {0: whole[7], 1: whole[2], 2: whole[9]}, split
+
+
+def test_train_per_class_keeps_that_many_training_images_of_each_class_and_every_evaluation_image() -> None:
+    base = dict(name="digits", img_size=8, num_workers=0, augment={"enabled": False}, classes=[0, 1])
+    all_train = build_datasets(DataConfig.from_dict(base))
+    few = build_datasets(DataConfig.from_dict({**base, "train_per_class": 5}))
+    counts = {label: len(images) for label, images in images_by_label(few.train).items()}
+    assert counts == {0: 5, 1: 5}
+    whole = images_by_label(all_train.train)
+    assert all(images <= whole[label] for label, images in images_by_label(few.train).items())
+    assert len(few.val) == len(all_train.val) and len(few.test) == len(all_train.test)
+    other_seed = build_datasets(DataConfig.from_dict({**base, "train_per_class": 5, "seed": 1}))
+    assert images_by_label(other_seed.train) != images_by_label(few.train)  # drawn by the seed
+
+
+def test_bad_class_choices_are_one_line() -> None:
+    with pytest.raises(DataFileError, match=r"data.classes \[12\] do not exist: digits has classes 0 to 9"):
+        build_datasets(DataConfig(name="digits", num_workers=0, classes=[1, 12]))
+    with pytest.raises(DataFileError, match=r"train_per_class=1000, but class '0' has only \d+ training images"):
+        build_datasets(DataConfig(name="digits", num_workers=0, classes=[0], train_per_class=1000))
+    with pytest.raises(RecipeError, match=r"data.classes .*must list distinct class indices"):
+        load_recipe({"data": {"name": "digits", "classes": [1, 1]}})
+    with pytest.raises(RecipeError, match=r"data.train_per_class .*applies to cifar10"):
+        load_recipe({"data": {"name": "shapes", "train_per_class": 3}})
