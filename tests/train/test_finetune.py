@@ -260,3 +260,45 @@ def test_training_the_built_model_does_not_touch_the_loaded_weights_file(tmp_pat
     before = path.read_bytes()
     train(finetune_recipe(tmp_path, str(path)))
     assert path.read_bytes() == before
+
+
+#: One model of each timm family vitkit imports (tests/models/test_timm_interop.py's table and the
+#: RoPE ViTs timm builds as Eva), each fine-tuned for a few steps from random weights on a file.
+TIMM_FAMILIES = [
+    "vit_small_patch16_224",
+    "vit_base_patch16_gap_224",
+    "vit_base_patch16_clip_quickgelu_224",
+    "vit_base_patch16_siglip_224",
+    "vit_small_patch14_reg4_dinov2",
+    "vit_medium_patch16_reg4_gap_256",
+    "deit_small_distilled_patch16_224",
+    "deit3_small_patch16_224",
+    "flexivit_small",
+    "vit_small_patch16_rope_mixed_ape_224",
+    "vit_medium_patch16_rope_reg1_gap_256",
+]
+
+
+#: Families whose RoPE is defined on a reference grid (timm's ref_feat_shape): trained at their own size.
+OWN_SIZE = {"vit_medium_patch16_rope_reg1_gap_256": 256}
+
+
+@pytest.mark.parametrize("name", TIMM_FAMILIES)
+def test_every_timm_family_fine_tunes_end_to_end(tmp_path: Path, name: str) -> None:
+    with torch.device("meta"):
+        patch = timm.create_model(name, pretrained=False, depth=1).patch_embed.patch_size[0]
+    size = OWN_SIZE.get(name, 2 * patch)
+    kwargs = {"depth": 2, "img_size": size}
+    path = timm_file(tmp_path, name, **kwargs)
+    recipe = finetune_recipe(tmp_path, f"timm:{name}", pretrained_file=str(path), pretrained_kwargs=kwargs)
+    recipe["data"]["img_size"] = size
+    recipe["trainer"].update(batch_size=8, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1)
+    result = train(recipe)
+    model = load_model(result.run_dir / "model.safetensors")
+    source = from_timm(timm.create_model(name, pretrained=False, num_classes=0, **kwargs))
+    expected = source.config.replace(  # as save_model records it, with the recipe's free fields
+        num_heads=source.config.heads_per_layer(), head_dim=source.config.resolved_head_dim(),
+        drop_path_rate=model.config.drop_path_rate, attn_impl=model.config.attn_impl, init=model.config.init,
+    )
+    assert model.config.replace(num_classes=0, in_chans=3) == expected
+    assert model.config.num_classes == 10 and result.summary["global_steps"] == 2
