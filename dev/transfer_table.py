@@ -31,8 +31,10 @@ METHODS: dict[str, list[str]] = {
     "linear probe": ["model.freeze=backbone", "optim.lr=1e-2", "optim.weight_decay=0"],
     "LoRA r=8": ["model.lora={rank: 8, alpha: 16}", "optim.lr=2e-3"],
 }
-#: Epochs by labels per class, so that each budget gets enough optimiser steps (batch 128).
+#: Epochs by labels per class, so that each budget gets enough optimiser steps, and the batch size
+#: (ten labels of five classes are one batch of 50).
 EPOCHS = {"10": 60, "100": 30, "all": 3}
+BATCH = {"10": 50, "100": 128, "all": 128}
 
 
 def run_dir(out: Path, method: str, budget: str, seed: int) -> Path:
@@ -48,6 +50,7 @@ def train(out: Path, pretrained: str, method: str, budget: str, seed: int) -> di
     overrides = [
         TARGET,
         f"trainer.max_epochs={EPOCHS[budget]}",
+        f"trainer.batch_size={BATCH[budget]}",
         f"trainer.seed={seed}",
         "trainer.val_tta=none",
         "trainer.enable_progress_bar=false",

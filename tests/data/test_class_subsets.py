@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_runs import tiny_recipe
 
 from vitkit.data import DataConfig, build_datasets
 from vitkit.data.info import DataFileError
-from vitkit.train import RecipeError, load_recipe
+from vitkit.train import RecipeError, load_recipe, train
 
 
 def images_by_label(dataset) -> dict[int, set[bytes]]:
@@ -52,3 +53,11 @@ def test_bad_class_choices_are_one_line() -> None:
         load_recipe({"data": {"name": "digits", "classes": [1, 1]}})
     with pytest.raises(RecipeError, match=r"data.train_per_class .*applies to cifar10"):
         load_recipe({"data": {"name": "shapes", "train_per_class": 3}})
+
+
+def test_a_training_split_smaller_than_one_batch_is_refused_before_a_run_starts(tmp_path) -> None:
+    recipe = tiny_recipe(tmp_path / "runs")
+    recipe["data"]["train_per_class"] = 2  # 20 images, batch 32
+    with pytest.raises(RecipeError, match=r"training split has 20 images, fewer than one batch"):
+        train(recipe)
+    assert not (tmp_path / "runs").exists()

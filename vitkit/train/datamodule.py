@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
+from .schema import RecipeError
 
 
 class ViTDataModule(L.LightningDataModule):
@@ -37,15 +38,19 @@ class ViTDataModule(L.LightningDataModule):
         """Classes, image geometry and normalisation."""
         return self.bundle.info
 
-    def train_dataloader(self) -> DataLoader:
+    def check_batch(self, replicas: int = 1) -> None:
+        """Refuse a training split smaller than one batch on each of ``replicas`` processes (every
+        batch would be dropped)."""
         train = self.bundle.train
-        replicas = self.trainer.world_size if self.trainer is not None else 1
         if len(train) < self.batch_size * replicas:
-            raise ValueError(
+            raise RecipeError(
                 f"the training split has {len(train)} images, fewer than one batch "
                 f"(trainer.batch_size={self.batch_size} x {replicas} device(s)); lower trainer.batch_size."
             )
-        return self.loader(train, self.batch_size, train=True)
+
+    def train_dataloader(self) -> DataLoader:
+        self.check_batch(self.trainer.world_size if self.trainer is not None else 1)
+        return self.loader(self.bundle.train, self.batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
         return self.loader(self.bundle.val, 2 * self.batch_size, train=False)

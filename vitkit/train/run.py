@@ -128,6 +128,7 @@ def train(
         config = dataclasses.replace(config, data=data)  # the run's config.yaml records what was used
         rank_zero_info(note)
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
+    datamodule.check_batch()  # before a run directory is claimed (each DDP process checks again at fit)
     module = build_module(config, datamodule.info, weights)
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name)
