@@ -114,15 +114,15 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, dim, **factory)) if config.reg_tokens else None
-        if config.pos_embed == "learn":
+        if config.resolved_pos_embed == "learn":
             embed_len = config.num_pos_embed_prefix_tokens + config.num_patches
             self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim, **factory))
-        elif config.pos_embed == "none":  # positions come from RoPE alone (or not at all)
+        elif config.resolved_pos_embed == "none":  # positions come from RoPE alone (or not at all)
             self.pos_embed = None
         else:
             table = self._sincos(config.grid_size, device=device, dtype=dtype or torch.get_default_dtype())
             self.register_buffer("pos_embed", table, persistent=False)
-        self.pos_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
+        self.pos_drop = nn.Dropout(config.pos_drop_rate) if config.pos_drop_rate > 0 else nn.Identity()
         self.norm_pre = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if config.pre_norm else nn.Identity()
 
         rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
@@ -188,7 +188,7 @@ class VisionTransformer(nn.Module):
         """
         reset_submodules(self)
         self._init_weights()
-        if self.config.pos_embed == "sincos":
+        if self.config.resolved_pos_embed == "sincos":
             self.pos_embed.copy_(self._sincos(self.config.grid_size))
 
     def _sincos(
@@ -264,13 +264,14 @@ class VisionTransformer(nn.Module):
             )
         if self.pos_embed is None:
             return None
-        if self.config.pos_embed == "sincos":
+        if self.config.resolved_pos_embed == "sincos":
             return self._sincos(grid).to(self.pos_embed)
         return resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.config.num_pos_embed_prefix_tokens)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` images to ``[B, prefix + gh*gw, D]`` tokens with positions added
-        (to the patches only with ``no_embed_class``), then the pre-norm."""
+        (to the patches only with ``no_embed_class`` or RoPE), dropped out (``pos_drop_rate``), then
+        the pre-norm."""
         tokens = self.patch_embed(images)
         grid = self.patch_embed.grid_size(images.shape[2], images.shape[3])
         positions = self._position_embedding(grid)
@@ -281,7 +282,7 @@ class VisionTransformer(nn.Module):
         ]
         if positions is None:  # positions come from RoPE alone (or not at all)
             tokens = torch.cat([*prefix, tokens], dim=1)
-        elif self.config.no_embed_class:
+        elif self.config.num_pos_embed_prefix_tokens == 0:
             tokens = torch.cat([*prefix, tokens + positions], dim=1)
         else:
             tokens = torch.cat([*prefix, tokens], dim=1) + positions
