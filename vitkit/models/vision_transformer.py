@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import ConvPatchEmbed, EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
+from ..layers.patch_embed import conv_stem_widths
 from .config import ViTConfig
 from .init import init_parts
 
@@ -448,17 +449,33 @@ def count_parameters(model: nn.Module) -> int:
 def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -> int:
     """Multiply-accumulate-based FLOPs (2 per MAC) of one forward pass on one ``img_size`` image.
 
-    Counts the patch projection, qkv, ``QK^T``, ``AV``, ``W_o``, the MLP and the head, the terms
-    that scale with width and sequence; norms, softmax and GELU are ignored.
+    Counts every matrix product and convolution that runs (what ``torch.utils.flop_counter``
+    counts): the tokenizer (the linear patch projection, or the conv stem's 3x3 convolutions and
+    its 1x1), qkv, ``QK^T``, ``AV``, ``W_o`` and the MLP of each block at its head count, the
+    attention-pooling head (``'map'``), and the classifier (two with ``distilled``); norms,
+    softmax, activations and RoPE's rotations are elementwise and left out.
     """
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
     d, dim = config.resolved_head_dim(), config.embed_dim
-    n = config.num_tokens
+    n, patches = config.num_tokens, config.num_patches
     hidden = int(dim * config.mlp_ratio)
-    macs = config.num_patches * config.patch_dim * dim
+    macs = _tokenizer_macs(config)
     for h in heads:
         inner = h * d
         macs += n * dim * 3 * inner + 2 * n * n * inner + n * inner * dim + 2 * n * dim * hidden
-    macs += dim * config.num_classes
+    if config.global_pool == "map":  # one latent query over the patches: q, kv, QK^T and AV, proj, MLP
+        macs += dim * dim + patches * dim * 2 * dim + 2 * patches * dim + dim * dim + 2 * dim * hidden
+    macs += dim * config.num_classes * (1 + int(config.distilled))
     return 2 * macs
 
+
+def _tokenizer_macs(config: ViTConfig) -> int:
+    """MACs of the patch embedding of one ``img_size`` image."""
+    if config.patch_embed != "conv":
+        return config.num_patches * config.patch_dim * config.embed_dim
+    widths = conv_stem_widths(config.patch_size[0], config.embed_dim)
+    (height, width), macs = config.img_size, 0
+    for c_in, c_out in zip([config.in_chans, *widths[:-1]], widths):
+        height, width = (height + 1) // 2, (width + 1) // 2  # 3x3, stride 2, padding 1
+        macs += height * width * c_in * c_out * 9
+    return macs + config.num_patches * widths[-1] * config.embed_dim
