@@ -28,7 +28,9 @@ from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, 
 FORMAT_KEY = "vitkit_format"
 CONFIG_KEY = "vitkit_config"
 EXTRA_KEY = "vitkit_extra"
-FORMAT_VERSION = "1"
+#: The model-file format: "1" before ``pos_drop_rate`` and RoPE's patch-only absolute embedding,
+#: "2" since. Files and checkpoints of an older format are upgraded as they are read (:func:`upgrade`).
+FORMAT_VERSION = "2"
 #: State-dict prefixes of the trained weights and of their EMA inside a training checkpoint.
 MODEL_PREFIX = "model."
 EMA_PREFIX = "ema.module."
@@ -75,10 +77,13 @@ def read_model_file(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any],
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-            config, extra = _read_metadata(metadata, path)
+            values, extra = _read_metadata(metadata, path)
             shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-            check_tensor_shapes(config, shapes, f"model file {path}", ModelFileError)
-            state = {key: handle.get_tensor(key) for key in handle.keys()}
+            values = upgrade(values, metadata.get(FORMAT_KEY, "1"))
+            config = _config(values, f"the metadata of model file {path}", ModelFileError)
+            extra = check_extra(extra, config, f"the metadata of model file {path}", ModelFileError)
+            check_tensor_shapes(config, upgraded_shapes(shapes, config), f"model file {path}", ModelFileError)
+            state = upgrade_state({key: handle.get_tensor(key) for key in handle.keys()}, config)
     except ModelFileError:
         raise
     except (SafetensorError, OSError, ValueError) as error:
@@ -89,16 +94,78 @@ def read_model_file(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any],
     return config, state, extra
 
 
-def _read_metadata(metadata: dict[str, str], path: Path) -> tuple[ViTConfig, dict[str, Any]]:
-    """The validated :class:`ViTConfig` and ``extra`` dict of a model file's metadata."""
+def _read_metadata(metadata: dict[str, str], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config and ``extra`` JSON objects of a model file's metadata, as written."""
     if CONFIG_KEY not in metadata:
         raise ModelFileError(f"{path} has no vitkit config in its metadata; was it written by vitkit.save_model?")
-    source = f"the metadata of model file {path}"
-    config = ViTConfig.from_dict(
-        _json_object(metadata[CONFIG_KEY], CONFIG_KEY, path), source=source, error=ModelFileError
-    )
-    extra = check_extra(_json_object(metadata.get(EXTRA_KEY, "{}"), EXTRA_KEY, path), config, source, ModelFileError)
-    return config, extra
+    if metadata.get(FORMAT_KEY, "1") not in FORMAT_VERSIONS:
+        raise ModelFileError(
+            f"{path} is a vitkit model file of format {metadata[FORMAT_KEY]!r}, newer than this vitkit reads "
+            f"({FORMAT_VERSION}); upgrade vitkit."
+        )
+    return _json_object(metadata[CONFIG_KEY], CONFIG_KEY, path), _json_object(metadata.get(EXTRA_KEY, "{}"), EXTRA_KEY, path)
+
+
+def _config(values: dict[str, Any], source: str, error: type[ConfigError]) -> ViTConfig:
+    return ViTConfig.from_dict(values, source=source, error=error)
+
+
+#: Every format :func:`upgrade` reads, oldest first.
+FORMAT_VERSIONS = ("1", FORMAT_VERSION)
+
+
+def upgrade(values: Any, version: str) -> Any:
+    """The config dict of a model file or checkpoint of format ``version`` in today's meaning
+    (format :data:`FORMAT_VERSION`), so that the model is rebuilt as it was trained.
+
+    Format 1 to 2: ``drop_rate`` also dropped the position-embedded tokens (now ``pos_drop_rate``);
+    ``pos_embed`` was always explicit, and with RoPE a ``learn`` table had rows for the prefix
+    tokens (now folded into the tokens by :func:`upgrade_state`); options that did nothing
+    (``rope_axes`` of mixed RoPE, ``rope_theta`` without RoPE, ``no_embed_class`` without an
+    absolute table) are removed, which changes no output.
+
+    Args:
+        values: the config as written (anything else is returned as is, for the validation to refuse).
+        version: the file's format.
+    """
+    if not isinstance(values, dict) or version != "1":
+        return values
+    values = dict(values)
+    values.setdefault("pos_drop_rate", values.get("drop_rate", 0.0))
+    values.setdefault("pos_embed", "learn")
+    rope = values.get("rope", "none")
+    if rope == "none":
+        values.pop("rope_theta", None)
+    if rope != "axial":
+        values.pop("rope_axes", None)
+    if values["pos_embed"] == "none" or rope != "none":
+        values.pop("no_embed_class", None)  # without a table it did nothing; with RoPE it is implied
+    return values
+
+
+def upgraded_shapes(shapes: dict[str, tuple[int, ...]], config: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes :func:`upgrade_state` turns ``shapes`` into (worked out on the meta device)."""
+    meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items() if "not a tensor" not in shape}
+    upgraded = upgrade_state(meta, config)
+    return {name: tuple(upgraded[name].shape) if name in upgraded else shape for name, shape in shapes.items()}
+
+
+def upgrade_state(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """``state`` (weights of a model file or checkpoint) in the layout of ``config``'s model: a
+    RoPE model's learned ``pos_embed`` with prefix-token rows (format 1) has them added to the
+    tokens they belong to, which is the same model (a token and its constant embedding are
+    summed before the first block)."""
+    table = state.get("pos_embed")
+    prefix = config.num_prefix_tokens
+    if config.rope == "none" or table is None or table.shape[1] != prefix + config.num_patches or not prefix:
+        return state
+    state = dict(state, pos_embed=table[:, prefix:])
+    rows = iter(table[:, :prefix].split(1, dim=1))
+    for name, count in (("cls_token", int(config.class_token)), ("dist_token", int(config.distilled)),
+                        ("reg_token", config.reg_tokens)):
+        if count:
+            state[name] = state[name] + torch.cat([next(rows) for _ in range(count)], dim=1)
+    return state
 
 
 #: The ``extra`` metadata vitkit writes and reads back, with the type each must have (other keys
@@ -175,7 +242,7 @@ def check_tensor_shapes(
     """
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in VisionTransformer(config).state_dict().items()}
-    if config.pos_embed == "sincos":
+    if config.resolved_pos_embed == "sincos":
         shapes = {name: shape for name, shape in shapes.items() if name != "pos_embed"}
     renamed = {name: _lsa_upgraded(name, shape, expected) for name, shape in shapes.items()}
     shapes = {new: expected[new] if new != name else shapes[name] for name, new in renamed.items()}
@@ -323,10 +390,13 @@ def read_training_checkpoint(path: str | os.PathLike) -> tuple[ViTConfig, dict[s
     if not isinstance(hparams, dict) or not isinstance(hparams.get("vit_config"), dict) or not isinstance(weights, dict):
         raise CheckpointError(f"{path} is not a vitkit training checkpoint (no model config in its hyper-parameters).")
     source = f"the hyper-parameters of checkpoint {path}"
-    config = ViTConfig.from_dict(hparams["vit_config"], source=source, error=CheckpointError)
-    extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)
+    version = hparams.get(FORMAT_KEY, "1")
+    if version not in FORMAT_VERSIONS:
+        raise CheckpointError(f"{path} is a vitkit checkpoint of format {version!r}, newer than this vitkit reads; upgrade vitkit.")
     prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
     state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
     shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
-    check_tensor_shapes(config, shapes, f"checkpoint {path}", CheckpointError)
-    return config, state, extra
+    config = _config(upgrade(hparams["vit_config"], version), source, CheckpointError)
+    extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)
+    check_tensor_shapes(config, upgraded_shapes(shapes, config), f"checkpoint {path}", CheckpointError)
+    return config, upgrade_state(state, config), extra

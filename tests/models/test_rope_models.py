@@ -82,9 +82,10 @@ def test_shuffle_helper_moves_tiles_as_it_says() -> None:
 
 @pytest.mark.parametrize("rope", ["axial", "mixed"])
 def test_every_block_rotates_with_the_configured_form_and_base(rope: str) -> None:
-    model = tiny(rope=rope, rope_theta=33.0, rope_axes="ij")
+    axes = "ij" if rope == "axial" else "xy"  # mixed RoPE refuses rope_axes (test_options_that_do_nothing_...)
+    model = tiny(rope=rope, rope_theta=33.0, rope_axes=axes)
     for block in model.blocks:
-        assert (block.attn.rope.kind, block.attn.rope.theta, block.attn.rope.axes) == (rope, 33.0, "ij")
+        assert (block.attn.rope.kind, block.attn.rope.theta, block.attn.rope.axes) == (rope, 33.0, axes)
     default = tiny(rope=rope)
     assert {block.attn.rope.theta for block in default.blocks} == {100.0 if rope == "axial" else 10.0}
     assert all(block.attn.rope is None for block in tiny().blocks)
@@ -113,7 +114,8 @@ def test_blocks_rotate_the_patch_positions_of_the_input_grid() -> None:
 
 def test_rope_combines_with_a_learned_absolute_embedding() -> None:
     both = tiny(rope="mixed", pos_embed="learn")
-    assert both.pos_embed.shape == (1, 17, 32) and both.blocks[0].attn.rope.freqs.shape == (2, 4, 4)
+    # Heo et al.'s +APE: the absolute embedding is on the 16 patches only, no class-token row
+    assert both.pos_embed.shape == (1, 16, 32) and both.blocks[0].attn.rope.freqs.shape == (2, 4, 4)
     with torch.no_grad():
         both.pos_embed.normal_()
     without = tiny(rope="mixed", pos_embed="none")

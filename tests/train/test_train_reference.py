@@ -148,7 +148,7 @@ def test_init_ablation_of_a_conv_stem_recipe_adds_the_plain_vit_and_trains_timm_
     recipe = yaml.safe_load(Path("recipes/fashion_mnist.yaml").read_text())
     recipe["model"].update(patch_embed="conv", patch_size=8, shifted_patches=False)
     recipe["data"]["img_size"] = 32
-    rows = tool.variants(with_parts=False, plain=tool.timm_lacks(load_recipe(recipe)))
+    rows = tool.variants(with_parts=False, plain=tool.timm_twin_overrides(load_recipe(recipe)))
     assert [label for label, _, _ in rows] == [
         "vitkit default", "timm scheme", "jax scheme", "plain ViT, vitkit default", "plain ViT, timm scheme",
         "timm VisionTransformer",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -29,7 +30,7 @@ from vitkit.errors import UsageError
 from vitkit.models.init import init_parts
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train import load_recipe, train
-from vitkit.train.config import PLAIN_VIT_OVERRIDES, timm_lacks
+from vitkit.train.config import timm_twin_overrides
 
 from .main import run_command
 
@@ -60,9 +61,9 @@ class StopAfterEpochs(L.Callback):
             trainer.should_stop = True
 
 
-def variants(with_parts: bool, plain: bool = False) -> list[tuple[str, list[str], list[L.Callback]]]:
-    """``(label, recipe overrides, callbacks)`` of every variant. ``plain``: the recipe's model has
-    parts timm's VisionTransformer lacks (:func:`~vitkit.train.config.timm_lacks`), so the plain ViT
+def variants(with_parts: bool, plain: Sequence[str] = ()) -> list[tuple[str, list[str], list[L.Callback]]]:
+    """``(label, recipe overrides, callbacks)`` of every variant. ``plain``: the overrides that the
+    recipe's model needs for a timm twin (:func:`~vitkit.train.config.timm_twin_overrides`); if any, the plain ViT
     of its shape is trained too, with vitkit's and timm's schemes, and is what timm's model trains."""
     rows: list[tuple[str, list[str], list[L.Callback]]] = [
         ("vitkit default", [], []),
@@ -71,10 +72,10 @@ def variants(with_parts: bool, plain: bool = False) -> list[tuple[str, list[str]
     ]
     if plain:
         rows += [
-            ("plain ViT, vitkit default", [*PLAIN_VIT_OVERRIDES], []),
-            ("plain ViT, timm scheme", [*PLAIN_VIT_OVERRIDES, "model.init=timm"], []),
+            ("plain ViT, vitkit default", [*plain], []),
+            ("plain ViT, timm scheme", [*plain, "model.init=timm"], []),
         ]
-    rows.append(("timm VisionTransformer", ["model.impl=timm", *(PLAIN_VIT_OVERRIDES if plain else ())], []))
+    rows.append(("timm VisionTransformer", ["model.impl=timm", *plain], []))
     if with_parts:
         rows += [(f"vitkit, {part} as timm", [], [InitOverride("timm", (part,))]) for part in SWAPPABLE_PARTS]
     return rows
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
-    plain = timm_lacks(load_recipe(args.recipe, args.overrides))  # fail before any training
+    plain = timm_twin_overrides(load_recipe(args.recipe, args.overrides))  # fail before any training
     chosen = variants(not args.no_parts, plain)
     if args.variants:
         labels = [label for label, _, _ in chosen]

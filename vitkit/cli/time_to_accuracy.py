@@ -21,7 +21,7 @@ import json
 
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train import RecipeConfig, load_recipe, train
-from vitkit.train.config import PLAIN_VIT_OVERRIDES, timm_lacks
+from vitkit.train.config import timm_twin_overrides
 from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise
 
 from .main import run_command
@@ -31,15 +31,15 @@ IMPLS = ("vitkit", "timm")
 
 def runs_to_make(config: RecipeConfig, impls: list[str]) -> dict[str, list[str]]:
     """Label -> extra overrides of every training run the benchmark makes."""
-    plain = timm_lacks(config)
+    plain = timm_twin_overrides(config)
     runs: dict[str, list[str]] = {}
     for impl in impls:
         if impl == "vitkit":
             runs["vitkit"] = ["model.impl=vitkit"]
             if plain and "timm" in impls:
-                runs["vitkit (plain ViT)"] = ["model.impl=vitkit", *PLAIN_VIT_OVERRIDES]
+                runs["vitkit (plain ViT)"] = ["model.impl=vitkit", *plain]
         else:
-            runs["timm"] = ["model.impl=timm", *(PLAIN_VIT_OVERRIDES if plain else ())]
+            runs["timm"] = ["model.impl=timm", *plain]
     return runs
 
 

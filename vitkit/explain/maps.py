@@ -38,8 +38,10 @@ class AttentionCapture:
         grid: patch grid ``(gh, gw)`` with ``gh * gw = N - num_prefix_tokens``.
         image_size: ``(H, W)`` of the input images.
         num_prefix_tokens: tokens before the patches.
-        pooling: the read-out the model's ``global_pool`` implies: ``'token'``, or ``'avg'`` (the
-            mean of the patch tokens' rows) for ``'avg'`` and ``'map'`` pooling.
+        pooling: the read-out of the model's prediction: ``'distilled'`` for a distilled model
+            (class and distillation rows averaged, as its two heads' logits are), else what
+            ``global_pool`` implies: ``'token'``, or ``'avg'`` (the mean of the patch tokens'
+            rows) for ``'avg'`` and ``'map'`` pooling.
     """
 
     logits: torch.Tensor
@@ -107,9 +109,16 @@ def capture_attention(
         grid=grid,
         image_size=(images.shape[2], images.shape[3]),
         num_prefix_tokens=model.num_prefix_tokens,
-        # SigLIP's attention pool, like the mean, reads the patch tokens only: read out as 'avg'.
-        pooling="token" if model.config.global_pool == "token" else "avg",
+        pooling=model_read_out(model),
     )
+
+
+def model_read_out(model: VisionTransformer) -> Pooling:
+    """The read-out that explains ``model``'s prediction (see :attr:`AttentionCapture.pooling`)."""
+    if model.config.distilled:
+        return "distilled"
+    # SigLIP's attention pool, like the mean, reads the patch tokens only: read out as 'avg'.
+    return "token" if model.config.global_pool == "token" else "avg"
 
 
 def to_image_grid(maps: torch.Tensor, grid: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
@@ -127,10 +136,13 @@ def maps_from_capture(
     layer: int = -1,
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
+    pooling: Pooling | None = None,
 ) -> torch.Tensor:
     """Maps at image resolution: ``[B, H, W]`` for ``rollout`` / ``grad_rollout`` / ``chefer``
-    (each in ``[0, 1]``), ``[B, heads, H, W]`` raw attention of block ``layer`` for ``heads``."""
-    prefix, pooling = capture.num_prefix_tokens, capture.pooling
+    (each in ``[0, 1]``), ``[B, heads, H, W]`` raw attention of block ``layer`` for ``heads``.
+    ``pooling`` names another read-out than the capture's (``'token'``: a distilled model's class
+    token alone)."""
+    prefix, pooling = capture.num_prefix_tokens, pooling or capture.pooling
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
     if method in GRADIENT_METHODS and capture.gradients is None:
@@ -155,6 +167,7 @@ def explain(
     layer: int = -1,
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
+    pooling: Pooling | None = None,
 ) -> torch.Tensor:
     """Attention maps of ``images`` at image resolution (see :func:`maps_from_capture`).
 
@@ -165,8 +178,11 @@ def explain(
         target: the gradient methods' class: ``None`` = predicted, an int, or ``[B]`` indices.
         layer: block shown by ``heads``.
         head_fusion, discard_ratio: rollout options (see :func:`attention_rollout`).
+        pooling: the read-out (``None``: the one that explains the prediction, :func:`model_read_out`).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
     capture = capture_attention(model, images, target, with_gradients=method in GRADIENT_METHODS)
-    return maps_from_capture(capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio)
+    return maps_from_capture(
+        capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio, pooling=pooling
+    )

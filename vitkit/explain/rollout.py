@@ -18,7 +18,9 @@ Chefer's ReLU drops it first.
 
 Read-out (:func:`read_out`) follows the classifier's pooling: the class token's row for token
 pooling, the mean of the patch tokens' rows for average pooling (and when there is no class
-token), each restricted to the patch columns. A block whose heads were all pruned is the identity
+token), and for a distilled model (DeiT, whose prediction averages the class head's and the
+distillation head's logits) the mean of the class and distillation tokens' rows, each
+restricted to the patch columns. A block whose heads were all pruned is the identity
 (only its residual path remains): rollout uses ``I`` for it and the gradient methods skip it.
 
 All functions are pure: batched, computed in float32 whatever the input dtype (bf16 included),
@@ -34,7 +36,7 @@ import torch
 
 HeadFusion = Literal["mean", "max", "min"]
 HEAD_FUSIONS: tuple[str, ...] = get_args(HeadFusion)
-Pooling = Literal["token", "avg"]
+Pooling = Literal["token", "avg", "distilled"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)
 
 
@@ -82,22 +84,37 @@ def add_residual_and_normalize(fused: torch.Tensor) -> torch.Tensor:
     return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mixed.dtype).tiny)
 
 
-def read_out(joint: torch.Tensor, num_prefix_tokens: int, pooling: Pooling) -> torch.Tensor:
-    """The rows of a ``[B, N, N]`` token-to-token matrix that the classifier reads, over the patches.
+def prefix_rows(matrix: torch.Tensor, num_prefix_tokens: int, pooling: Pooling) -> torch.Tensor:
+    """The query rows (dimension ``-2``) of ``[..., N, N]`` that the classifier reads, combined as
+    it pools, over all ``N`` columns: ``[..., N]``.
 
-    Token pooling reads the class token's row; average pooling the mean of the patch tokens'
-    rows (all rows when there is no prefix token). Each map is divided by its maximum; a map with
-    no mass on the patches is all zeros.
-
-    Returns:
-        ``[B, N - num_prefix_tokens]`` float32.
+    ``'token'`` is the class token's row; ``'distilled'`` the mean of the class and distillation
+    tokens' rows (tokens 0 and 1: DeiT averages the two heads' logits); ``'avg'`` the mean of the
+    patch tokens' rows (all rows when there is no prefix token).
     """
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}.")
     if pooling == "token" and num_prefix_tokens == 0:
         raise ValueError("token pooling needs a class token (num_prefix_tokens >= 1); use pooling='avg'.")
-    rows = joint[:, 0] if pooling == "token" else joint[:, num_prefix_tokens:].mean(dim=1)
-    patches = rows[:, num_prefix_tokens:]
+    if pooling == "distilled" and num_prefix_tokens < 2:
+        raise ValueError("distilled pooling reads the class and distillation tokens (num_prefix_tokens >= 2); "
+                         "use pooling='token' or 'avg'.")
+    if pooling == "token":
+        return matrix[..., 0, :]
+    if pooling == "distilled":
+        return matrix[..., :2, :].mean(dim=-2)
+    return matrix[..., num_prefix_tokens:, :].mean(dim=-2)
+
+
+def read_out(joint: torch.Tensor, num_prefix_tokens: int, pooling: Pooling) -> torch.Tensor:
+    """The rows of a ``[B, N, N]`` token-to-token matrix that the classifier reads
+    (:func:`prefix_rows`), over the patches. Each map is divided by its maximum; a map with no
+    mass on the patches is all zeros.
+
+    Returns:
+        ``[B, N - num_prefix_tokens]`` float32.
+    """
+    patches = prefix_rows(joint, num_prefix_tokens, pooling)[:, num_prefix_tokens:]
     return patches / patches.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(patches.dtype).tiny)
 
 
@@ -248,7 +265,7 @@ def per_head_maps(
     attentions: Sequence[torch.Tensor], layer: int, num_prefix_tokens: int = 1, pooling: Pooling | None = None
 ) -> torch.Tensor:
     """Each head's attention over the patch tokens in block ``layer``, read as the classifier
-    pools: the class token's row (token pooling) or the mean of the patch tokens' rows.
+    pools (:func:`prefix_rows`).
 
     Args:
         attentions: one ``[B, H, N, N]`` tensor per block.
@@ -265,6 +282,5 @@ def per_head_maps(
     attention = attentions[layer].float()
     if attention.shape[1] == 0:
         raise ValueError(f"block {layer % len(attentions)} has no heads left (all pruned): it has no attention to show.")
-    pooling = _pooling_for(num_prefix_tokens, pooling)
-    rows = attention[:, :, 0] if pooling == "token" else attention[:, :, num_prefix_tokens:].mean(dim=2)
+    rows = prefix_rows(attention, num_prefix_tokens, _pooling_for(num_prefix_tokens, pooling))
     return rows[:, :, num_prefix_tokens:].clone()

@@ -113,8 +113,7 @@ class ConvPatchEmbed(nn.Module):
                 f"a convolutional stem needs a square patch size that is a power of two >= 2 (its stride-2 "
                 f"convolutions multiply to it), got {self.patch_size[0]}x{self.patch_size[1]}."
             )
-        convs = self.patch_size[0].bit_length() - 1
-        widths = [max(8, embed_dim >> (convs - 1 - i)) for i in range(convs)]
+        widths = conv_stem_widths(self.patch_size[0], embed_dim)
         self.stem = nn.Sequential(
             *(
                 ConvNormAct(c_in, c_out, 3, stride=2, padding=1, bias=False, **factory)
@@ -134,6 +133,13 @@ class ConvPatchEmbed(nn.Module):
             )
         self.grid_size(images.shape[2], images.shape[3])
         return self.to_tokens(self.proj(self.stem(images)))
+
+
+def conv_stem_widths(patch_size: int, embed_dim: int) -> list[int]:
+    """Output channels of the stem's ``log2(patch_size)`` stride-2 3x3 convolutions: doubling up to
+    ``embed_dim`` at the last, never below 8."""
+    convs = patch_size.bit_length() - 1
+    return [max(8, embed_dim >> (convs - 1 - i)) for i in range(convs)]
 
 
 def conv_stem_reaches(patch_size: tuple[int, int]) -> bool:

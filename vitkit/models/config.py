@@ -52,9 +52,14 @@ class ViTConfig(Config):
     ``global_pool='map'`` is SigLIP's attention-pooling head (timm's ``AttentionPoolLatent``);
     ``act_layer`` is the MLPs' activation; ``distilled`` adds DeiT's distillation token and head
     (Touvron et al. 2021, arXiv:2012.12877).
-    ``pos_embed`` is the absolute position embedding (``learn``, fixed ``sincos`` or ``none``) and
-    ``rope`` the rotary one of every attention (:mod:`vitkit.layers.rope`: ``axial`` or ``mixed``,
-    base ``rope_theta``); they combine, as timm's ``*_rope_mixed_ape_*`` models do.
+    ``pos_embed`` is the absolute position embedding (``learn``, fixed ``sincos`` or ``none``;
+    unset: ``learn`` without RoPE, ``none`` with it) and ``rope`` the rotary one of every attention
+    (:mod:`vitkit.layers.rope`: ``axial`` or ``mixed``, base ``rope_theta``, axis order
+    ``rope_axes`` for ``axial``). Heo et al.'s RoPE ViTs (arXiv:2403.13298) have no absolute
+    embedding; their ``+APE`` variants (timm's ``*_rope_*_ape_*``) add one to the patches only, as
+    ``pos_embed='learn'`` with RoPE does here.
+    ``drop_rate`` is the classifier's dropout and ``pos_drop_rate`` the tokens' after the position
+    embedding, as in timm.
     ``patch_embed`` is the tokenizer: ``linear`` patches (einops + ``Linear``) or Xiao et al. 2021's
     ``conv`` stem (stride-2 3x3 convolutions with BatchNorm/ReLU, then a 1x1; arXiv:2106.14881),
     whose patch size must be a square power of two; timm's ``VisionTransformer`` has neither SPT
@@ -79,13 +84,14 @@ class ViTConfig(Config):
     qk_norm: bool = False
     class_token: bool = True
     global_pool: Literal["token", "avg", "map"] = "token"
-    pos_embed: Literal["learn", "sincos", "none"] = "learn"
+    pos_embed: Literal["learn", "sincos", "none"] | None = None
     rope: RopeKind = "none"
     rope_theta: float | None = field(default=None, metadata=bounds(gt=0))
     rope_axes: RopeAxes = "xy"
     dynamic_img_size: bool = False
     init_values: float | None = None
     drop_rate: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
+    pos_drop_rate: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
     proj_drop_rate: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
     attn_drop_rate: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
     drop_path_rate: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
@@ -137,6 +143,7 @@ class ViTConfig(Config):
                 f"needs head_dim divisible by 4 (2-D RoPE turns a quarter of each head's channels per axis and "
                 f"component), got head_dim {self.resolved_head_dim()}; change embed_dim, num_heads or head_dim.",
             )
+        self._validate_positions()
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")
         self._validate_prefix_tokens()
@@ -147,11 +154,31 @@ class ViTConfig(Config):
                 "reduce depth, embed_dim, num_heads x head_dim, mlp_ratio or num_classes."
             )
 
+    def _validate_positions(self) -> None:
+        """Refuse a position option that would do nothing in this combination."""
+        if self.rope == "none" and self.rope_theta is not None:
+            raise FieldError("rope_theta", "only applies with rope='axial' or 'mixed'; set rope too, or remove rope_theta.")
+        if self.rope != "axial" and self.rope_axes != "xy":
+            raise FieldError(
+                "rope_axes",
+                f"only applies with rope='axial' (mixed RoPE learns its own 2-D frequencies), got rope={self.rope!r}; "
+                "remove rope_axes or set rope='axial'.",
+            )
+        if self.no_embed_class and self.resolved_pos_embed == "none":
+            raise FieldError("no_embed_class", "only applies with an absolute position embedding (pos_embed='learn' or "
+                             "'sincos'); remove it.")
+        if self.no_embed_class and self.rope != "none":
+            raise FieldError("no_embed_class", "is implied with RoPE: an absolute embedding is added to the patches only "
+                             "(Heo et al.'s +APE models); remove it.")
+
     def _validate_prefix_tokens(self) -> None:
         """The distillation token's rules (those of timm's ``VisionTransformerDistilled``)."""
         if self.distilled and (not self.class_token or self.global_pool != "token"):
             raise ValueError("distilled=True reads the class and distillation tokens: it needs class_token=True "
                              "and global_pool='token'.")
+        if self.distilled and self.fc_norm:
+            raise FieldError("fc_norm", "cannot be set with distilled=True: timm's DeiT (VisionTransformerDistilled) reads "
+                             "its two tokens without fc_norm, so no twin would match; leave fc_norm unset.")
         if self.distilled and (self.reg_tokens or self.no_embed_class):
             raise ValueError("distilled=True has no register tokens or no_embed_class (timm's DeiT has neither); "
                              "set reg_tokens=0 and no_embed_class=False.")
@@ -208,9 +235,18 @@ class ViTConfig(Config):
         return int(self.class_token) + int(self.distilled) + self.reg_tokens
 
     @property
+    def resolved_pos_embed(self) -> Literal["learn", "sincos", "none"]:
+        """The absolute position embedding: ``pos_embed``, or when unset ``learn`` without RoPE
+        and ``none`` with it (Heo et al.'s RoPE ViTs)."""
+        if self.pos_embed is not None:
+            return self.pos_embed
+        return "learn" if self.rope == "none" else "none"
+
+    @property
     def num_pos_embed_prefix_tokens(self) -> int:
-        """Prefix tokens that have a position embedding: none with ``no_embed_class``."""
-        return 0 if self.no_embed_class else self.num_prefix_tokens
+        """Prefix tokens that have a position embedding: none with ``no_embed_class`` or RoPE
+        (whose absolute embedding is on the patches only)."""
+        return 0 if self.no_embed_class or self.rope != "none" else self.num_prefix_tokens
 
     @property
     def use_fc_norm(self) -> bool:
@@ -243,4 +279,5 @@ class ViTConfig(Config):
         )
         heads = self.num_classes * (1 + int(self.distilled))
         pool = (4 * dim + 2 * int(dim * self.mlp_ratio)) * dim if self.global_pool == "map" else 0
-        return (self.patch_dim + self.num_tokens + heads) * dim + blocks + pool
+        positions = 0 if self.resolved_pos_embed == "none" else self.num_pos_embed_prefix_tokens + self.num_patches
+        return (self.patch_dim + self.num_prefix_tokens + positions + heads) * dim + blocks + pool

@@ -8,8 +8,8 @@ vitkit's (:mod:`vitkit.layers.rope` uses timm's layout), so the weights map 1:1:
 * ``EvaAttention``'s ``q_bias`` and ``v_bias`` (its key bias is fixed at zero) are ``qkv.bias``;
 * mixed RoPE's one ``rope.freqs`` ``[2, depth, H, d/2]`` is each block's ``attn.rope.freqs``
   ``[2, H, d/2]`` (a block owns its heads' frequencies, so heads prune with them);
-* ``no_embed_class``'s patch-only ``pos_embed`` gains a zero class-token row (class token + 0 is
-  timm's class token), which ``to_timm`` folds back into the class token.
+* with RoPE, vitkit's absolute embedding is on the patches only (timm's ``no_embed_class``, as
+  Heo et al.'s ``+APE`` models); an Eva with prefix rows has them folded into its tokens.
 
 Every Eva feature outside that map is refused before anything is built (:func:`eva_unsupported`).
 """
@@ -62,17 +62,18 @@ def eva_unsupported(model: Eva) -> list[str]:
         "LayerScale on the attention branch only": getattr(block, "gamma_1", None) is not None
         and getattr(block, "gamma_2", None) is None,
         "heads narrower than embed_dim / num_heads": attn.num_heads * attn.head_dim != model.embed_dim,
-        "pre-norm before the blocks": not isinstance(model.norm_pre, nn.Identity),
-        "attention-pool head (global_pool='map')": model.attn_pool is not None,
+        "an attention-pool head over prefix tokens (global_pool='map' with a class or register token)":
+        model.attn_pool is not None and model.num_prefix_tokens > 0,
+        "an attention-pool head unlike SigLIP's": model.attn_pool is not None and not _pool_like_siglip(model),
         f"global_pool={model.global_pool!r}": model.global_pool not in ("token", "avg", "map"),
-        "a final norm / fc_norm pair other than timm's default for the pooling": (
-            isinstance(model.norm, nn.Identity) != (model.global_pool == "avg")
-            or isinstance(model.fc_norm, nn.Identity) != (model.global_pool != "avg")
-        ),
+        "both or neither of a final norm and fc_norm": isinstance(model.norm, nn.Identity)
+        == isinstance(model.fc_norm, nn.Identity),
         "patch dropout": model.patch_drop is not None,
-        "a patch embedding with a norm, padding or no bias": not isinstance(model.patch_embed.norm, nn.Identity)
+        "a patch embedding with a norm or padding, or a bias with pre-norm": not isinstance(
+            model.patch_embed.norm, nn.Identity
+        )
         or model.patch_embed.dynamic_img_pad
-        or model.patch_embed.proj.bias is None,
+        or (model.patch_embed.proj.bias is None) != (not isinstance(model.norm_pre, nn.Identity)),
         "half-rotation RoPE layout": getattr(attn, "rotate_half", False),
     }
     if rope is not None and not isinstance(rope, (RotaryEmbeddingCat, RotaryEmbeddingMixed)):
@@ -89,6 +90,17 @@ def eva_unsupported(model: Eva) -> list[str]:
     if rope is not None:
         found["RoPE coordinate augmentation (shift / jitter / rescale)"] = rope.aug_active
     return [name for name, present in found.items() if present]
+
+
+def _pool_like_siglip(model: Eva) -> bool:
+    """Whether an Eva's attention pool is vitkit's (one latent query, the blocks' head width and
+    MLP ratio, no position embedding or qk-norm)."""
+    pool, block = model.attn_pool, model.blocks[0]
+    return (
+        pool.latent_len == 1 and pool.pos_embed is None and isinstance(pool.q_norm, nn.Identity)
+        and pool.mlp is not None and pool.head_dim == block.attn.head_dim
+        and pool.mlp.fc1.out_features == block.mlp.fc1.out_features
+    )
 
 
 def timm_geometry(model: nn.Module) -> dict[str, Any]:
@@ -126,6 +138,9 @@ def eva_config_and_state(model: Eva) -> tuple[dict[str, Any], dict[str, torch.Te
         dynamic_img_size=model.dynamic_img_size,
         init_values=1.0 if block.gamma_1 is not None else None,
         norm_eps=block.norm1.eps,
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        no_embed_class=rope is None and model.no_embed_class and model.pos_embed is not None,
     )
     if rope is not None:
         values.update(rope=kind, rope_theta=float(rope.temperature), rope_axes=rope.grid_indexing)
@@ -145,9 +160,17 @@ def _vitkit_keys(model: Eva) -> dict[str, torch.Tensor]:
     if isinstance(model.rope, RotaryEmbeddingMixed):
         freqs = state.pop("rope.freqs")
         state.update({f"blocks.{i}.attn.rope.freqs": freqs[:, i] for i in range(len(model.blocks))})
-    if model.no_embed_class and model.pos_embed is not None and model.num_prefix_tokens:
+    prefix = model.num_prefix_tokens
+    if model.rope is not None and not model.no_embed_class and model.pos_embed is not None and prefix:
+        # vitkit's absolute embedding with RoPE is on the patches only: the prefix rows are constants
+        # added to constant tokens, so they fold into the tokens (the same model, also when resized).
         pos = state["pos_embed"]
-        state["pos_embed"] = torch.cat([pos.new_zeros(1, model.num_prefix_tokens, pos.shape[-1]), pos], dim=1)
+        state["pos_embed"] = pos[:, prefix:]
+        rows = pos[:, :prefix]
+        if model.cls_token is not None:
+            state["cls_token"], rows = state["cls_token"] + rows[:, :1], rows[:, 1:]
+        if model.reg_token is not None:
+            state["reg_token"] = state["reg_token"] + rows
     return state
 
 
@@ -164,8 +187,7 @@ def eva_state_dict(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[st
 
 def eva_twin(config: ViTConfig) -> nn.Module:
     """A freshly initialised timm ``Eva`` of the shape of ``config``, a vitkit RoPE model (the
-    caller, :func:`~vitkit.models.timm_twin`, has checked what both classes share)."""
-    assert config.rope != "none"
+    caller, :func:`~vitkit.models.timm_twin`, has refused what Eva cannot express)."""
     twin = Eva(
         img_size=config.img_size,
         patch_size=config.patch_size,
@@ -180,6 +202,7 @@ def eva_twin(config: ViTConfig) -> nn.Module:
         mlp_ratio=config.mlp_ratio,
         attn_type="rope",  # timm's fused qkv with a key bias, as vitkit's
         drop_rate=config.drop_rate,
+        pos_drop_rate=config.pos_drop_rate,
         proj_drop_rate=config.proj_drop_rate,
         attn_drop_rate=config.attn_drop_rate,
         drop_path_rate=config.drop_path_rate,
@@ -187,13 +210,18 @@ def eva_twin(config: ViTConfig) -> nn.Module:
         init_values=config.init_values,
         class_token=config.class_token,
         num_reg_tokens=config.reg_tokens,
-        use_abs_pos_emb=config.pos_embed != "none",
+        no_embed_class=True,  # with RoPE, vitkit's absolute embedding is on the patches only
+        use_abs_pos_emb=config.resolved_pos_embed != "none",
         use_rot_pos_emb=True,
+        use_pre_transformer_norm=config.pre_norm,
+        use_fc_norm=config.use_fc_norm,
+        attn_pool_num_heads=config.pool_heads,
+        attn_pool_mlp_ratio=config.mlp_ratio,
         rope_type="mixed" if config.rope == "mixed" else "cat",
         rope_grid_indexing=config.rope_axes if config.rope == "axial" else "xy",  # mixed frequencies are 2-D
         rope_temperature=config.rope_theta or DEFAULT_ROPE_THETA[config.rope],
         dynamic_img_size=config.dynamic_img_size,
     )
-    if config.pos_embed == "sincos":  # vitkit's fixed table, loaded into Eva's parameter and frozen
+    if config.resolved_pos_embed == "sincos":  # vitkit's fixed table, loaded into Eva's parameter and frozen
         twin.pos_embed.requires_grad_(False)
     return twin

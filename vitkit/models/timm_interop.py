@@ -16,6 +16,7 @@ vitkit lacks.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -187,6 +188,72 @@ def timm_features_vitkit_lacks(model: nn.Module) -> list[str]:
     ):
         return ["relative position bias (BEiT, vit_relpos_*)"]
     return [f"the {type(model).__name__} architecture (vitkit converts timm's VisionTransformer family)"]
+
+
+@dataclass(frozen=True)
+class TwinGap:
+    """One thing a :class:`ViTConfig` asks for that its timm twin (:func:`timm_twin`) cannot do.
+
+    Attributes:
+        feature: what it is, in a few words.
+        fix: the fields whose values remove it (empty: the model has no timm twin at all).
+    """
+
+    feature: str
+    fix: dict[str, Any] = field(default_factory=dict)
+
+
+def timm_twin_lacks(config: ViTConfig) -> list[TwinGap]:
+    """What the model of ``config`` does that its timm twin (a ``VisionTransformer``, ``Eva`` with
+    RoPE) cannot express, in plain words with the fields that remove it; empty when
+    :func:`to_timm` gives exactly the same logits. The converse of :func:`timm_features_vitkit_lacks`,
+    and the one rule behind :func:`timm_twin`, :func:`to_timm` and ``model.impl: timm`` recipes.
+    """
+    heads = config.heads_per_layer()
+    gaps = [
+        TwinGap("shifted patch tokenization", {"shifted_patches": False}) if config.shifted_patches else None,
+        TwinGap("locality self-attention", {"locality_attention": False}) if config.locality_attention else None,
+        TwinGap("a convolutional stem", {"patch_embed": "linear"}) if config.patch_embed != "linear" else None,
+        TwinGap(f"per-layer or narrow heads (timm needs the same full head count in every layer; this model has "
+                f"{heads} of width {config.resolved_head_dim()})")
+        if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim else None,
+    ]
+    if config.rope != "none":  # timm's RoPE ViTs are its Eva class
+        gaps += [
+            TwinGap(f"act_layer={config.act_layer!r} with RoPE (timm's Eva blocks are exact GELU)", {"act_layer": "gelu"})
+            if config.act_layer != "gelu" else None,
+            TwinGap("global_pool='map' with prefix tokens and RoPE (timm's Eva pools over the prefix tokens too)",
+                    {"class_token": False, "reg_tokens": 0})
+            if config.global_pool == "map" and config.num_prefix_tokens else None,
+            TwinGap("a distillation token with RoPE (timm's Eva has none)", {"distilled": False})
+            if config.distilled else None,
+        ]
+    return [gap for gap in gaps if gap is not None]
+
+
+def refuse_twin_gaps(config: ViTConfig) -> None:
+    """Raise one :class:`~vitkit.errors.UnsupportedModelError` naming what ``config``'s timm twin
+    cannot express (:func:`timm_twin_lacks`) and the fields that would remove it."""
+    gaps = timm_twin_lacks(config)
+    if gaps:
+        raise UnsupportedModelError(twin_gaps_message(config, gaps) + ".")
+
+
+def twin_gaps_message(config: ViTConfig, gaps: list[TwinGap], key_prefix: str = "") -> str:
+    """One sentence (without the full stop) naming the non-empty ``gaps`` of ``config`` and the
+    overrides that remove them (:func:`fix_overrides`, keys after ``key_prefix``)."""
+    twin = "Eva (its RoPE ViT)" if config.rope != "none" else "VisionTransformer"
+    text = f"timm's {twin} cannot express {'; '.join(gap.feature for gap in gaps)}"
+    fixes = fix_overrides(gaps, key_prefix)
+    return text + (f"; also set {' '.join(fixes)}" if fixes else "") + (
+        "; no option of the model removes that" if any(not gap.fix for gap in gaps) else ""
+    )
+
+
+def fix_overrides(gaps: list[TwinGap], key_prefix: str = "") -> list[str]:
+    """The ``key=value`` overrides (keys after ``key_prefix``, e.g. ``"model."``) that remove ``gaps``."""
+    return [f"{key_prefix}{key}={str(value).lower() if isinstance(value, bool) else value}"
+            for gap in gaps for key, value in gap.fix.items()]
 
 
 def refuse_unsupported(model: nn.Module) -> None:
@@ -391,12 +458,8 @@ def _check_keys(state: dict[str, torch.Tensor], model: VisionTransformer) -> Non
 
 def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
     """The state dict of the equivalent timm model (``timm.create_model(name).load_state_dict``).
-    Models with pruned (unequal) head counts have no timm equivalent and raise ``ValueError``."""
-    heads = model.heads_per_layer()
-    if len(set(heads)) != 1 or heads[0] * model.config.resolved_head_dim() != model.embed_dim:
-        raise ValueError(f"timm's ViT needs the same full head count in every layer; this model has {heads}.")
-    if model.config.patch_embed != "linear":
-        raise ValueError("timm's VisionTransformer has no convolutional stem (patch_embed='conv').")
+    A model whose twin would differ (:func:`timm_twin_lacks`) raises ``UnsupportedModelError``."""
+    refuse_twin_gaps(model.config.replace(num_heads=model.heads_per_layer()))
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}
     p1, p2 = model.config.patch_size
     weight = state[PATCH_WEIGHT]
@@ -409,18 +472,13 @@ def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
 def timm_twin(config: ViTConfig) -> nn.Module:
     """A freshly initialised timm ``VisionTransformer`` (timm's own init) of the shape ``config``
     describes: the reference that benchmarks and ``model.impl: timm`` recipes train side by side
-    with vitkit. Per-layer head counts (pruned models) have no timm equal and raise."""
-    if config.shifted_patches or config.locality_attention or config.patch_embed != "linear":
-        raise ValueError(
-            "timm's VisionTransformer has no shifted patch tokenization, locality self-attention or convolutional stem."
-        )
-    heads = config.heads_per_layer()
-    if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim:
-        raise ValueError(f"timm's VisionTransformer needs one head count dividing embed_dim; this model has {heads}.")
+    with vitkit. A config it would not match (:func:`timm_twin_lacks`) raises ``UnsupportedModelError``."""
+    refuse_twin_gaps(config)
     if config.rope != "none":
         return eva_twin(config)
+    heads = config.heads_per_layer()
     twin_class = VisionTransformerDistilled if config.distilled else TimmVisionTransformer
-    return twin_class(
+    twin = twin_class(
         img_size=config.img_size,
         patch_size=config.patch_size,
         in_chans=config.in_chans,
@@ -434,9 +492,10 @@ def timm_twin(config: ViTConfig) -> nn.Module:
         qk_norm=config.qk_norm,
         init_values=config.init_values,
         class_token=config.class_token,
-        pos_embed="none" if config.pos_embed == "none" else "learn",
+        pos_embed="none" if config.resolved_pos_embed == "none" else "learn",
         dynamic_img_size=config.dynamic_img_size,
         drop_rate=config.drop_rate,
+        pos_drop_rate=config.pos_drop_rate,
         proj_drop_rate=config.proj_drop_rate,
         attn_drop_rate=config.attn_drop_rate,
         drop_path_rate=config.drop_path_rate,
@@ -447,6 +506,9 @@ def timm_twin(config: ViTConfig) -> nn.Module:
         act_layer=config.act_layer,
         norm_layer=partial(nn.LayerNorm, eps=config.norm_eps),
     )
+    if config.resolved_pos_embed == "sincos":  # vitkit's fixed table, loaded into timm's parameter and frozen
+        twin.pos_embed.requires_grad_(False)
+    return twin
 
 
 def to_timm(model: VisionTransformer) -> nn.Module:

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import ConvPatchEmbed, EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
+from ..layers.patch_embed import conv_stem_widths
 from .config import ViTConfig
 from .init import init_parts
 
@@ -114,15 +115,15 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim, **factory)) if config.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, dim, **factory)) if config.reg_tokens else None
-        if config.pos_embed == "learn":
+        if config.resolved_pos_embed == "learn":
             embed_len = config.num_pos_embed_prefix_tokens + config.num_patches
             self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim, **factory))
-        elif config.pos_embed == "none":  # positions come from RoPE alone (or not at all)
+        elif config.resolved_pos_embed == "none":  # positions come from RoPE alone (or not at all)
             self.pos_embed = None
         else:
             table = self._sincos(config.grid_size, device=device, dtype=dtype or torch.get_default_dtype())
             self.register_buffer("pos_embed", table, persistent=False)
-        self.pos_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
+        self.pos_drop = nn.Dropout(config.pos_drop_rate) if config.pos_drop_rate > 0 else nn.Identity()
         self.norm_pre = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if config.pre_norm else nn.Identity()
 
         rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
@@ -188,7 +189,7 @@ class VisionTransformer(nn.Module):
         """
         reset_submodules(self)
         self._init_weights()
-        if self.config.pos_embed == "sincos":
+        if self.config.resolved_pos_embed == "sincos":
             self.pos_embed.copy_(self._sincos(self.config.grid_size))
 
     def _sincos(
@@ -264,13 +265,14 @@ class VisionTransformer(nn.Module):
             )
         if self.pos_embed is None:
             return None
-        if self.config.pos_embed == "sincos":
+        if self.config.resolved_pos_embed == "sincos":
             return self._sincos(grid).to(self.pos_embed)
         return resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.config.num_pos_embed_prefix_tokens)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` images to ``[B, prefix + gh*gw, D]`` tokens with positions added
-        (to the patches only with ``no_embed_class``), then the pre-norm."""
+        (to the patches only with ``no_embed_class`` or RoPE), dropped out (``pos_drop_rate``), then
+        the pre-norm."""
         tokens = self.patch_embed(images)
         grid = self.patch_embed.grid_size(images.shape[2], images.shape[3])
         positions = self._position_embedding(grid)
@@ -281,7 +283,7 @@ class VisionTransformer(nn.Module):
         ]
         if positions is None:  # positions come from RoPE alone (or not at all)
             tokens = torch.cat([*prefix, tokens], dim=1)
-        elif self.config.no_embed_class:
+        elif self.config.num_pos_embed_prefix_tokens == 0:
             tokens = torch.cat([*prefix, tokens + positions], dim=1)
         else:
             tokens = torch.cat([*prefix, tokens], dim=1) + positions
@@ -447,17 +449,33 @@ def count_parameters(model: nn.Module) -> int:
 def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -> int:
     """Multiply-accumulate-based FLOPs (2 per MAC) of one forward pass on one ``img_size`` image.
 
-    Counts the patch projection, qkv, ``QK^T``, ``AV``, ``W_o``, the MLP and the head, the terms
-    that scale with width and sequence; norms, softmax and GELU are ignored.
+    Counts every matrix product and convolution that runs (what ``torch.utils.flop_counter``
+    counts): the tokenizer (the linear patch projection, or the conv stem's 3x3 convolutions and
+    its 1x1), qkv, ``QK^T``, ``AV``, ``W_o`` and the MLP of each block at its head count, the
+    attention-pooling head (``'map'``), and the classifier (two with ``distilled``); norms,
+    softmax, activations and RoPE's rotations are elementwise and left out.
     """
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
     d, dim = config.resolved_head_dim(), config.embed_dim
-    n = config.num_tokens
+    n, patches = config.num_tokens, config.num_patches
     hidden = int(dim * config.mlp_ratio)
-    macs = config.num_patches * config.patch_dim * dim
+    macs = _tokenizer_macs(config)
     for h in heads:
         inner = h * d
         macs += n * dim * 3 * inner + 2 * n * n * inner + n * inner * dim + 2 * n * dim * hidden
-    macs += dim * config.num_classes
+    if config.global_pool == "map":  # one latent query over the patches: q, kv, QK^T and AV, proj, MLP
+        macs += dim * dim + patches * dim * 2 * dim + 2 * patches * dim + dim * dim + 2 * dim * hidden
+    macs += dim * config.num_classes * (1 + int(config.distilled))
     return 2 * macs
 
+
+def _tokenizer_macs(config: ViTConfig) -> int:
+    """MACs of the patch embedding of one ``img_size`` image."""
+    if config.patch_embed != "conv":
+        return config.num_patches * config.patch_dim * config.embed_dim
+    widths = conv_stem_widths(config.patch_size[0], config.embed_dim)
+    (height, width), macs = config.img_size, 0
+    for c_in, c_out in zip([config.in_chans, *widths[:-1]], widths):
+        height, width = (height + 1) // 2, (width + 1) // 2  # 3x3, stride 2, padding 1
+        macs += height * width * c_in * c_out * 9
+    return macs + config.num_patches * widths[-1] * config.embed_dim

@@ -23,8 +23,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
 from ..files import atomic_write
-from ..io import CheckpointError, load_checkpoint, load_model_and_extra
-from ..models import VisionTransformer
+from ..io import FORMAT_KEY, CheckpointError, load_checkpoint, load_model_and_extra, upgrade
+from ..models import VisionTransformer, ViTConfig
 from .module import ViTClassifier, non_finite_tensors
 from .optim import build_optimizer
 
@@ -60,8 +60,9 @@ def check_resumable(path: str | os.PathLike, module: ViTClassifier, dataset: str
             f"--resume {path}: not a vitkit training checkpoint (no Lightning training state or model config); "
             "give the run's checkpoints/last.ckpt."
         )
-    saved = {**_plain(hparams["vit_config"]), "dataset": extra.get("dataset")}
-    wanted = {**_plain(module.hparams["vit_config"]), "dataset": dataset}
+    saved_config = upgrade(hparams["vit_config"], str(hparams.get(FORMAT_KEY, "1")))
+    saved = {**_meaning(saved_config), "dataset": extra.get("dataset")}
+    wanted = {**_meaning(module.hparams["vit_config"]), "dataset": dataset}
     differences = [
         f"{key} (checkpoint {saved.get(key)!r}, recipe {wanted.get(key)!r})"
         for key in sorted(set(saved) | set(wanted))
@@ -128,9 +129,15 @@ def _training_state_problem(checkpoint: dict[str, Any], module: ViTClassifier) -
     return None
 
 
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` as JSON would give them back (tuples as lists), for comparison."""
-    return json.loads(json.dumps(values))
+def _meaning(values: dict[str, Any]) -> dict[str, Any]:
+    """A model config as JSON would give it back (tuples as lists), with the position embedding an
+    unset ``pos_embed`` means, for comparison."""
+    plain = json.loads(json.dumps(values))
+    try:
+        plain["pos_embed"] = ViTConfig.from_dict(plain).resolved_pos_embed
+    except ValueError:  # an invalid config differs anyway; the comparison names it
+        pass
+    return plain
 
 
 def remove_orphan_temp_files(folder: str | os.PathLike, pattern: str = ORPHAN_GLOB) -> list[Path]:

@@ -25,6 +25,7 @@ from ..data import DataConfig
 from ..evaluation import TestTimeAugmentation
 from ..files import atomic_write
 from ..models import ViTConfig, model_config
+from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_message
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
 from .schema import RecipeError
 
@@ -413,17 +414,14 @@ class RecipeConfig(Config):
         return values
 
 
-#: Overrides that turn a recipe's model into one timm's VisionTransformer can be: the same shape with
-#: plain attention and linear patches of the same size (see :func:`timm_lacks`).
-PLAIN_VIT_OVERRIDES = ("model.shifted_patches=false", "model.locality_attention=false", "model.patch_embed=linear")
-
-
-def timm_lacks(config: RecipeConfig) -> bool:
-    """Whether the recipe's model uses a tokenizer or attention timm's VisionTransformer lacks
-    (shifted patches, locality self-attention, a convolutional stem), so that a timm reference
-    of it needs :data:`PLAIN_VIT_OVERRIDES`."""
-    model = config.model
-    return bool(model.shifted_patches or model.locality_attention or model.patch_embed == "conv")
+def timm_twin_overrides(config: RecipeConfig) -> list[str]:
+    """The recipe overrides (``model.patch_embed=linear``, ...) that turn the recipe's model into
+    one timm's twin expresses exactly (:func:`~vitkit.models.timm_twin_lacks`); empty when it
+    already is. A recipe starting from pretrained weights has its architecture from them: empty."""
+    if config.model.pretrained is not None:
+        return []
+    vit_config = config.vit_config(img_size=config.data.resolved_img_size(), in_chans=config.data.resolved_in_chans())
+    return fix_overrides(timm_twin_lacks(vit_config), "model.")
 
 
 def load_recipe(
@@ -462,16 +460,9 @@ def load_recipe(
         raise RecipeError(f"{key} in {origin} {error.problem}") from None
     except ValueError as error:
         raise RecipeError(f"invalid model section in {source}: {error}") from None
-    if config.model.impl == "timm" and (vit_config.shifted_patches or vit_config.locality_attention):
-        raise RecipeError(
-            f"model.impl=timm in {source}: timm's VisionTransformer has no shifted patch tokenization or locality "
-            "self-attention; also set model.shifted_patches=false model.locality_attention=false."
-        )
-    if config.model.impl == "timm" and vit_config.patch_embed != "linear":
-        raise RecipeError(
-            f"model.impl=timm in {source}: timm's VisionTransformer has no convolutional stem; "
-            "also set model.patch_embed=linear."
-        )
+    gaps = timm_twin_lacks(vit_config) if config.model.impl == "timm" else []
+    if gaps:
+        raise RecipeError(f"model.impl=timm in {source}: {twin_gaps_message(vit_config, gaps, 'model.')}.")
     return config
 
 

@@ -42,6 +42,7 @@ TIMM_PREFIX = "timm:"
 #: ``num_classes``. Every other field is the weights' own.
 FREE_FIELDS = (
     "drop_rate",
+    "pos_drop_rate",
     "proj_drop_rate",
     "attn_drop_rate",
     "drop_path_rate",

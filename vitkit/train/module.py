@@ -17,6 +17,7 @@ from torch import nn
 
 from ..errors import VitkitError
 from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, black_level, predict_views
+from ..io import FORMAT_KEY, FORMAT_VERSION
 from ..models import VisionTransformer, ViTConfig, from_timm
 from .config import OptimConfig, RecipeConfig
 from .distill import DistillationLoss
@@ -47,7 +48,8 @@ class ViTClassifier(L.LightningModule):
 
     def __init__(self, model: nn.Module, recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> None:
         super().__init__()
-        self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra})
+        self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra,
+                                   FORMAT_KEY: FORMAT_VERSION})
         self.optim_config: OptimConfig = recipe.optim
         self.tta: TestTimeAugmentation = recipe.trainer.tta
         self.val_tta: TestTimeAugmentation = recipe.trainer.val_tta or self.tta
