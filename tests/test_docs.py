@@ -136,6 +136,17 @@ def test_the_readme_links_the_results_and_the_benchmarks() -> None:
     assert "(docs/results.md" in text and "(docs/benchmarks.md" in text
 
 
+def test_the_readme_links_every_page_of_docs() -> None:
+    text = prose((ROOT / "README.md").read_text(encoding="utf-8"))
+    linked = {match.group(1).partition("#")[0] for match in LINK.finditer(text) if match.group(1)}
+    assert {f"docs/{page.name}" for page in PAGES[1:]} - linked == set()
+
+
+def test_the_readme_stays_a_front_door() -> None:
+    """How-tos and tables live in docs/; the README stays a short guide to them."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 350
+
+
 # --- the checks bite --------------------------------------------------------------------------
 
 

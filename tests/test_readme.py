@@ -1,4 +1,5 @@
-"""Every Python snippet in the README runs as written (in a scratch folder, on the CPU)."""
+"""The README opens with its two commands, and every Python snippet in the README and in docs/*.md
+runs as written (in a scratch folder, on the CPU)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,34 @@ import pytest
 
 from vitkit.kernels import AUTOTUNER
 
-README = Path(__file__).parent.parent / "README.md"
-SNIPPETS = re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.S | re.M)
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+SNIPPETS = [
+    (page, code)
+    for page in PAGES
+    for code in re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+]
+SNIPPET_IDS = [
+    f"{page.relative_to(ROOT)}:{[p for p, _ in SNIPPETS[: i + 1]].count(page)}" for i, (page, _) in enumerate(SNIPPETS)
+]
 
 
 def test_the_readme_has_snippets() -> None:
+    assert len([page for page, _ in SNIPPETS if page == README]) >= 1
     assert len(SNIPPETS) >= 5
 
 
-@pytest.mark.parametrize("code", SNIPPETS, ids=[f"snippet{i + 1}" for i in range(len(SNIPPETS))])
-def test_readme_snippet_runs_as_written(code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_readme_opens_with_make_demo_and_make_test() -> None:
+    first_block = re.search(r"^```(\w*)\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.S | re.M)
+    assert first_block and first_block.group(1) == "bash"
+    assert [line.split("#")[0].strip() for line in first_block.group(2).splitlines()] == ["make demo", "make test"]
+
+
+@pytest.mark.parametrize(("page", "code"), SNIPPETS, ids=SNIPPET_IDS)
+def test_readme_snippet_runs_as_written(page: Path, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for state in ("_cache_path", "_cache_path_set", "_disk"):  # a snippet points the autotuner at a cache file
         monkeypatch.setattr(AUTOTUNER, state, getattr(AUTOTUNER, state))
-    exec(compile(code, f"README.md snippet\n{code[:60]}", "exec"), {"__name__": "readme_snippet"})
+    name = page.relative_to(ROOT)
+    exec(compile(code, f"{name} snippet\n{code[:60]}", "exec"), {"__name__": "readme_snippet"})

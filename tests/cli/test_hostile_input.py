@@ -381,7 +381,7 @@ def test_d8_bad_extra_metadata_is_one_error(tmp_path: Path, extra: dict, words: 
 
 def test_d8_d9_a_model_saved_without_extra_loads_and_tools_say_what_is_missing(tmp_path: Path, capsys,
                                                                                 load_tool) -> None:
-    path = vitkit.save_model(_tiny_model(), tmp_path / "m.safetensors")  # the README's own call
+    path = vitkit.save_model(_tiny_model(), tmp_path / "m.safetensors")  # docs/models.md's own call
     model, extra = load_model_and_extra(path)
     assert extra == {} and model.num_classes == 6
     assert load_tool("evaluate").main([str(path)]) == 2

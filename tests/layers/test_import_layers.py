@@ -1,6 +1,6 @@
-"""vitkit's imports run one way, from the ground up, as the README's "How the code is organised"
-says: every import (at module level, inside functions and under ``TYPE_CHECKING`` alike) goes to
-a lower layer or stays inside its own package, and no chain of imports comes back to where it began.
+"""vitkit's imports run one way, from the ground up, as "How the code is organised" in
+docs/concepts.md says: every import (at module level, inside functions and under ``TYPE_CHECKING``
+alike) goes to a lower layer or stays inside its own package, and no chain of imports comes back to where it began.
 
 The graph is read from the source with :mod:`ast`, so an import hidden in a function to dodge a
 cycle counts as much as one at the top of a file."""
@@ -77,7 +77,7 @@ def layer_package(name: str) -> str:
 
 def test_every_module_belongs_to_a_layer() -> None:
     unplaced = sorted({layer_package(name) for name in MODULES} - set(LAYER_OF))
-    assert not unplaced, f"add these to LAYERS (and the README's layering): {unplaced}"
+    assert not unplaced, f"add these to LAYERS (and the layering in docs/concepts.md): {unplaced}"
 
 
 def test_imports_run_down_the_layers() -> None:

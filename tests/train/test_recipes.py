@@ -1,4 +1,4 @@
-"""The shipped recipes train what their names and the README promise."""
+"""The shipped recipes train what their names and docs/train.md promise."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ truncated normal (std 0.02) and the class token from N(0, 1e-6), as timm does.
 
 ``vitkit`` is Xavier-uniform throughout with a scaled-down ``W_o`` (it writes into the residual
 stream; ``out_init_scale`` is ``1/sqrt(2 * depth)`` in models), and the Xavier patch projection
-of MAE. The README's initialisation ablation compares it with the other schemes and with timm's
-own model at equal steps. :func:`init_parts` re-initialises chosen parts only, which is how that
+of MAE. The initialisation ablation in docs/results.md compares it with the other schemes and
+with timm's own model at equal steps. :func:`init_parts` re-initialises chosen parts only, which is how that
 ablation swaps one part at a time.
 """
 

@@ -263,7 +263,7 @@ def refuse_unsupported(model: nn.Module) -> None:
     if found:
         raise UnsupportedModelError(
             f"this timm model ({type(model).__name__}) uses {'; '.join(found)}, which vitkit lacks; "
-            "see the README's table of timm families."
+            "see the table of timm families in docs/timm.md."
         )
 
 

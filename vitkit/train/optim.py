@@ -41,7 +41,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig, *, allow_fused: bool 
     it and ``allow_fused``, else torch's default multi-tensor (foreach) implementation.
 
     The fused step applies the same update as the foreach one to float rounding (tested), in a
-    fraction of its time (the README's benchmark section has the measurement).
+    fraction of its time (docs/benchmarks.md has the measurement).
     """
     groups = param_groups(model, config.weight_decay)
     fused = allow_fused and fused_supported([p for group in groups for p in group["params"]])
