@@ -277,11 +277,12 @@ def test_no_synchronize_once_the_choice_is_made(
     assert row["final_kernel"] == "explicit" and row["final"] is not watch_drift
 
 
-def test_the_drift_watch_is_on_for_a_cpu_module_unless_told() -> None:
-    model = tiny_model()
-    for watch_drift, expected in [(None, True), (False, False)]:
+def test_the_drift_watch_is_on_for_a_cpu_module_only_unless_told() -> None:
+    on_gpu = SimpleNamespace(device=torch.device("cuda", 0))  # what the callback reads of a LightningModule
+    for module, watch_drift, expected in [(tiny_model(), None, True), (tiny_model(), False, False),
+                                          (on_gpu, None, False), (on_gpu, True, True)]:
         chooser = TrainingKernelChooser(watch_drift=watch_drift)
-        chooser.on_train_start(None, model)
+        chooser.on_train_start(None, module)
         assert chooser.trial.watch_drift is expected
 
 

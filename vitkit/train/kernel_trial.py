@@ -68,6 +68,7 @@ T = TypeVar("T")
 
 
 def _same(value: T) -> T:
+    """One process's agreement with itself: its own evidence."""
     return value
 
 
@@ -222,7 +223,7 @@ class KernelTrial:
         """One JSON-ready row per key: the current kernel (``None``: still measuring), whether it is
         final (no step is timed any more), the timed pairs, when and why it was measured again,
         what the measurement cost (``ab_extra_s``: the seconds each pair's slower step took beyond
-        its faster one, summed; warm-up steps are untimed), how many steps ran each kernel, and
+        its faster one, summed; warm-up steps are not counted), how many steps ran each kernel, and
         every round's evidence."""
         rows = []
         for key, state in self.keys.items():
@@ -248,6 +249,8 @@ def step_key(batch: Any) -> str:
 
 
 class _Step(NamedTuple):
+    """The training step under way: its key, kernel, global step, timing and clock at its start."""
+
     key: str
     kernel: str
     step: int
