@@ -28,6 +28,7 @@ from vitkit.train import (
     train,
 )
 from vitkit.train import module as module_lib
+from vitkit.train.kernel_trial import MIN_PAIRS, STEPS_TO_CHOOSE
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ def test_run_directory_holds_every_artefact(fitted: RunResult) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary == fitted.summary
     (trained,) = summary["attention_kernels"]["training_steps"]["keys"]  # chosen on the run's own steps
-    assert trained["pairs"] >= 5 and trained["final_kernel"] in ("sdpa", "explicit") and trained["rounds"][0]["spread"] >= 0
+    assert trained["pairs"] >= MIN_PAIRS and trained["final_kernel"] in ("sdpa", "explicit") and trained["rounds"][0]["spread"] >= 0
     assert isinstance(summary["attention_kernels"]["synthetic"], list)  # the process-wide autotuner's rows
     assert summary["epochs"] == 3 and summary["wall_time_s"] > 0 and summary["train_images_per_s"] > 0
     rows = read_rows(run / "metrics.csv")
@@ -242,14 +243,21 @@ def test_sigkilled_run_resumes_from_its_step_checkpoint(tmp_path: Path) -> None:
     assert (run_dir / "model.safetensors").is_file()
 
 
-def test_ddp_on_two_cpu_processes_with_a_weight_ema(tmp_path: Path) -> None:
-    recipe = write_tiny_recipe(tmp_path, strategy="ddp", devices=2, **SHORT)
+def test_ddp_on_two_cpu_processes_with_a_weight_ema_and_one_attention_kernel(tmp_path: Path) -> None:
+    steps = STEPS_TO_CHOOSE + 2  # the kernel is chosen, then two steps run it
+    recipe = write_tiny_recipe(tmp_path, strategy="ddp", devices=2, **{**SHORT, "limit_train_batches": steps})
     # the EMA copy is a child of the module: DDP refused its parameters as unused until they stopped requiring grad
     done = run_tool("tools/train.py", str(recipe), "optim.ema=true")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("test accuracy") == 1  # rank 0 reports the run, rank 1 stays quiet
     summary = json.loads(next((tmp_path / "runs").glob("tiny/*/summary.json")).read_text())
-    assert summary["world_size"] == 2 and summary["global_steps"] == 4
+    assert summary["world_size"] == 2 and summary["global_steps"] == steps
+    # rank 0's timings chose the kernel for both ranks: each rank ran the same kernels, step for step
+    kernels = summary["attention_kernels"]["training_steps"]
+    (row,) = kernels["keys"]
+    chosen, other = row["final_kernel"], ({"sdpa", "explicit"} - {row["final_kernel"]}).pop()
+    assert row["pairs"] == MIN_PAIRS and row["steps"] == {chosen: MIN_PAIRS + 3, other: MIN_PAIRS + 1}
+    assert kernels["ranks"] == [{"rank": rank, "steps": {row["key"]: row["steps"]}} for rank in (0, 1)]
     run_dirs = [p for p in (tmp_path / "runs" / "tiny").iterdir() if not p.is_symlink()]
     assert len(run_dirs) == 1  # both ranks shared one run directory
     assert (tmp_path / "runs" / "tiny" / "latest").resolve() == run_dirs[0].resolve()

@@ -5,23 +5,34 @@ predict the whole step, and a measurement made during a load spike would decide 
 A training run repeats the same step thousands of times, so it can measure the real thing: during
 its first steps :class:`TrainingKernelChooser` runs whole training steps with SDPA and with the
 explicit kernel in A/B pairs, on the run's own batches, and :class:`KernelTrial` chooses by the
-median of the pairs' time ratios. The measurement costs only the slower kernel's extra time.
+pairs' time ratios. The measurement costs only the slower kernel's extra time, and the device
+synchronisations of the timed steps; once a key's choice is final its steps are neither timed nor
+synchronised.
 
-A pair's two steps run back to back, so a slow period slows both and cancels in their ratio; the
-order alternates (AB, BA, ...) so neither kernel always runs first. A choice on weak evidence
-(a wide spread of the ratios) is measured again later, and so is a choice whose step time
-drifts far from what it was when the choice was made (the load the choice saw has gone, or
-arrived): a load spike at startup does not decide the rest of the run.
+A pair's two steps run back to back, so a slow period slows both and cancels in their ratio. The
+order alternates (AB, BA, ...) over an even number of pairs, and each AB pair's ratio is combined
+with the next BA pair's (their geometric mean), so a penalty on whichever step runs first cancels
+exactly; the median over these balanced ratios decides, so one disturbed pair does not. Ties
+(within :data:`EXPLICIT_MARGIN`) keep SDPA. A choice on weak evidence (a wide spread of the
+ratios) is measured again later. On the CPU, a choice whose step time drifts far from what it was
+when the choice was made (the load the choice saw has gone, or arrived) is measured again too:
+there the clock alone reads a step's time. On a GPU it would need a synchronisation every step,
+which drains the launch queue, so the drift watch is off there and a choice is final once made.
+
+Under DDP, rank 0's timings decide: at each decision the evidence is broadcast from rank 0, so
+every rank runs the same kernel at every step (the ranks' keys agree step by step: training
+batches drop the last partial batch and the distributed sampler gives each rank as many).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import lightning as L
 import torch
@@ -30,18 +41,19 @@ from lightning.pytorch.callbacks import Callback
 from ..layers import MultiHeadSelfAttention
 
 KERNELS = ("sdpa", "explicit")
-#: Timed A/B pairs per measurement round (the median of their ratios decides).
-MIN_PAIRS = 5
-#: Explicit must be this much faster (median SDPA / explicit step-time ratio) to be chosen, so
-#: equal kernels keep SDPA, timm's kernel. Whole steps are timed, so the margin can be small.
+#: Timed A/B pairs per measurement round: even, half AB and half BA, so that an order effect cancels.
+MIN_PAIRS = 6
+#: Explicit must be this much faster (median balanced SDPA / explicit step-time ratio) to be
+#: chosen, so equal kernels keep SDPA, timm's kernel. Whole steps are timed, so the margin can be small.
 EXPLICIT_MARGIN = 0.05
-#: Evidence is weak when the ratios' interquartile range exceeds this share of their median.
+#: Evidence is weak when the balanced ratios' interquartile range exceeds this share of their median.
 SPREAD_LIMIT = 0.25
 #: A choice on weak evidence is measured again this many steps after it was made.
 RECHECK_AFTER_STEPS = 50
-#: Steps of the chosen kernel whose median is compared with the step time at the choice.
+#: Steps of the chosen kernel per drift window (CPU only): their median is compared with the step
+#: time at the choice at the end of each window.
 DRIFT_WINDOW = 10
-#: The step time has drifted when that median differs from the one at the choice by this share.
+#: The step time has drifted when a window's median differs from the one at the choice by this share.
 DRIFT_LIMIT = 0.3
 #: Measurement rounds per key at most (the first included): the cost stays bounded.
 MAX_ROUNDS = 4
@@ -49,24 +61,39 @@ MAX_ROUNDS = 4
 #: oneDNN primitive creation, compilation under ``torch.compile``), then the timed pairs.
 STEPS_TO_CHOOSE = len(KERNELS) + 2 * MIN_PAIRS
 
+#: How a step is timed: ``"synchronized"`` (a measured step: the device is waited for before and
+#: after), ``"clock"`` (a drift-watch step on the CPU: the clock alone), ``None``: not at all.
+Timing = Literal["synchronized", "clock"] | None
+T = TypeVar("T")
+
+
+def _same(value: T) -> T:
+    """One process's agreement with itself: its own evidence."""
+    return value
+
 
 @dataclass
 class Round:
     """One measurement round of a key: at which step it started and why, its A/B pairs (seconds
-    per step and kernel) and, once complete, what they showed."""
+    per step and kernel; even pairs ran SDPA first, odd ones explicit first) and, once complete,
+    what they showed."""
 
     step: int
     reason: str
     pairs: list[dict[str, float]] = field(default_factory=list)
     median_s: dict[str, float] = field(default_factory=dict)
-    ratio: float | None = None  # median over pairs of sdpa / explicit: > 1 means explicit is faster
-    spread: float | None = None  # interquartile range of the ratios / their median
+    ratio: float | None = None  # median balanced sdpa / explicit ratio: > 1 means explicit is faster
+    spread: float | None = None  # interquartile range of the balanced ratios / their median
     kernel: str | None = None
 
     def decide(self) -> None:
+        """Choose from the pairs: each AB pair's ratio and the next BA pair's, combined by their
+        geometric mean (a first-in-pair penalty multiplies one by ``1 + p`` and divides the other,
+        so it cancels), then the median over these balanced ratios."""
         ratios = [pair["sdpa"] / pair["explicit"] for pair in self.pairs]
-        quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
-        self.ratio = statistics.median(ratios)
+        balanced = [math.sqrt(ab * ba) for ab, ba in zip(ratios[0::2], ratios[1::2])]
+        quartiles = statistics.quantiles(balanced, n=4, method="inclusive")
+        self.ratio = statistics.median(balanced)
         self.spread = (quartiles[2] - quartiles[0]) / self.ratio
         self.median_s = {name: statistics.median(pair[name] for pair in self.pairs) for name in KERNELS}
         self.kernel = "explicit" if self.ratio >= 1.0 + EXPLICIT_MARGIN else "sdpa"
@@ -91,7 +118,7 @@ class _KeyState:
     kernel: str | None = None  # the current choice
     reference_s: float = 0.0  # the chosen kernel's median step time at the choice
     recheck_at: int | None = None
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))
+    window: list[float] = field(default_factory=list)  # the drift window's step times so far
     steps: Counter[str] = field(default_factory=Counter)  # steps run with each kernel
 
     @property
@@ -101,16 +128,23 @@ class _KeyState:
 
 class KernelTrial:
     """Which kernel each training step runs, per step key (the batch's shape), from the timings of
-    the steps before it. Pure bookkeeping: the caller times the steps.
+    the steps before it. Pure bookkeeping: the caller times the steps, as :meth:`timing` says.
 
-    Per key: two warm-up steps (one per kernel, untimed), then :data:`MIN_PAIRS` A/B pairs; the
-    choice is made after :data:`STEPS_TO_CHOOSE` steps. It is measured again
-    :data:`RECHECK_AFTER_STEPS` steps later when the spread was above :data:`SPREAD_LIMIT`, and as
-    soon as :data:`DRIFT_WINDOW` steps' median moves more than :data:`DRIFT_LIMIT` from the step
-    time at the choice; at most :data:`MAX_ROUNDS` rounds per key.
+    Per key: two warm-up steps (one per kernel), then :data:`MIN_PAIRS` A/B pairs; the choice is
+    made after :data:`STEPS_TO_CHOOSE` steps. It is measured again :data:`RECHECK_AFTER_STEPS`
+    steps later when the spread was above :data:`SPREAD_LIMIT` and, with ``watch_drift``, when a
+    window of :data:`DRIFT_WINDOW` steps' median moves more than :data:`DRIFT_LIMIT` from the step
+    time at the choice; at most :data:`MAX_ROUNDS` rounds per key. The control flow depends on step
+    counts and on the values that pass through :meth:`record`'s ``agree`` only, so processes that
+    agree on those make the same choices at the same steps.
+
+    Args:
+        watch_drift: watch the chosen kernel's step times for drift (on the CPU, where reading
+            them costs nothing; off on a GPU, where it would cost a synchronisation every step).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watch_drift: bool = True) -> None:
+        self.watch_drift = watch_drift
         self.keys: dict[str, _KeyState] = {}
 
     def kernel_for(self, key: str, step: int) -> str:
@@ -119,18 +153,39 @@ class KernelTrial:
         if not state.measuring and state.recheck_at is not None and step >= state.recheck_at:
             self._start_round(state, step, f"weak evidence: spread {state.rounds[-1].spread:.2f} > {SPREAD_LIMIT}")
         if not state.measuring:
-            return state.kernel
-        if state.warmup:
-            return state.warmup[0]
-        order = KERNELS if len(state.rounds[-1].pairs) % 2 == 0 else KERNELS[::-1]
-        return next(name for name in order if name not in state.pair)
-
-    def record(self, key: str, kernel: str, seconds: float, step: int) -> None:
-        """The step ``step`` of ``key`` ran ``kernel`` and took ``seconds``."""
-        state = self.keys[key]
+            kernel = state.kernel
+        elif state.warmup:
+            kernel = state.warmup[0]
+        else:
+            order = KERNELS if len(state.rounds[-1].pairs) % 2 == 0 else KERNELS[::-1]
+            kernel = next(name for name in order if name not in state.pair)
         state.steps[kernel] += 1
+        return kernel
+
+    def timing(self, key: str) -> Timing:
+        """How the step :meth:`kernel_for` just gave ``key`` its kernel for is timed (and then
+        :meth:`record` ed): ``None`` once the key's choice is final, or until its re-measurement."""
+        state = self.keys[key]
+        if state.measuring:
+            return "synchronized"
+        if self.watch_drift and len(state.rounds) < MAX_ROUNDS:
+            return "clock"
+        return None
+
+    def is_final(self, key: str) -> bool:
+        """``key`` has a kernel that no later step will measure again."""
+        state = self.keys[key]
+        return not state.measuring and state.recheck_at is None and self.timing(key) is None
+
+    def record(self, key: str, kernel: str, seconds: float, step: int, agree: Callable[[T], T] = _same) -> None:
+        """The step ``step`` of ``key`` ran ``kernel`` and took ``seconds``. The evidence of each
+        decision (a round's pairs, a drift window's median) passes through ``agree`` first: under
+        DDP a broadcast from rank 0, called by every rank at the same step."""
+        state = self.keys[key]
+        if self.timing(key) is None:
+            return
         if not state.measuring:
-            self._watch_drift(state, kernel, seconds, step)
+            self._watch_drift(state, seconds, step, agree)
             return
         if state.warmup:
             state.warmup.remove(kernel)
@@ -142,19 +197,18 @@ class KernelTrial:
         current.pairs.append(state.pair)
         state.pair = {}
         if len(current.pairs) >= MIN_PAIRS:
+            current.pairs = agree(current.pairs)
             current.decide()
             state.kernel, state.reference_s = current.kernel, current.median_s[current.kernel]
-            state.recent.clear()
+            state.window = []
             weak = current.spread > SPREAD_LIMIT and len(state.rounds) < MAX_ROUNDS
             state.recheck_at = step + RECHECK_AFTER_STEPS if weak else None
 
-    def _watch_drift(self, state: _KeyState, kernel: str, seconds: float, step: int) -> None:
-        if kernel != state.kernel:
+    def _watch_drift(self, state: _KeyState, seconds: float, step: int, agree: Callable[[T], T]) -> None:
+        state.window.append(seconds)
+        if len(state.window) < DRIFT_WINDOW:
             return
-        state.recent.append(seconds)
-        if len(state.recent) < DRIFT_WINDOW or len(state.rounds) >= MAX_ROUNDS:
-            return
-        now = statistics.median(state.recent)
+        now, state.window = agree(statistics.median(state.window)), []
         if abs(now / state.reference_s - 1.0) > DRIFT_LIMIT:
             self._start_round(
                 state, step + 1, f"drift: {state.kernel} steps took {1e3 * now:.1f} ms, {1e3 * state.reference_s:.1f} ms at the choice"
@@ -163,19 +217,21 @@ class KernelTrial:
     @staticmethod
     def _start_round(state: _KeyState, step: int, reason: str) -> None:
         state.rounds.append(Round(step, reason))
-        state.pair, state.recheck_at = {}, None
+        state.pair, state.recheck_at, state.window = {}, None, []
 
     def report(self) -> list[dict[str, Any]]:
-        """One JSON-ready row per key: the final kernel (``None``: still measuring), the timed
-        pairs, when and why it was measured again, what the measurement cost (``ab_extra_s``: the
-        seconds each pair's slower step took beyond its faster one, summed; warm-up steps are
-        untimed), how many steps ran each kernel, and every round's evidence."""
+        """One JSON-ready row per key: the current kernel (``None``: still measuring), whether it is
+        final (no step is timed any more), the timed pairs, when and why it was measured again,
+        what the measurement cost (``ab_extra_s``: the seconds each pair's slower step took beyond
+        its faster one, summed; warm-up steps are not counted), how many steps ran each kernel, and
+        every round's evidence."""
         rows = []
         for key, state in self.keys.items():
             pairs = [pair for measured in state.rounds for pair in measured.pairs]
             rows.append({
                 "key": key,
                 "final_kernel": state.kernel,
+                "final": self.is_final(key),
                 "pairs": len(pairs),
                 "remeasured": [{"step": measured.step, "reason": measured.reason} for measured in state.rounds[1:]],
                 "ab_extra_s": round(sum(max(pair.values()) - min(pair.values()) for pair in pairs), 4),
@@ -192,25 +248,44 @@ def step_key(batch: Any) -> str:
     return "x".join(str(size) for size in images.shape)
 
 
+class _Step(NamedTuple):
+    """The training step under way: its key, kernel, global step, timing and clock at its start."""
+
+    key: str
+    kernel: str
+    step: int
+    timing: Timing
+    started: float
+
+
 class TrainingKernelChooser(Callback):
     """Sets the kernel of every ``"auto"`` attention module before each training step, as
-    :class:`KernelTrial` says, and times the step (from the batch's start to its end: forward,
-    backward, optimiser step) with ``clock``. Modules pinned to a kernel (``attn_impl`` or
+    :class:`KernelTrial` says, and times the steps it asks for (from the batch's start to its end:
+    forward, backward, optimiser step) with ``clock``. Modules pinned to a kernel (``attn_impl`` or
     ``VITKIT_ATTN_IMPL``) are left alone; outside training steps the modules are ``"auto"`` again
-    (evaluation batches use the synthetic measurement).
+    (evaluation batches use the synthetic measurement). Under DDP rank 0's timings decide
+    (broadcast with ``trainer.strategy.broadcast``), and at the end of training every rank's steps
+    per kernel are gathered into :meth:`report` (``ranks``).
 
     Args:
         clock: seconds as a float (tests inject a fake clock).
+        watch_drift: see :class:`KernelTrial`; ``None``: on the CPU only (decided at the start of
+            training, from the module's device).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, watch_drift: bool | None = None) -> None:
         self.clock = clock
+        self.watch_drift = watch_drift
         self.trial = KernelTrial()
         self.modules: list[MultiHeadSelfAttention] = []
-        self._step: tuple[str, str, int, float] | None = None
+        self.ranks: list[dict[str, Any]] = []
+        self._step: _Step | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.modules = [m for m in pl_module.modules() if isinstance(m, MultiHeadSelfAttention) and m.kernel_policy == "auto"]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.trial.watch_drift = _device(pl_module).type == "cpu" if self.watch_drift is None else self.watch_drift
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if not self.modules:
@@ -219,30 +294,47 @@ class TrainingKernelChooser(Callback):
         kernel = self.trial.kernel_for(key, step)
         for module in self.modules:
             module.kernel_policy = kernel
-        _synchronize(pl_module)
-        self._step = (key, kernel, step, self.clock())
+        timing = self.trial.timing(key)
+        if timing == "synchronized":
+            _synchronize(pl_module)
+        self._step = _Step(key, kernel, step, timing, self.clock() if timing else 0.0)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._step is None:
             return
-        _synchronize(pl_module)
-        key, kernel, step, started = self._step
-        self.trial.record(key, kernel, self.clock() - started, step)
+        key, kernel, step, timing, started = self._step
+        if timing == "synchronized":
+            _synchronize(pl_module)
+        if timing:
+            self.trial.record(key, kernel, self.clock() - started, step, agree=lambda value: trainer.strategy.broadcast(value, src=0))
         for module in self.modules:
             module.kernel_policy = "auto"
         self._step = None
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size > 1 and self.modules and torch.distributed.is_initialized():
+            mine = {key: dict(state.steps) for key, state in self.trial.keys.items()}
+            gathered: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, mine)
+            self.ranks = [{"rank": rank, "steps": steps} for rank, steps in enumerate(gathered)]
+
     def report(self) -> dict[str, Any]:
-        """``{"pinned": ...}`` when no module was ``"auto"``, else ``{"keys": KernelTrial.report()}``."""
+        """``{"pinned": ...}`` when no module was ``"auto"``, else ``{"keys": KernelTrial.report()}``,
+        with ``"ranks"`` under DDP: the steps each rank ran with each kernel, per key."""
         if not self.modules:
             return {"pinned": "every attention module has a fixed kernel (attn_impl or VITKIT_ATTN_IMPL)"}
-        return {"keys": self.trial.report()}
+        return {"keys": self.trial.report(), **({"ranks": self.ranks} if self.ranks else {})}
+
+
+def _device(pl_module: L.LightningModule) -> torch.device:
+    """The module's device (a plain ``nn.Module``, as in tests, is on the CPU)."""
+    return getattr(pl_module, "device", torch.device("cpu"))
 
 
 def _synchronize(pl_module: L.LightningModule) -> None:
     """Wait for queued GPU work, so the clock reads when the step's work is done."""
-    device = getattr(pl_module, "device", torch.device("cpu"))
+    device = _device(pl_module)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
