@@ -78,7 +78,7 @@ class VisionTransformer(nn.Module):
     ``[B, N, D]`` tokens, ``forward_head(feats, pre_logits=False)``, ``forward_intermediates(x,``
     ``indices, ..., return_attention=False)`` for chosen blocks' tokens and attention weights
     (an :class:`Intermediates`), ``set_grad_checkpointing``, ``reset_classifier``,
-    ``no_weight_decay``. Every forward takes ``head_mask`` (per-block head gates).
+    ``no_weight_decay``, ``group_matcher``. Every forward takes ``head_mask`` (per-block head gates).
 
     ``device`` and ``dtype`` are torch's factory keywords. To build a large model without memory
     or init cost, build it on the meta device, then ``model.to_empty(device=...)`` and
@@ -234,6 +234,26 @@ class VisionTransformer(nn.Module):
         names = ("pos_embed", "cls_token", "reg_token", "dist_token")
         rope = {name for name, _ in self.named_parameters() if name.endswith(".rope.freqs")}
         return {name for name in names if isinstance(getattr(self, name), nn.Parameter)} | rope
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's contract for layer-wise groups (``timm.models.group_parameters``, behind
+        ``param_groups_layer_decay`` and :func:`vitkit.train.finetune.freeze`): layer 0 is the stem
+        (patch embedding with its conv stem, class, distillation and register tokens, position
+        embedding, pre-norm), block ``i`` is layer ``i + 1``, the final ``norm`` joins the last block
+        (timm's ``(99999,)`` suffix), and everything unmatched (``fc_norm``, ``attn_pool``, ``head``,
+        ``head_dist``) is layer ``depth + 1``, as timm's ``VisionTransformer`` and DeiT.
+
+        Args:
+            coarse: timm's switch between coarse and fine groups; a ViT block is already the finest
+                unit, so both give the same groups (as timm's ViT).
+
+        Returns:
+            group name to regular expression(s) over parameter names, in layer order.
+        """
+        return dict(
+            stem=r"^(?:cls_token|reg_token|dist_token|pos_embed|patch_embed|norm_pre)",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm\.", (99999,))],
+        )
 
     def heads_per_layer(self) -> list[int]:
         """Current head count of each block."""

@@ -144,6 +144,12 @@ class OptimConfig(Config):
         eps: AdamW epsilon.
         warmup_epochs: linear warmup length (fractions allowed).
         min_lr: learning rate at the end of the cosine decay.
+        layer_decay: layer-wise learning-rate decay for fine-tuning (BEiT's, as timm's
+            ``param_groups_layer_decay``): a parameter of layer ``i`` learns at
+            ``lr * layer_decay ** (depth + 1 - i)``, with the embeddings at layer 0, block ``k`` at
+            layer ``k + 1`` (the final norm with the last block) and the head at ``depth + 1``
+            (scale 1); ``min_lr`` is scaled alike. Typical values 0.65-0.75; ``null``: one learning
+            rate for every layer.
         clip_grad: max global gradient norm; ``null`` disables clipping.
         label_smoothing: target smoothing (also applied to mixed targets).
         mixup: Mixup alpha (0 disables); cutmix: CutMix alpha (0 disables).
@@ -158,6 +164,7 @@ class OptimConfig(Config):
     eps: float = field(default=1e-8, metadata=bounds(gt=0))
     warmup_epochs: float = field(default=0.0, metadata=bounds(ge=0))
     min_lr: float = field(default=1e-6, metadata=bounds(ge=0))
+    layer_decay: float | None = field(default=None, metadata=bounds(gt=0, le=1))
     clip_grad: float | None = field(default=1.0, metadata=bounds(gt=0))
     label_smoothing: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
     mixup: float = field(default=0.0, metadata=bounds(ge=0))

@@ -1,27 +1,36 @@
-"""AdamW without weight decay on norms, biases, position embeddings and the class token, and a
-linear-warmup + cosine learning-rate schedule stepped every iteration."""
+"""AdamW without weight decay on norms, biases, position embeddings and the class token, with an
+optional layer-wise learning-rate decay (BEiT, Bao et al. 2021, https://arxiv.org/abs/2106.08254,
+as timm), and a linear-warmup + cosine learning-rate schedule stepped every iteration."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from timm.optim import param_groups_weight_decay
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from .config import OptimConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """timm's ``param_groups_weight_decay``: decayed weight matrices, and undecayed 1-d parameters
-    (norm scales, biases, LayerScale) plus the names in ``model.no_weight_decay()`` (``pos_embed``,
-    ``cls_token``).
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
+    """timm's parameter groups over the parameters that require a gradient (frozen ones are in none).
 
-    The decayed group comes first, the order of the checkpoints written before vitkit used timm's
-    function (timm puts it second), so those runs still resume. ``weight_decay=0`` gives one group.
+    Without ``layer_decay``, timm's ``param_groups_weight_decay``: decayed weight matrices, and
+    undecayed 1-d parameters (norm scales, biases, LayerScale) plus the names in
+    ``model.no_weight_decay()`` (``pos_embed``, ``cls_token``). The decayed group comes first, the
+    order of the checkpoints written before vitkit used timm's function (timm puts it second), so
+    those runs still resume. ``weight_decay=0`` gives one group.
+
+    With ``layer_decay``, timm's ``param_groups_layer_decay`` over ``model.group_matcher()``: a
+    decayed and an undecayed group per layer, in timm's order, each with ``lr_scale =
+    layer_decay ** (depth + 1 - layer id)``: 1 for the head (layer ``depth + 1``), ``layer_decay``
+    for the last block, ``layer_decay ** (depth + 1)`` for the embeddings (layer 0).
     """
     skip = getattr(model, "no_weight_decay", set)()
+    if layer_decay is not None:
+        return param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
     groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
     return sorted(groups, key=lambda group: -group["weight_decay"])
 
@@ -37,13 +46,16 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig, *, allow_fused: bool = True) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups`, fused (one kernel over all parameters) wherever torch supports
+    """AdamW over :func:`param_groups` (each group's learning rate ``config.lr`` times its
+    ``lr_scale`` under ``config.layer_decay``), fused (one kernel over all parameters) wherever torch supports
     it and ``allow_fused``, else torch's default multi-tensor (foreach) implementation.
 
     The fused step applies the same update as the foreach one to float rounding (tested), in a
     fraction of its time (docs/benchmarks.md has the measurement).
     """
-    groups = param_groups(model, config.weight_decay)
+    groups = param_groups(model, config.weight_decay, config.layer_decay)
+    for group in groups:  # each group's own peak; warmup_cosine's factor then scales it (min_lr too)
+        group["lr"] = config.lr * group.get("lr_scale", 1.0)
     fused = allow_fused and fused_supported([p for group in groups for p in group["params"]])
     return torch.optim.AdamW(
         groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=True if fused else None
@@ -54,7 +66,13 @@ def warmup_cosine(
     optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, lr: float, min_lr: float
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup from ~0 to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at
-    ``total_steps``; call ``step()`` after every optimiser step."""
+    ``total_steps``; call ``step()`` after every optimiser step.
+
+    The schedule is a factor on each group's own learning rate: a group built at ``s * lr`` (layer
+    decay's ``lr_scale``) peaks at ``s * lr`` and ends at ``s * min_lr``, as timm's schedulers scale
+    the whole value by ``lr_scale``. The factor depends on the step alone, so a scheduler and
+    optimiser restored from their ``state_dict()`` continue every group where it was.
+    """
     floor = min_lr / lr
 
     def factor(step: int) -> float:
