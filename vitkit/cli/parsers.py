@@ -266,6 +266,14 @@ def prune_heads(parser: argparse.ArgumentParser) -> None:
                         help="cap on the batches of every pass, the test pass too (quick runs; None: all)")
     parser.add_argument("--rounds", type=positive_int, default=50, help="interleaved timing rounds for the speed-up")
     parser.add_argument("--num-threads", type=positive_int, help="torch CPU threads (None: torch's); 1 on a busy machine")
+    recover = parser.add_argument_group("recovery (fine-tune the pruned model with its recipe)")
+    recover.add_argument("--recover-epochs", type=positive_int, metavar="N",
+                         help="fine-tune for N epochs after pruning (None: no recovery)")
+    recover.add_argument("--recover-at", choices=("end", "each"),
+                         help="recover the chosen step's model (end; the default) or every pruning step's (each)")
+    recover.add_argument("--recipe", help="recipe of the recovery runs (None: the config.yaml of the model's run directory)")
+    recover.add_argument("--recover-lr", type=number_in(0, low_open=True), metavar="LR",
+                         help="peak learning rate of recovery, no warm-up (None: a tenth of the recipe's optim.lr)")
 
 
 def ablate_heads(parser: argparse.ArgumentParser) -> None:

@@ -2,6 +2,7 @@
 
     vitkit prune --checkpoint runs/quickstart/<timestamp>/model.safetensors --out prune/
     vitkit prune --checkpoint best.ckpt --data root=/data/cifar num_workers=0 --max-drop 0.5 --out prune/
+    vitkit prune --checkpoint runs/fashion/<timestamp>/model.safetensors --recover-epochs 2 --out prune/
 
 Orders, each iterative (every step gates off the lowest-scoring ~10% of the remaining heads,
 re-scored under the current gates): importance (Michel et al. 2019, E|dL/d gate|) on raw scores,
@@ -23,6 +24,23 @@ model's metadata are kept, with a "pruning" entry added) and summary.json (score
 reported_on, val_acc and test_acc as [unpruned, pruned], test_images as [used, in the split]
 (fewer with --max-batches, which caps every pass, the test pass too), parameters, FLOPs, and the speed-up
 measured by timing both models on the same batch, interleaved, median of --rounds).
+
+Recovery (--recover-epochs N; Michel et al. and Torch-Pruning's ViT examples fine-tune a pruned
+model briefly to win back accuracy): the chosen step's pruned model (--recover-at end) or every
+pruning step's (each) is trained for N epochs with the recipe (--recipe, default the config.yaml
+of the model's run directory: its data, augmentation, optimiser and trainer limits) from the
+pruned weights (model.pretrained, head counts kept), at a fine-tuning learning rate: --recover-lr,
+default a tenth of the recipe's optim.lr, without warm-up, cosine-decayed to the recipe's
+optim.min_lr (or the recovery lr if lower). The weights are trained already, so the recipe's peak
+lr would undo much of them, and a warm-up would spend a short budget below that lr. --data changes
+apply to the recovery runs too. Each run writes --out/recover/step_<k>/ (the step's pruned
+model, pruned.safetensors, and the run directory <recipe name>/<timestamp>/). The chosen step is
+still chosen before recovery. Adds: pruned_recovered.safetensors (the chosen step recovered),
+summary.json "recovery" (recipe, lr, and per recovered step: speed-up, val_acc and test_acc as
+[before, after recovery], run_dir) and val_acc_recovered / test_acc_recovered of the chosen step,
+curves.csv columns recovered_val_acc and recovered_test_acc (importance rows of recovered steps),
+and a second panel of curves.png: validation accuracy before -> after recovery against the
+measured speed-up.
 """
 
 from __future__ import annotations
@@ -31,67 +49,172 @@ import argparse
 import copy
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from vitkit import save_model
+from vitkit.errors import UsageError
 from vitkit.evaluation import evaluate_model
 from vitkit.io import load_model_and_extra
-from vitkit.models import count_parameters, vit_flops
+from vitkit.models import VisionTransformer, count_parameters, vit_flops
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import (
+    PruningStep,
+    RecoveredStep,
     entropy_scorer,
     importance_scorer,
     iterative_pruning,
     prune_heads,
     random_scorer,
+    recover_steps,
     time_forward,
     within_budget,
 )
 from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
-from vitkit.train.artifacts import write_json
+from vitkit.train import load_recipe, train
+from vitkit.train.artifacts import CONFIG_FILE, write_json
 from vitkit.train.evaluate import check_model_fits, data_config_for
 
 from .main import run_command
 
 
+@dataclass
+class RecipeRecovery:
+    """``vitkit prune``'s :data:`~vitkit.prune.Recover`: saves a step's pruned model in
+    ``out/recover/step_<k>/`` and trains ``recipe`` from it there (the overrides of
+    :meth:`overrides`); ``runs`` records each step's run directory."""
+
+    recipe: Path
+    epochs: int
+    lr: float
+    min_lr: float
+    data: list[str]
+    out: Path
+    extra: dict[str, Any]
+    source: str
+    runs: dict[int, Path] = field(default_factory=dict)
+
+    def overrides(self, pretrained: Path, folder: Path) -> list[str]:
+        """The recipe's changes: the pruned weights as they are (classifier kept, no timm options),
+        the fine-tuning schedule, ``folder`` for the run and the ``--data`` changes."""
+        return [
+            f"model.pretrained={pretrained}", "model.pretrained_file=null", "model.pretrained_kwargs={}",
+            "model.reset_head=false", "model.impl=vitkit",
+            f"optim.lr={self.lr!r}", f"optim.min_lr={self.min_lr!r}", "optim.warmup_epochs=0",
+            f"trainer.max_epochs={self.epochs}", f"output.dir={folder}",
+            *(f"data.{item}" for item in self.data),
+        ]
+
+    def __call__(self, pruned: VisionTransformer, step: PruningStep) -> VisionTransformer:
+        folder = self.out / "recover" / f"step_{step.step}"
+        record = pruning_record(self.source, step.pruned, pruned)
+        path = save_model(pruned, folder / "pruned.safetensors", extra={**self.extra, "pruning": record})
+        result = train(self.recipe, self.overrides(path, folder))
+        self.runs[step.step] = result.run_dir
+        return result.model
+
+
+def pruning_record(source: str, heads: dict[int, list[int]], pruned: VisionTransformer) -> dict[str, Any]:
+    """The ``pruning`` metadata of a pruned model file: where from, which heads went, what is left."""
+    return {
+        "source": source,
+        "heads_pruned": {str(layer): indices for layer, indices in heads.items()},
+        "heads_per_layer": pruned.heads_per_layer(),
+    }
+
+
+def recovery_recipe(args: argparse.Namespace) -> Path | None:
+    """The recipe to recover with: ``--recipe``, else the ``config.yaml`` of the model's run
+    directory (beside the model file, or beside its ``checkpoints/``); None without
+    ``--recover-epochs``, whose companions are refused alone."""
+    if args.recover_epochs is None:
+        given = [flag for flag, value in (("--recover-at", args.recover_at), ("--recipe", args.recipe),
+                                          ("--recover-lr", args.recover_lr)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} only applies to recovery; add --recover-epochs N, or leave {given[0]} out.")
+        return None
+    if args.recipe is not None:
+        return Path(args.recipe)
+    checkpoint = Path(args.checkpoint)
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise UsageError(
+            f"--recover-epochs fine-tunes with the model's recipe, but {run_dir} holds no {CONFIG_FILE} (the model "
+            "is not in a training run directory); give the recipe with --recipe FILE."
+        )
+    return run_dir / CONFIG_FILE
+
+
+def plan_recovery(args: argparse.Namespace, out: Path, extra: dict[str, Any]) -> RecipeRecovery | None:
+    """The recovery of ``args`` (the model's metadata ``extra`` go into each pruned file), its
+    recipe read and checked before any pruning work."""
+    recipe = recovery_recipe(args)
+    if recipe is None:
+        return None
+    optim = load_recipe(recipe).optim
+    lr = args.recover_lr if args.recover_lr is not None else optim.lr / 10
+    plan = RecipeRecovery(recipe=recipe, epochs=args.recover_epochs, lr=lr, min_lr=min(optim.min_lr, lr),
+                          data=list(args.data), out=out, extra=extra, source=str(args.checkpoint))
+    load_recipe(recipe, plan.overrides(Path(args.checkpoint), out / "recover"))  # bad --data or lr: one line now
+    return plan
+
+
 def prune(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
-    out = claim_output_dir(args.out, "prune_heads")
     model, extra = load_model_and_extra(args.checkpoint)
     model.eval()
+    recovery = plan_recovery(args, Path(args.out), extra)
+    out = claim_output_dir(args.out, "prune_heads")
     splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
-    train, val, info = splits.train, splits.val, splits.info
+    train_loader, val, info = splits.train, splits.val, splits.info
     check_model_fits(model, info)
     if splits.test is None:
         print(f"note: {info.name!r} has no held-out test split; test accuracy is not reported (null), "
               "since the validation split already chose the pruning depth.", file=sys.stderr)
     timing_batch = next(iter(val))[0]
     common = dict(eval_loader=val, step_fraction=args.step_fraction, max_batches=args.max_batches)
-    raw = importance_scorer(train, normalize_layers=False, max_batches=args.max_batches)
-    importance = iterative_pruning(model, train, scorer=raw, speed_batch=timing_batch, desc="importance", **common)
+    raw = importance_scorer(train_loader, normalize_layers=False, max_batches=args.max_batches)
+    importance = iterative_pruning(model, train_loader, scorer=raw, speed_batch=timing_batch, desc="importance",
+                                   **common)
     curves = {"importance": [importance]}
-    michel = importance_scorer(train, normalize_layers=True, max_batches=args.max_batches)
-    curves["importance, per-layer L2"] = [iterative_pruning(model, train, scorer=michel, desc="per-layer L2", **common)]
+    michel = importance_scorer(train_loader, normalize_layers=True, max_batches=args.max_batches)
+    curves["importance, per-layer L2"] = [
+        iterative_pruning(model, train_loader, scorer=michel, desc="per-layer L2", **common)
+    ]
     curves["random"] = [
-        iterative_pruning(model, train, scorer=random_scorer(seed), desc=f"random, seed {seed}", **common)
+        iterative_pruning(model, train_loader, scorer=random_scorer(seed), desc=f"random, seed {seed}", **common)
         for seed in range(args.random_seeds)
     ]
-    entropy = entropy_scorer(train, highest_first=args.entropy_order == "high", max_batches=args.max_batches)
+    entropy = entropy_scorer(train_loader, highest_first=args.entropy_order == "high", max_batches=args.max_batches)
     label = f"entropy ({args.entropy_order}est first)"
-    curves[label] = [iterative_pruning(model, train, scorer=entropy, desc=label, **common)]
-
-    rows = [row for label, runs in curves.items() for seed, records in enumerate(runs)
-            for row in curve_rows(label, seed if label == "random" else None, records)]
-    write_csv(out / "curves.csv", rows)
+    curves[label] = [iterative_pruning(model, train_loader, scorer=entropy, desc=label, **common)]
     chosen = within_budget(importance, args.max_drop)
+
+    recovered: list[RecoveredStep] | None = None
+    if recovery is not None:  # after every curve: training reseeds the random generators
+        each = args.recover_at == "each"
+        steps = [r for r in importance if r is chosen or (each and r.step > 0)]
+        recovered = recover_steps(model, steps, recovery, val_loader=val, test_loader=splits.test,
+                                  max_batches=args.max_batches)
+
+    unrecovered = None if recovered is None else []  # the recovery columns in every row, or in none
+    rows = [row for label, runs in curves.items() for seed, records in enumerate(runs)
+            for row in curve_rows(label, seed if label == "random" else None, records,
+                                  recovered if label == "importance" else unrecovered)]
+    write_csv(out / "curves.csv", rows)
     recipe = extra.get("recipe", "model")
     name = recipe if recipe == info.name else f"{recipe} ({info.name})"  # not "digits on digits"
     title = f"{name}: pruning {sum(model.heads_per_layer())} heads"
-    plot_pruning_curves(curves, out / "curves.png", max_drop=args.max_drop, chosen=chosen, title=title)
+    figure = {}
+    if recovery is not None:
+        figure = dict(recovery=recovered, speed_curve=importance,
+                      recovery_label=f"after {recovery.epochs} epoch(s) of recovery at lr {recovery.lr:g}")
+    plot_pruning_curves(curves, out / "curves.png", max_drop=args.max_drop, chosen=chosen, title=title, **figure)
 
     pruned = prune_heads(copy.deepcopy(model), chosen.pruned)
     test_acc, test_images = None, None
@@ -99,12 +222,7 @@ def prune(args: argparse.Namespace) -> dict:
         tests = [evaluate_model(m, splits.test, max_batches=args.max_batches) for m in (model, pruned)]
         test_acc, test_images = [t.top1 for t in tests], [tests[0].num_images, len(splits.test.dataset)]
     seconds_full, seconds_pruned = time_forward([model, pruned], timing_batch, rounds=args.rounds)
-    pruning = {
-        "source": str(args.checkpoint),
-        "max_drop": args.max_drop,
-        "heads_pruned": {str(layer): heads for layer, heads in chosen.pruned.items()},
-        "heads_per_layer": pruned.heads_per_layer(),
-    }
+    pruning = {"max_drop": args.max_drop, **pruning_record(str(args.checkpoint), chosen.pruned, pruned)}
     save_model(pruned, out / "pruned.safetensors", extra={**extra, "pruning": pruning})
     summary = {
         **pruning,
@@ -123,8 +241,40 @@ def prune(args: argparse.Namespace) -> dict:
         "median_forward_s": [round(seconds_full, 6), round(seconds_pruned, 6)],
         "speedup": round(seconds_full / seconds_pruned, 3),
     }
+    if recovery is not None and recovered is not None:
+        summary.update(save_recovered(recovery, recovered, chosen, importance[0], pruning, out))
     write_json(out / "summary.json", summary)
     return summary
+
+
+def save_recovered(
+    recovery: RecipeRecovery, recovered: list[RecoveredStep], chosen: PruningStep, unpruned: PruningStep,
+    pruning: dict[str, Any], out: Path,
+) -> dict[str, Any]:
+    """Save the chosen step's recovered model as ``pruned_recovered.safetensors`` (its run's model
+    file with the ``pruning`` and ``recovery`` metadata added) and return the summary's entries."""
+    speed = unpruned.images_per_s
+    steps = [
+        {
+            "step": r.step.step,
+            "heads_left": r.step.heads_left,
+            "speedup": round(r.step.images_per_s / speed, 3) if r.step.images_per_s and speed else None,
+            "val_acc": list(r.val_acc),
+            "test_acc": list(r.test_acc) if r.test_acc is not None else None,
+            "run_dir": str(recovery.runs[r.step.step]),
+        }
+        for r in recovered
+    ]
+    entry = {"recipe": str(recovery.recipe), "epochs": recovery.epochs, "lr": recovery.lr, "min_lr": recovery.min_lr,
+             "warmup_epochs": 0, "model": "pruned_recovered.safetensors", "steps": steps}
+    model, extra = load_model_and_extra(recovery.runs[chosen.step] / "model.safetensors")
+    save_model(model, out / "pruned_recovered.safetensors", extra={**extra, "pruning": pruning, "recovery": entry})
+    (mine,) = [r for r in recovered if r.step is chosen]
+    return {
+        "recovery": entry,
+        "val_acc_recovered": mine.val_acc[1],
+        "test_acc_recovered": mine.test_acc[1] if mine.test_acc is not None else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +291,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"pruned {full - kept}/{full} heads within {args.max_drop:g} pt (chosen on val): {split} accuracy "
           f"{acc_full:.2f}% -> {acc_kept:.2f}%, parameters {summary['parameters'][0]:,} -> {summary['parameters'][1]:,}, "
           f"speed-up x{summary['speedup']:.2f} (batch {summary['timing_batch']}, median of {args.rounds} rounds)")
+    if "recovery" in summary:
+        split, after = (("test", summary["test_acc_recovered"]) if summary["test_acc_recovered"] is not None
+                        else ("val", summary["val_acc_recovered"]))
+        print(f"recovered ({summary['recovery']['epochs']} epoch(s) at lr {summary['recovery']['lr']:g}): "
+              f"{split} accuracy {acc_kept:.2f}% -> {after:.2f}%")
     print(json.dumps(summary))
-    print(f"wrote {Path(args.out) / 'curves.csv'}, curves.png, pruned.safetensors and summary.json")
+    recovered = ", pruned_recovered.safetensors" if "recovery" in summary else ""
+    print(f"wrote {Path(args.out) / 'curves.csv'}, curves.png, pruned.safetensors{recovered} and summary.json")
     return 0
 

@@ -3,7 +3,9 @@ https://arxiv.org/abs/1905.10650).
 
 ``head_importance`` scores heads, ``prune_heads`` removes them for good (saved and reloaded by
 ``vitkit.save_model`` / ``load_model``), ``iterative_pruning`` traces accuracy, parameters,
-FLOPs and speed as heads go, and ``redundancy_test`` is the quick "halve the heads" check.
+FLOPs and speed as heads go, ``recover_steps`` fine-tunes pruned models through a caller's
+``recover`` and measures them before and after, and ``redundancy_test`` is the quick "halve the
+heads" check.
 """
 
 from .evaluate import evaluate_accuracy, time_forward
@@ -19,11 +21,14 @@ from .iterative import (
     within_budget,
 )
 from .pruning import Gates, full_gates, gated_off, prune_heads, pruned_copy
+from .recovery import Recover, RecoveredStep, recover_steps
 from .redundancy import RedundancyResult, redundancy_test
 
 __all__ = [
     "Gates",
     "PruningStep",
+    "Recover",
+    "RecoveredStep",
     "RedundancyResult",
     "Scorer",
     "attention_entropy",
@@ -38,6 +43,7 @@ __all__ = [
     "prune_heads",
     "pruned_copy",
     "random_scorer",
+    "recover_steps",
     "redundancy_test",
     "time_forward",
     "within_budget",

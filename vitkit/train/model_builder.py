@@ -32,7 +32,7 @@ from ..errors import VitkitError
 from ..io import read_model, read_weights_file
 from ..models import VisionTransformer, ViTConfig, from_timm, model_config, timm_twin, to_timm_state_dict
 from ..models.timm_interop import PATCH_WEIGHT
-from .config import ModelConfig, RecipeConfig
+from .config import DATA_DRIVEN_FIELDS, ModelConfig, RecipeConfig
 from .schema import RecipeError
 
 #: The prefix of ``model.pretrained`` that names a timm model (``timm:deit_small_patch16_224``).
@@ -291,8 +291,9 @@ def _recipe_fields(model: ModelConfig, source: ViTConfig) -> dict[str, Any]:
     that variant (compared with the weights' like an override). A pruned model's per-layer head
     counts stand for the recipe's ``num_heads`` when no layer has more (the model it was pruned from)."""
     fields = dict(model.vit_overrides())
-    if model.name is not None:
-        fields = {**model_config(model.name).to_dict(), **fields}
+    if model.name is not None:  # the variant's geometry and classes are the data's to set, not the name's
+        variant = {k: v for k, v in model_config(model.name).to_dict().items() if k not in DATA_DRIVEN_FIELDS}
+        fields = {**variant, **fields}
     if isinstance(source.num_heads, list) and isinstance(fields.get("num_heads"), int) \
             and max(source.num_heads) <= fields["num_heads"]:
         fields.pop("num_heads")
