@@ -302,3 +302,13 @@ def test_every_timm_family_fine_tunes_end_to_end(tmp_path: Path, name: str) -> N
     )
     assert model.config.replace(num_classes=0, in_chans=3) == expected
     assert model.config.num_classes == 10 and result.summary["global_steps"] == 2
+
+
+def test_the_recipe_that_trained_the_weights_fine_tunes_them_as_it_is(tmp_path: Path) -> None:
+    # model.name's variant has other image sizes and classes (the data's) and leaves derived fields
+    # (pos_embed, fc_norm) unset: neither contradicts weights trained by the same recipe
+    path = tiny_weights(tmp_path)
+    recipe = tiny_recipe(tmp_path / "runs", **SHORT)
+    recipe["model"]["pretrained"] = str(path)
+    module = built(recipe)
+    assert torch.equal(module.model.pos_embed, load_model(path).pos_embed)

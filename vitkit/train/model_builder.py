@@ -288,7 +288,8 @@ def adapt(weights: StartingWeights, model: ModelConfig, *, img_size: tuple[int, 
 
 def _recipe_fields(model: ModelConfig, source: ViTConfig) -> dict[str, Any]:
     """The ViTConfig fields the recipe sets: its overrides, and with ``model.name`` every field of
-    that variant (compared with the weights' like an override). A pruned model's per-layer head
+    that variant (compared with the weights' like an override), except those left unset (``None``:
+    derived from the others, as ``pos_embed`` from ``rope``). A pruned model's per-layer head
     counts stand for the recipe's ``num_heads`` when no layer has more (the model it was pruned from)."""
     fields = dict(model.vit_overrides())
     if model.name is not None:  # the variant's geometry and classes are the data's to set, not the name's
@@ -299,9 +300,7 @@ def _recipe_fields(model: ModelConfig, source: ViTConfig) -> dict[str, Any]:
         fields.pop("num_heads")
         if fields.get("head_dim") is None:
             fields.pop("head_dim", None)
-    if fields.get("head_dim") is None:
-        fields.pop("head_dim", None)
-    return fields
+    return {key: value for key, value in fields.items() if value is not None}  # None: derived, not chosen
 
 
 def _plain(value: Any) -> Any:
