@@ -312,3 +312,14 @@ def test_the_recipe_that_trained_the_weights_fine_tunes_them_as_it_is(tmp_path: 
     recipe["model"]["pretrained"] = str(path)
     module = built(recipe)
     assert torch.equal(module.model.pos_embed, load_model(path).pos_embed)
+
+
+def test_a_linear_probe_run_trains_only_the_head_and_the_frozen_depth_is_checked(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path, num_classes=3)
+    result = train(finetune_recipe(tmp_path, str(path), freeze="backbone"))
+    trained, source = load_model(result.run_dir / "model.safetensors").state_dict(), load_model(path).state_dict()
+    for key, value in source.items():
+        if not key.startswith("head."):
+            assert torch.equal(trained[key], value), key  # frozen through real optimiser steps
+    with pytest.raises(RecipeError, match=r"model.freeze must be .*blocks:N' with N in \[0, 2\], got 'blocks:3'"):
+        train(finetune_recipe(tmp_path, str(path), freeze="blocks:3"))

@@ -220,6 +220,6 @@ def test_a_bad_freeze_spec_is_one_line_naming_the_choices(spec: str) -> None:
     with pytest.raises(FieldError) as error:
         freeze(model, spec)
     assert str(error.value) == (
-        f"model.freeze must be 'none', 'backbone' or 'blocks:N' with N in [0, 2], got {spec!r}."
+        f"freeze must be 'none', 'backbone' or 'blocks:N' with N in [0, 2], got {spec!r}."
     )
     assert all(p.requires_grad for p in model.parameters())

@@ -25,14 +25,18 @@ from ..data import DataConfig
 from ..evaluation import TestTimeAugmentation
 from ..files import atomic_write
 from ..models import ViTConfig, model_config
+from ..models.config import MAX_DEPTH
 from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_message
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
+from .finetune import check_freeze
 from .schema import RecipeError
 
 #: ViTConfig fields set from the dataset rather than the recipe.
 DATA_DRIVEN_FIELDS = ("img_size", "in_chans", "num_classes")
 #: ModelConfig fields that choose the model rather than override a ViTConfig field.
-MODEL_CHOICE_FIELDS = ("name", "grad_checkpointing", "impl", "pretrained", "pretrained_file", "pretrained_kwargs", "reset_head")
+MODEL_CHOICE_FIELDS = (
+    "name", "grad_checkpointing", "impl", "pretrained", "pretrained_file", "pretrained_kwargs", "reset_head", "freeze"
+)
 #: The variant a recipe without ``model.name`` or ``model.pretrained`` builds.
 DEFAULT_VARIANT = "vit_cifar_tiny"
 
@@ -55,11 +59,14 @@ class _ModelChoice(Config):
     pretrained_file: str | None = None
     pretrained_kwargs: dict[str, Any] = field(default_factory=dict)
     reset_head: bool | None = None
+    freeze: str = "none"
 
     def validate(self) -> None:
         """``pretrained_file`` and ``pretrained_kwargs`` come with a timm name, ``reset_head`` with
         weights; the files themselves are read by :func:`~vitkit.train.model_builder.load_starting_weights`
-        (a resumed run reads its checkpoint instead)."""
+        (a resumed run reads its checkpoint instead). ``freeze`` is checked against the depth when
+        the model is built."""
+        check_freeze(self.freeze, MAX_DEPTH)
         if self.pretrained is None:
             given = [key for key in ("pretrained_file", "pretrained_kwargs", "reset_head") if getattr(self, key) not in (None, {})]
             if given:
@@ -125,6 +132,10 @@ ModelConfig.__doc__ = """Which variant to build, how, and the :class:`ViTConfig`
             ``--model-kwargs``), for weights of a model built with them (``{depth: 6}``).
         reset_head: re-initialise the classifier (``None``: when the data's class count differs
             from the weights').
+        freeze: ``'none'``, ``'backbone'`` (a linear probe: only ``head``, ``head_dist`` and
+            ``fc_norm`` train) or ``'blocks:N'`` (the embeddings and the first N blocks stay as
+            loaded); frozen parameters get no gradient, optimiser state or weight decay
+            (:mod:`vitkit.train.finetune`).
 
     Every other field is generated from the :class:`ViTConfig` field of the same name (except the
     data-driven ``img_size``, ``in_chans`` and ``num_classes``), typed ``ViTConfig``'s type or

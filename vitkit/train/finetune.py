@@ -31,7 +31,7 @@ def check_freeze(spec: str, depth: int) -> None:
     if spec in ("none", "backbone") or (match is not None and int(match[1]) <= depth):
         return
     raise FieldError(
-        "model.freeze", f"must be 'none', 'backbone' or 'blocks:N' with N in [0, {depth}], got {spec!r}."
+        "freeze", f"must be 'none', 'backbone' or 'blocks:N' with N in [0, {depth}], got {spec!r}."
     )
 
 

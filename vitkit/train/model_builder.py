@@ -32,7 +32,9 @@ from ..errors import VitkitError
 from ..io import read_model, read_weights_file
 from ..models import VisionTransformer, ViTConfig, from_timm, model_config, timm_twin, to_timm_state_dict
 from ..models.timm_interop import PATCH_WEIGHT
+from ..schema import FieldError
 from .config import DATA_DRIVEN_FIELDS, ModelConfig, RecipeConfig
+from .finetune import check_freeze, freeze
 from .schema import RecipeError
 
 #: The prefix of ``model.pretrained`` that names a timm model (``timm:deit_small_patch16_224``).
@@ -220,7 +222,7 @@ def _shown(value: Any) -> str:
 
 def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights | None) -> tuple[nn.Module, ViTConfig]:
     """The model ``config`` trains on data ``info`` and its :class:`ViTConfig`: a fresh variant, or
-    ``weights`` adapted to the data; gradient checkpointing as the recipe says; timm's own
+    ``weights`` adapted to the data; frozen and gradient-checkpointed as the recipe says; timm's own
     ``VisionTransformer`` for ``model.impl: timm``.
 
     Raises:
@@ -239,6 +241,11 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights |
             model.load_state_dict(to_timm_state_dict(vitkit_model))
     else:
         model = vitkit_model if vitkit_model is not None else VisionTransformer(vit_config)
+    try:
+        check_freeze(config.model.freeze, vit_config.depth)
+    except FieldError as error:
+        raise RecipeError(f"model.{error.key} {error.problem}") from None
+    freeze(model, config.model.freeze)
     model.set_grad_checkpointing(config.model.grad_checkpointing)
     return model, vit_config
 
