@@ -5,14 +5,18 @@ freezing ('backbone', 'blocks:N'): no gradient, no optimiser state, no weight de
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from timm.optim import param_groups_layer_decay
+from tiny_runs import SHORT, tiny_recipe
 
 import vitkit
 from vitkit.models.timm_interop import timm_twin
 from vitkit.schema import FieldError
+from vitkit.train import CheckpointError, train
 from vitkit.train.config import OptimConfig
 from vitkit.train.finetune import freeze
 from vitkit.train.optim import build_optimizer, param_groups, warmup_cosine
@@ -184,6 +188,13 @@ def test_frozen_parameters_get_no_gradient_no_state_no_decay_and_stay_as_loaded(
         assert not torch.equal(named[name], before[name]), name
 
 
+@pytest.mark.parametrize("spec", ["backbone", "blocks:0", "blocks:1", "blocks:2"])
+def test_freeze_picks_the_same_parameters_of_timms_own_vit(spec: str) -> None:
+    # timm's group_matcher decides timm's layers: the same names as vitkit's on the same shape
+    model = tiny(reg_tokens=1, global_pool="map")
+    assert freeze(model, spec) == freeze(timm_twin(model.config), spec)
+
+
 def test_a_frozen_conv_stem_keeps_its_batchnorm_statistics_in_training_mode() -> None:
     model = tiny(patch_embed="conv")
     with torch.no_grad():  # running statistics unlike a batch's, so normalising by them shows
@@ -223,3 +234,30 @@ def test_a_bad_freeze_spec_is_one_line_naming_the_choices(spec: str) -> None:
         f"freeze must be 'none', 'backbone' or 'blocks:N' with N in [0, 2], got {spec!r}."
     )
     assert all(p.requires_grad for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------- in a run
+class GroupRates(L.Callback):
+    """Every parameter group's learning rate and scale at every training step."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[tuple[float, float]]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        self.steps.append([(g["lr"], g["lr_scale"]) for g in trainer.optimizers[0].param_groups])
+
+
+@pytest.mark.slow
+def test_a_run_with_layer_decay_resumes_with_its_scales_and_a_recipe_without_it_is_refused(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["optim"].update(layer_decay=0.5, warmup_epochs=0.5)
+    last = train(recipe).run_dir / "checkpoints" / "last.ckpt"
+    rates = GroupRates()
+    train(recipe, ["trainer.max_epochs=2"], resume=last, callbacks=[rates])
+    assert len(rates.steps) == 4  # the second epoch's steps only
+    for step in rates.steps:
+        head_lr = step[-1][0]
+        assert sorted({scale for _, scale in step}) == [0.125, 0.25, 0.5, 1.0]
+        assert [lr for lr, _ in step] == pytest.approx([scale * head_lr for _, scale in step])
+    with pytest.raises(CheckpointError, match="parameter groups"):
+        train(recipe, ["trainer.max_epochs=3", "optim.layer_decay=null"], resume=last)
