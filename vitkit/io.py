@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from .errors import VitkitError
 from .files import atomic_write
+from .layers.lora import merge_lora_state_dict
 from .models.config import ViTConfig
 from .models.vision_transformer import VisionTransformer
 from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
@@ -395,6 +396,7 @@ def read_training_checkpoint(path: str | os.PathLike) -> tuple[ViTConfig, dict[s
         raise CheckpointError(f"{path} is a vitkit checkpoint of format {version!r}, newer than this vitkit reads; upgrade vitkit.")
     prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
     state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
+    state = merge_lora_state_dict(state)  # a LoRA run's adapters folded into the weights they adapt
     shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
     config = _config(upgrade(hparams["vit_config"], version), source, CheckpointError)
     extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)

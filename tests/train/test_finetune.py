@@ -323,3 +323,28 @@ def test_a_linear_probe_run_trains_only_the_head_and_the_frozen_depth_is_checked
             assert torch.equal(trained[key], value), key  # frozen through real optimiser steps
     with pytest.raises(RecipeError, match=r"model.freeze must be .*blocks:N' with N in \[0, 2\], got 'blocks:3'"):
         train(finetune_recipe(tmp_path, str(path), freeze="blocks:3"))
+
+
+def test_a_lora_run_trains_adapters_and_the_head_and_exports_a_plain_merged_model(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path, num_classes=3)
+    recipe = finetune_recipe(tmp_path, str(path), lora={"rank": 2, "alpha": 4.0, "targets": ["qkv", "fc1"]})
+    module = built(recipe)
+    trainable = {name.removeprefix("model.") for name, p in module.named_parameters() if p.requires_grad}
+    assert trainable == {"head.weight", "head.bias"} | {
+        f"blocks.{i}.{layer}.lora_{m}" for i in range(2) for layer in ("attn.qkv", "mlp.fc1") for m in "AB"
+    }
+    result = train(recipe)
+    exported = read_model(result.run_dir / "model.safetensors")
+    assert not any("lora" in key for key in exported[1])  # merged: a plain model every tool loads
+    best = read_model(result.summary["best_checkpoint"])  # the checkpoint's adapters merge on read
+    images = torch.randn(3, 1, 8, 8)
+    model = load_model(result.run_dir / "model.safetensors").eval()
+    torch.testing.assert_close(model(images), load_model(result.summary["best_checkpoint"]).eval()(images))
+    source = load_model(path).state_dict()
+    assert not torch.equal(best[1]["blocks.0.attn.qkv.weight"], source["blocks.0.attn.qkv.weight"])  # adapted
+    assert torch.equal(best[1]["blocks.0.attn.proj.weight"], source["blocks.0.attn.proj.weight"])  # not targeted
+    resumed = train(result.run_dir / "config.yaml", ["trainer.max_epochs=2"],
+                    resume=result.run_dir / "checkpoints" / "last.ckpt")
+    assert resumed.summary["epochs"] == 2
+    with pytest.raises(RecipeError, match=r"model.freeze .*leave model.freeze unset"):
+        load_recipe(finetune_recipe(tmp_path, str(path), lora={"rank": 2}, freeze="blocks:1"))

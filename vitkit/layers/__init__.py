@@ -11,6 +11,7 @@ from .attention import AttentionOptions, KVCache, MultiHeadSelfAttention
 from .attention_masks import build_allowed_mask, causal_mask
 from .attention_stats import row_entropy
 from .block import EncoderBlock, LayerScale
+from .lora import LoraConfig, LoRALinear, add_lora, has_lora, merge_lora, merge_lora_state_dict
 from .mlp import Mlp
 from .patch_embed import ConvPatchEmbed, PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
@@ -23,13 +24,19 @@ __all__ = [
     "EncoderBlock",
     "KVCache",
     "LayerScale",
+    "LoRALinear",
+    "LoraConfig",
     "Mlp",
     "MultiHeadSelfAttention",
     "PatchEmbed",
     "Rope2d",
+    "add_lora",
     "build_allowed_mask",
     "causal_mask",
     "choose_attn_impl",
+    "has_lora",
+    "merge_lora",
+    "merge_lora_state_dict",
     "patch_coords",
     "resample_pos_embed",
     "rotate_tokens",

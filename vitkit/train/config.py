@@ -24,6 +24,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from ..data import DataConfig
 from ..evaluation import TestTimeAugmentation
 from ..files import atomic_write
+from ..layers import LoraConfig
 from ..models import ViTConfig, model_config
 from ..models.config import MAX_DEPTH
 from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_message
@@ -35,7 +36,8 @@ from .schema import RecipeError
 DATA_DRIVEN_FIELDS = ("img_size", "in_chans", "num_classes")
 #: ModelConfig fields that choose the model rather than override a ViTConfig field.
 MODEL_CHOICE_FIELDS = (
-    "name", "grad_checkpointing", "impl", "pretrained", "pretrained_file", "pretrained_kwargs", "reset_head", "freeze"
+    "name", "grad_checkpointing", "impl", "pretrained", "pretrained_file", "pretrained_kwargs", "reset_head", "freeze",
+    "lora",
 )
 #: The variant a recipe without ``model.name`` or ``model.pretrained`` builds.
 DEFAULT_VARIANT = "vit_cifar_tiny"
@@ -60,6 +62,7 @@ class _ModelChoice(Config):
     pretrained_kwargs: dict[str, Any] = field(default_factory=dict)
     reset_head: bool | None = None
     freeze: str = "none"
+    lora: LoraConfig | None = None
 
     def validate(self) -> None:
         """``pretrained_file`` and ``pretrained_kwargs`` come with a timm name, ``reset_head`` with
@@ -67,6 +70,11 @@ class _ModelChoice(Config):
         (a resumed run reads its checkpoint instead). ``freeze`` is checked against the depth when
         the model is built."""
         check_freeze(self.freeze, MAX_DEPTH)
+        if self.lora is not None and self.freeze not in ("none", "backbone"):
+            raise FieldError(
+                "freeze", f"is {self.freeze!r}, but with model.lora every weight but the adapters and the classifier is "
+                "frozen already: leave model.freeze unset.",
+            )
         if self.pretrained is None:
             given = [key for key in ("pretrained_file", "pretrained_kwargs", "reset_head") if getattr(self, key) not in (None, {})]
             if given:
@@ -136,6 +144,9 @@ ModelConfig.__doc__ = """Which variant to build, how, and the :class:`ViTConfig`
             ``fc_norm`` train) or ``'blocks:N'`` (the embeddings and the first N blocks stay as
             loaded); frozen parameters get no gradient, optimiser state or weight decay
             (:mod:`vitkit.train.finetune`).
+        lora: low-rank adapters (:class:`~vitkit.layers.LoraConfig`: ``rank``, ``alpha``,
+            ``dropout``, ``targets``); the adapters and the classifier train, every other weight
+            stays as loaded, and the exported model has the adapters merged into its weights.
 
     Every other field is generated from the :class:`ViTConfig` field of the same name (except the
     data-driven ``img_size``, ``in_chans`` and ``num_classes``), typed ``ViTConfig``'s type or

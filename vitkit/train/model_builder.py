@@ -30,6 +30,7 @@ from torch import nn
 from ..data import DataConfig, DataInfo
 from ..errors import VitkitError
 from ..io import read_model, read_weights_file
+from ..layers import add_lora
 from ..models import VisionTransformer, ViTConfig, from_timm, model_config, timm_twin, to_timm_state_dict
 from ..models.timm_interop import PATCH_WEIGHT
 from ..schema import FieldError
@@ -222,7 +223,8 @@ def _shown(value: Any) -> str:
 
 def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights | None) -> tuple[nn.Module, ViTConfig]:
     """The model ``config`` trains on data ``info`` and its :class:`ViTConfig`: a fresh variant, or
-    ``weights`` adapted to the data; frozen and gradient-checkpointed as the recipe says; timm's own
+    ``weights`` adapted to the data; frozen, given LoRA adapters and gradient-checkpointed as the
+    recipe says; timm's own
     ``VisionTransformer`` for ``model.impl: timm``.
 
     Raises:
@@ -245,7 +247,11 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights |
         check_freeze(config.model.freeze, vit_config.depth)
     except FieldError as error:
         raise RecipeError(f"model.{error.key} {error.problem}") from None
-    freeze(model, config.model.freeze)
+    if config.model.lora is not None:  # the adapters and the classifier train, nothing else
+        freeze(model, "backbone")
+        add_lora(model, config.model.lora)
+    else:
+        freeze(model, config.model.freeze)
     model.set_grad_checkpointing(config.model.grad_checkpointing)
     return model, vit_config
 

@@ -4,6 +4,7 @@ distillation from a frozen teacher, top-1/top-5 metrics and a stop on a non-fini
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from torch import nn
 from ..errors import VitkitError
 from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, black_level, predict_views
 from ..io import FORMAT_KEY, FORMAT_VERSION
+from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
 from .config import OptimConfig, RecipeConfig
 from .distill import DistillationLoss
@@ -92,9 +94,11 @@ class ViTClassifier(L.LightningModule):
         return self.ema.module if self.ema is not None else self.model
 
     def export_model(self) -> VisionTransformer:
-        """:attr:`inference_model` as a vitkit model on the CPU in eval mode (a timm reference is
-        converted, so every tool takes it)."""
+        """:attr:`inference_model` as a plain vitkit model on the CPU in eval mode (LoRA adapters
+        merged, a timm reference converted, so every tool takes it)."""
         model = self.inference_model
+        if has_lora(model):  # a plain model for every tool: the adapters folded into the weights
+            model = merge_lora(copy.deepcopy(model))
         if not isinstance(model, VisionTransformer):
             model = from_timm(model)
         return model.cpu().eval()

@@ -1,0 +1,171 @@
+"""Low-rank adapters (LoRA; Hu et al. 2021, arXiv 2106.09685) on a ViT's linear projections.
+
+A targeted ``nn.Linear`` ``y = x W^T + b`` becomes ``y = x W^T + b + s * (dropout(x) A^T B^T)`` with
+``A [r, in]`` (Kaiming-uniform, as the authors' ``loralib``), ``B [out, r]`` (zeros, so a fresh
+adapter changes nothing) and ``s = alpha / r``; ``W`` and ``b`` stay frozen. :class:`LoRALinear`
+keeps the base layer's parameter names (``qkv.weight``, ``qkv.bias``), so weight decay, pruning
+and layer-decay name rules see the same model, and adds ``lora_A``, ``lora_B`` and the scale as a
+buffer, so that a state dict merges without its config (:func:`merge_lora_state_dict`).
+:func:`merge_lora` folds ``W + s B A`` back into plain ``nn.Linear`` layers: what a run exports,
+which every tool then takes as an ordinary model.
+
+Written here rather than taken from ``peft``: peft requires ``transformers`` and ``accelerate``
+(and through them ``huggingface_hub``, ``tokenizers``, ``safetensors``, ...) for a few dozen lines
+of arithmetic, and its ``get_peft_model`` wraps layers in a ``base_layer`` that renames every
+state-dict key vitkit's tools read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..schema import Config, FieldError, bounds
+
+#: The projections an adapter can sit on: the attention's fused qkv and output projection, the
+#: MLP's two layers (their names in every vitkit and timm ViT block).
+LoraTarget = Literal["qkv", "proj", "fc1", "fc2"]
+_PATHS: dict[str, str] = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+_SUFFIXES = ("lora_A", "lora_B", "lora_scale")
+
+
+@dataclass
+class LoraConfig(Config):
+    """Where adapters go and how large they are.
+
+    Attributes:
+        rank: the adapters' rank ``r``.
+        alpha: the scale's numerator: updates are scaled by ``alpha / rank``.
+        dropout: dropout on the adapter's input (the base path has none).
+        targets: which projections of every block get an adapter; the default, the attention's
+            qkv and output projection, adapts all four attention matrices of Hu et al.'s study.
+    """
+
+    rank: int = field(default=8, metadata=bounds(ge=1, le=4096))
+    alpha: float = field(default=16.0, metadata=bounds(gt=0))
+    dropout: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
+    targets: list[LoraTarget] = field(default_factory=lambda: ["qkv", "proj"])
+
+    def validate(self) -> None:
+        """At least one target, each once."""
+        if not self.targets or len(set(self.targets)) != len(self.targets):
+            raise FieldError("targets", f"must name each of qkv, proj, fc1, fc2 at most once, and one at least; got {self.targets}.")
+
+
+class LoRALinear(nn.Linear):
+    """A frozen ``nn.Linear`` plus a trainable low-rank update ``scale * B A``.
+
+    Args:
+        base: the layer to adapt; its ``weight`` and ``bias`` parameters are taken over (same
+            tensors), and stop requiring grad.
+        rank, alpha, dropout: as :class:`LoraConfig`.
+
+    Shapes: input ``[..., in_features]``, output ``[..., out_features]``.
+    """
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
+        nn.Module.__init__(self)
+        if rank > min(base.in_features, base.out_features):
+            raise ValueError(
+                f"LoRA rank {rank} exceeds the layer's {base.in_features} inputs or {base.out_features} outputs; "
+                f"use a rank of at most {min(base.in_features, base.out_features)}."
+            )
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.bias = base.bias
+        self.weight.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **factory))
+        self.lora_B = nn.Parameter(torch.empty(base.out_features, rank, **factory))
+        self.register_buffer("lora_scale", torch.tensor(alpha / rank, **factory))
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """A fresh adapter (``A`` Kaiming-uniform, ``B`` zero); the base weights are left as loaded."""
+        if hasattr(self, "lora_A"):
+            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+            nn.init.zeros_(self.lora_B)
+
+    def delta_weight(self) -> torch.Tensor:
+        """``scale * B A``, ``[out_features, in_features]``."""
+        return self.lora_scale * (self.lora_B @ self.lora_A)
+
+    def merged(self) -> nn.Linear:
+        """A plain ``nn.Linear`` holding ``W + scale * B A`` (and the bias)."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                           device=self.weight.device, dtype=self.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(self.weight + self.delta_weight())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
+        return F.linear(x, self.weight, self.bias) + self.lora_scale * update
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.lora_A.shape[0]}, scale={self.lora_scale.item():g}"
+
+
+def add_lora(model: nn.Module, config: LoraConfig) -> list[str]:
+    """Put an adapter on ``config.targets`` of every block of ``model`` (a vitkit or timm ViT: its
+    ``blocks[i].attn.qkv``, ``.attn.proj``, ``.mlp.fc1``, ``.mlp.fc2``), in place. Returns the
+    adapted layers' names. Every other parameter is left as it is (freezing is the caller's)."""
+    adapted = []
+    for index, block in enumerate(model.blocks):
+        for target in config.targets:
+            parent_name, _, name = _PATHS[target].rpartition(".")
+            parent = block.get_submodule(parent_name)
+            layer = getattr(parent, name)
+            if not isinstance(layer, nn.Linear) or isinstance(layer, LoRALinear):
+                raise ValueError(f"blocks.{index}.{_PATHS[target]} is not a plain nn.Linear, so it takes no adapter.")
+            if layer.out_features == 0:  # a pruned block without heads has nothing to adapt
+                continue
+            setattr(parent, name, LoRALinear(layer, config.rank, config.alpha, config.dropout))
+            adapted.append(f"blocks.{index}.{_PATHS[target]}")
+    return adapted
+
+
+def effective_weight(linear: nn.Linear) -> torch.Tensor:
+    """The weight ``linear`` applies: ``W + scale * B A`` for a :class:`LoRALinear` (its adapter
+    dropout left out), ``W`` otherwise; for code that slices a projection's weight."""
+    return linear.weight + linear.delta_weight() if isinstance(linear, LoRALinear) else linear.weight
+
+
+def has_lora(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` is a :class:`LoRALinear`."""
+    return any(isinstance(module, LoRALinear) for module in model.modules())
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Replace every :class:`LoRALinear` of ``model`` by the plain ``nn.Linear`` it computes, in
+    place (same outputs, no adapter code left); returns ``model``."""
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, LoRALinear):
+                setattr(module, child_name, child.merged())
+    return model
+
+
+def merge_lora_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every adapter folded into its layer's weight (``W + scale * B A``) and the
+    ``lora_*`` entries dropped; a state dict without adapters comes back unchanged."""
+    prefixes = [key.removesuffix("lora_A") for key in state if key.endswith(".lora_A")]
+    if not prefixes:
+        return state
+    merged = {key: value for key, value in state.items() if not key.endswith(_SUFFIXES)}
+    for prefix in prefixes:
+        a, b = state[prefix + "lora_A"], state[prefix + "lora_B"]
+        scale = state.get(prefix + "lora_scale", torch.tensor(1.0))
+        weight = state[prefix + "weight"]
+        merged[prefix + "weight"] = (weight.float() + scale.float() * (b.float() @ a.float())).to(weight.dtype)
+    return merged
