@@ -348,3 +348,12 @@ def test_a_lora_run_trains_adapters_and_the_head_and_exports_a_plain_merged_mode
     assert resumed.summary["epochs"] == 2
     with pytest.raises(RecipeError, match=r"model.freeze .*leave model.freeze unset"):
         load_recipe(finetune_recipe(tmp_path, str(path), lora={"rank": 2}, freeze="blocks:1"))
+
+
+def test_the_same_class_count_with_other_class_names_resets_the_classifier(tmp_path: Path) -> None:
+    model = load_model(tiny_weights(tmp_path))
+    digits = [str(i) for i in range(10)]
+    others = save_model(model, tmp_path / "others.safetensors", extra={"class_names": [f"c{i}" for i in range(10)]})
+    same = save_model(model, tmp_path / "same.safetensors", extra={"class_names": digits})
+    assert not torch.equal(built(finetune_recipe(tmp_path, str(others))).model.head.weight, model.head.weight)
+    assert torch.equal(built(finetune_recipe(tmp_path, str(same))).model.head.weight, model.head.weight)

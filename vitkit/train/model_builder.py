@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,14 @@ class StartingWeights:
         preprocessing: how they saw images (``mean``, ``std``, ``interpolation``, ``crop_pct``
             where known), for the data's normalisation.
         record: where they came from (``pretrained``, ``pretrained_file``), saved with the run.
+        class_names: the classes their classifier was trained on, where recorded (vitkit files).
     """
 
     config: ViTConfig
     state: dict[str, torch.Tensor]
     preprocessing: dict[str, Any]
     record: dict[str, Any]
+    class_names: tuple[str, ...] | None = None
 
     @property
     def description(self) -> str:
@@ -102,12 +105,18 @@ def load_starting_weights(model: ModelConfig, resume: str | os.PathLike | None =
             pass  # check_resumable names what is wrong with it
         else:
             record = extra.get("pretrained") or {"pretrained": model.pretrained}
-            return StartingWeights(config, state, _preprocessing(extra), record)
+            return StartingWeights(config, state, _preprocessing(extra), record, _class_names(extra))
     if model.pretrained.startswith(TIMM_PREFIX):
         return _timm_weights(model.pretrained.removeprefix(TIMM_PREFIX), model.pretrained_file, model.pretrained_kwargs)
     config, state, extra = _read_vitkit_weights(Path(model.pretrained))
     record = {"pretrained": model.pretrained, **({"pretrained_from": extra["pretrained"]} if "pretrained" in extra else {})}
-    return StartingWeights(config, state, _preprocessing(extra), record)
+    return StartingWeights(config, state, _preprocessing(extra), record, _class_names(extra))
+
+
+def _class_names(extra: dict[str, Any]) -> tuple[str, ...] | None:
+    """The class names a vitkit model file records, or ``None``."""
+    names = extra.get("class_names")
+    return tuple(names) if names is not None else None
 
 
 def _preprocessing(extra: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +244,7 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights |
         vit_config = config.vit_config(**data_fields)
         vitkit_model = None
     else:
-        vitkit_model = adapt(weights, config.model, **data_fields)
+        vitkit_model = adapt(weights, config.model, class_names=info.class_names, **data_fields)
         vit_config = vitkit_model.config
     if config.model.impl == "timm":
         model = timm_twin(vit_config)
@@ -256,9 +265,13 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights |
     return model, vit_config
 
 
-def adapt(weights: StartingWeights, model: ModelConfig, *, img_size: tuple[int, int], in_chans: int, num_classes: int) -> VisionTransformer:
+def adapt(
+    weights: StartingWeights, model: ModelConfig, *, img_size: tuple[int, int], in_chans: int, num_classes: int,
+    class_names: Sequence[str] | None = None,
+) -> VisionTransformer:
     """A vitkit model with ``weights``, fitted to the data: classes (the classifier kept when the
-    count matches and ``model.reset_head`` allows, else re-initialised, distillation head too), image
+    data have the classes it was trained on, by count and, where the weights record them, by name,
+    and ``model.reset_head`` allows; else re-initialised, distillation head too), image
     size (position embedding resampled) and channels (first-layer filters adapted); the recipe's
     free fields applied.
 
@@ -279,7 +292,10 @@ def adapt(weights: StartingWeights, model: ModelConfig, *, img_size: tuple[int, 
             "from the recipe, or train from scratch without model.pretrained."
         )
     free = {key: value for key, value in wanted.items() if key in FREE_FIELDS}
-    reset = model.reset_head if model.reset_head is not None else num_classes != source.num_classes
+    other_classes = num_classes != source.num_classes or (
+        weights.class_names is not None and class_names is not None and tuple(weights.class_names) != tuple(class_names)
+    )
+    reset = model.reset_head if model.reset_head is not None else other_classes
     if not reset and num_classes != source.num_classes:
         raise RecipeError(
             f"model.reset_head=false keeps the classifier of model.pretrained={weights.record['pretrained']}, which "
