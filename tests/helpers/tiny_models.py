@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset
 
 import vitkit
 from vitkit.data import shapes_info
@@ -41,3 +42,11 @@ def save_tiny(model: vitkit.VisionTransformer, path: Path) -> Path:
     """``model`` saved at ``path`` with the shapes data's preprocessing and :data:`TINY_SHAPES`."""
     extra = {**shapes_info(32).to_extra(), "data_config": TINY_SHAPES}
     return vitkit.save_model(model, path, extra=extra)
+
+
+def hand_accuracy(model: torch.nn.Module, split: Dataset) -> float:
+    """Percent of ``split``'s images whose largest logit is their label, all in one batch."""
+    images, labels = zip(*(split[i] for i in range(len(split))))
+    with torch.no_grad():
+        predictions = model.eval()(torch.stack(images)).argmax(dim=-1)
+    return 100.0 * sum(int(p) == int(y) for p, y in zip(predictions, labels)) / len(labels)

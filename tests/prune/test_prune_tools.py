@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from torch.utils.data import Dataset
+from tiny_models import hand_accuracy
 
 import vitkit
 from vitkit.data import DataConfig, build_datasets
@@ -18,14 +17,6 @@ from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
 from vitkit.prune.report import markdown_table
 
 TINY_DATA = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 0.1, "test_fraction": 0.1}
-
-
-def hand_accuracy(model: torch.nn.Module, split: Dataset) -> float:
-    """Percent of ``split``'s images whose largest logit is their label, all in one batch."""
-    images, labels = zip(*(split[i] for i in range(len(split))))
-    with torch.no_grad():
-        predictions = model.eval()(torch.stack(images)).argmax(dim=-1)
-    return 100.0 * sum(int(p) == int(y) for p, y in zip(predictions, labels)) / len(labels)
 
 
 @pytest.mark.slow

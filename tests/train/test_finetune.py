@@ -66,6 +66,16 @@ def test_a_vitkit_model_file_with_the_same_classes_starts_with_all_its_weights(t
         assert torch.equal(state[key], value), key
 
 
+def test_a_recipe_naming_its_variant_starts_from_a_model_file_with_the_datas_geometry(tmp_path: Path) -> None:
+    # A run's config.yaml names its variant; vit_cifar_tiny's own img_size (32) and classes (10) must
+    # not collide with the data's (8x8 digits) when the weights are fitted.
+    path = tiny_weights(tmp_path)
+    module = built(finetune_recipe(tmp_path, str(path), name="vit_cifar_tiny", **TINY))
+    assert module.model.config.img_size == (8, 8) and module.model.config.in_chans == 1
+    for key, value in load_model(path).state_dict().items():
+        assert torch.equal(module.model.state_dict()[key], value), key
+
+
 def test_a_new_class_count_resets_the_classifier_and_keeps_the_backbone(tmp_path: Path) -> None:
     path = tiny_weights(tmp_path, num_classes=3)
     module = built(finetune_recipe(tmp_path, str(path)))  # digits: 10 classes

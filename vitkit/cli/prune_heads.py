@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from vitkit import save_model
+from vitkit.data import build_datasets
 from vitkit.errors import UsageError
 from vitkit.evaluation import evaluate_model
 from vitkit.io import load_model_and_extra
@@ -78,6 +79,7 @@ from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
 from vitkit.train import load_recipe, train
 from vitkit.train.artifacts import CONFIG_FILE, write_json
 from vitkit.train.evaluate import check_model_fits, data_config_for
+from vitkit.train.model_builder import build_model, load_starting_weights, pretrained_data
 
 from .main import run_command
 
@@ -159,7 +161,13 @@ def plan_recovery(args: argparse.Namespace, out: Path, extra: dict[str, Any]) ->
     lr = args.recover_lr if args.recover_lr is not None else optim.lr / 10
     plan = RecipeRecovery(recipe=recipe, epochs=args.recover_epochs, lr=lr, min_lr=min(optim.min_lr, lr),
                           data=list(args.data), out=out, extra=extra, source=str(args.checkpoint))
-    load_recipe(recipe, plan.overrides(Path(args.checkpoint), out / "recover"))  # bad --data or lr: one line now
+    # The recipe against the unpruned weights, as train() will check each pruned model: a bad --data
+    # or lr, another architecture or class count is one line now, not after the pruning.
+    config = load_recipe(recipe, plan.overrides(Path(args.checkpoint), out / "recover"))
+    weights = load_starting_weights(config.model)
+    if weights is not None:  # always: the overrides name the checkpoint
+        data, _ = pretrained_data(config.data, weights)
+        build_model(config, build_datasets(data).info, weights)
     return plan
 
 
