@@ -9,6 +9,7 @@ import json
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -367,3 +368,41 @@ def test_the_same_class_count_with_other_class_names_resets_the_classifier(tmp_p
     same = save_model(model, tmp_path / "same.safetensors", extra={"class_names": digits})
     assert not torch.equal(built(finetune_recipe(tmp_path, str(others))).model.head.weight, model.head.weight)
     assert torch.equal(built(finetune_recipe(tmp_path, str(same))).model.head.weight, model.head.weight)
+
+
+def test_the_fine_tuning_recipe_fine_tunes_timm_weights_on_an_image_folder_and_every_tool_takes_the_result(
+    tmp_path: Path, capsys
+) -> None:
+    from PIL import Image
+
+    from vitkit.cli import attention_maps, predict
+    from vitkit.prune import prune_heads
+
+    root = tmp_path / "folder"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 6), ("val", 3)):
+        for name in ("cat", "dog", "owl"):
+            (root / split / name).mkdir(parents=True)
+            for index in range(count):
+                pixels = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{index}.png")
+    weights = timm_file(tmp_path, "test_vit", depth=2, img_size=32)
+    overrides = [
+        "model.pretrained=timm:test_vit", f"model.pretrained_file={weights}", "model.pretrained_kwargs={depth: 2, img_size: 32}",
+        f"data.root={root}", "data.img_size=32", "data.num_workers=0", "data.augment.rand_augment=null",
+        "trainer.max_epochs=1", "trainer.batch_size=6", "trainer.accelerator=cpu", "trainer.devices=1",
+        "trainer.precision=32-true", "trainer.enable_progress_bar=false", f"output.dir={tmp_path / 'runs'}",
+    ]
+    result = train("recipes/finetune_imagefolder.yaml", overrides)
+    model_file = result.run_dir / "model.safetensors"
+    model = load_model(model_file)
+    assert model.config.num_classes == 3 and model.config.embed_dim == 64  # test_vit's width, 3 new classes
+    assert result.summary["model"].startswith("fine-tuned from timm:test_vit")
+    image = root / "val" / "owl" / "0.png"
+    assert predict.main([str(model_file), str(image)]) == 0
+    printed = capsys.readouterr().out
+    assert any(name in printed for name in ("cat", "dog", "owl"))  # the class names travel with the model file
+    assert attention_maps.main(["--checkpoint", str(model_file), str(image), "--out", str(tmp_path / "maps")]) == 0
+    assert list((tmp_path / "maps").glob("*.png"))
+    heads = model.heads_per_layer()
+    assert prune_heads(model, {0: [0]}).heads_per_layer() == [heads[0] - 1, *heads[1:]]
