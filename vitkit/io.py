@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from .errors import VitkitError
 from .files import atomic_write
-from .layers.lora import merge_lora_state_dict
+from .layers.lora import LoraError, merge_lora_state_dict
 from .models.config import ViTConfig
 from .models.vision_transformer import VisionTransformer
 from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
@@ -52,8 +52,9 @@ class CheckpointError(VitkitError, ValueError):
 def save_model(model: VisionTransformer, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` to ``path`` (``.safetensors``): weights, its :class:`ViTConfig` (per-layer
     head counts included, so pruned models reload) and ``extra`` JSON metadata (for example the
-    input normalisation and class names), atomically."""
-    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    input normalisation and class names), atomically. LoRA adapters are merged into the written
+    weights (``model`` keeps them), so the file loads as a plain model."""
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in merge_lora_state_dict(model.state_dict()).items()}
     config = model.config.replace(num_heads=model.heads_per_layer(), head_dim=model.config.resolved_head_dim())
     metadata = {
         FORMAT_KEY: FORMAT_VERSION,
@@ -396,7 +397,10 @@ def read_training_checkpoint(path: str | os.PathLike) -> tuple[ViTConfig, dict[s
         raise CheckpointError(f"{path} is a vitkit checkpoint of format {version!r}, newer than this vitkit reads; upgrade vitkit.")
     prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
     state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
-    state = merge_lora_state_dict(state)  # a LoRA run's adapters folded into the weights they adapt
+    try:
+        state = merge_lora_state_dict(state)  # a LoRA run's adapters folded into the weights they adapt
+    except LoraError as problem:
+        raise CheckpointError(f"checkpoint {path}: {problem}") from None
     shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
     config = _config(upgrade(hparams["vit_config"], version), source, CheckpointError)
     extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)

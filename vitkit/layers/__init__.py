@@ -11,7 +11,7 @@ from .attention import AttentionOptions, KVCache, MultiHeadSelfAttention
 from .attention_masks import build_allowed_mask, causal_mask
 from .attention_stats import row_entropy
 from .block import EncoderBlock, LayerScale
-from .lora import LoraConfig, LoRALinear, add_lora, has_lora, merge_lora, merge_lora_state_dict
+from .lora import LoraConfig, LoraError, LoRALinear, add_lora, has_lora, merge_lora, merge_lora_state_dict
 from .mlp import Mlp
 from .patch_embed import ConvPatchEmbed, PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
@@ -26,6 +26,7 @@ __all__ = [
     "LayerScale",
     "LoRALinear",
     "LoraConfig",
+    "LoraError",
     "Mlp",
     "MultiHeadSelfAttention",
     "PatchEmbed",

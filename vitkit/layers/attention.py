@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from ..kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, resolve_attn_impl, sdpa_attention
 from .attention_masks import build_allowed_mask, split_empty_rows
 from .init_rules import xavier_per_projection, xavier_scaled
-from .lora import effective_weight, has_lora
+from .lora import LoraError, has_lora, linear_rows
 from .rope import ROPE_KINDS, Rope2d, RopeAxes, RopeKind, rotate_tokens
 
 #: W_o's Xavier-init scale for a standalone module, whose depth is unknown (see ``out_init_scale``).
@@ -243,9 +242,8 @@ class MultiHeadSelfAttention(nn.Module):
             qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
             return tuple(qkv.unbind(0))
         inner = self.num_heads * self.head_dim
-        bias, weight = self.qkv.bias, effective_weight(self.qkv)  # a LoRA adapter's update included
-        q = F.linear(x, weight[:inner], None if bias is None else bias[:inner])
-        kv = F.linear(context, weight[inner:], None if bias is None else bias[inner:])
+        q = linear_rows(self.qkv, x, slice(None, inner))  # a LoRA adapter's update (and dropout) included
+        kv = linear_rows(self.qkv, context, slice(inner, None))
         q = rearrange(q, "b n (h d) -> b h n d", h=self.num_heads)
         k, v = rearrange(kv, "b m (two h d) -> two b h m d", two=2, h=self.num_heads).unbind(0)
         return q, k, v
@@ -391,7 +389,7 @@ class MultiHeadSelfAttention(nn.Module):
         gating every head still adds ``W_o``'s bias.
         """
         if has_lora(self):
-            raise ValueError("prune the heads of a model without LoRA adapters: merge them first (vitkit.layers.merge_lora).")
+            raise LoraError("prune the heads of a model without LoRA adapters: merge them first (vitkit.layers.merge_lora).")
         drop = sorted(set(int(h) for h in heads))
         if any(h < 0 or h >= self.num_heads for h in drop):
             raise ValueError(f"head indices must lie in [0, {self.num_heads}), got {drop}.")

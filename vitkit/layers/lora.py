@@ -18,6 +18,7 @@ state-dict key vitkit's tools read.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import VitkitError
 from ..schema import Config, FieldError, bounds
 
 #: The projections an adapter can sit on: the attention's fused qkv and output projection, the
@@ -32,6 +34,10 @@ from ..schema import Config, FieldError, bounds
 LoraTarget = Literal["qkv", "proj", "fc1", "fc2"]
 _PATHS: dict[str, str] = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
 _SUFFIXES = ("lora_A", "lora_B", "lora_scale")
+
+
+class LoraError(VitkitError, ValueError):
+    """Adapters that do not fit a layer or a state dict, or an operation that needs them merged first."""
 
 
 @dataclass
@@ -62,7 +68,7 @@ class LoRALinear(nn.Linear):
 
     Args:
         base: the layer to adapt; its ``weight`` and ``bias`` parameters are taken over (same
-            tensors), and stop requiring grad.
+            tensors), and stop requiring grad; so is its training or eval mode.
         rank, alpha, dropout: as :class:`LoraConfig`.
 
     Shapes: input ``[..., in_features]``, output ``[..., out_features]``.
@@ -70,11 +76,7 @@ class LoRALinear(nn.Linear):
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
         nn.Module.__init__(self)
-        if rank > min(base.in_features, base.out_features):
-            raise ValueError(
-                f"LoRA rank {rank} exceeds the layer's {base.in_features} inputs or {base.out_features} outputs; "
-                f"use a rank of at most {min(base.in_features, base.out_features)}."
-            )
+        _check_rank(rank, base)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
         self.bias = base.bias
@@ -86,6 +88,7 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Parameter(torch.empty(base.out_features, rank, **factory))
         self.register_buffer("lora_scale", torch.tensor(alpha / rank, **factory))
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.train(base.training)  # an adapter added to a model in eval mode does not drop
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -93,6 +96,12 @@ class LoRALinear(nn.Linear):
         if hasattr(self, "lora_A"):
             nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
             nn.init.zeros_(self.lora_B)
+
+    def forward_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Output features ``rows`` only, adapter (and its dropout) included: ``[..., in] -> [..., len(rows)]``."""
+        bias = None if self.bias is None else self.bias[rows]
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B[rows])
+        return F.linear(x, self.weight[rows], bias) + self.lora_scale * update
 
     def delta_weight(self) -> torch.Tensor:
         """``scale * B A``, ``[out_features, in_features]``."""
@@ -109,41 +118,61 @@ class LoRALinear(nn.Linear):
         return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
-        return F.linear(x, self.weight, self.bias) + self.lora_scale * update
+        return self.forward_rows(x, slice(None))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.lora_A.shape[0]}, scale={self.lora_scale.item():g}"
 
 
+def _check_rank(rank: int, layer: nn.Linear, name: str = "the layer") -> None:
+    if rank > min(layer.in_features, layer.out_features):
+        raise LoraError(
+            f"LoRA rank {rank} exceeds {name}'s {layer.in_features} inputs or {layer.out_features} outputs; "
+            f"use a rank of at most {min(layer.in_features, layer.out_features)}."
+        )
+
+
 def add_lora(model: nn.Module, config: LoraConfig) -> list[str]:
     """Put an adapter on ``config.targets`` of every block of ``model`` (a vitkit or timm ViT: its
     ``blocks[i].attn.qkv``, ``.attn.proj``, ``.mlp.fc1``, ``.mlp.fc2``), in place. Returns the
-    adapted layers' names. Every other parameter is left as it is (freezing is the caller's)."""
-    adapted = []
+    adapted layers' names. Every other parameter is left as it is (freezing is the caller's).
+
+    Raises:
+        LoraError: a target is no plain ``nn.Linear`` or is smaller than ``config.rank`` (a pruned
+            layer's ``proj``); every layer is checked before any is changed.
+    """
+    chosen: list[tuple[str, nn.Module, str, nn.Linear]] = []
     for index, block in enumerate(model.blocks):
         for target in config.targets:
             parent_name, _, name = _PATHS[target].rpartition(".")
             parent = block.get_submodule(parent_name)
             layer = getattr(parent, name)
+            path = f"blocks.{index}.{_PATHS[target]}"
             if not isinstance(layer, nn.Linear) or isinstance(layer, LoRALinear):
-                raise ValueError(f"blocks.{index}.{_PATHS[target]} is not a plain nn.Linear, so it takes no adapter.")
+                raise LoraError(f"{path} is not a plain nn.Linear, so it takes no adapter.")
             if layer.out_features == 0:  # a pruned block without heads has nothing to adapt
                 continue
-            setattr(parent, name, LoRALinear(layer, config.rank, config.alpha, config.dropout))
-            adapted.append(f"blocks.{index}.{_PATHS[target]}")
-    return adapted
+            _check_rank(config.rank, layer, path)
+            chosen.append((path, parent, name, layer))
+    for _, parent, name, layer in chosen:
+        setattr(parent, name, LoRALinear(layer, config.rank, config.alpha, config.dropout))
+    return [path for path, *_ in chosen]
 
 
-def effective_weight(linear: nn.Linear) -> torch.Tensor:
-    """The weight ``linear`` applies: ``W + scale * B A`` for a :class:`LoRALinear` (its adapter
-    dropout left out), ``W`` otherwise; for code that slices a projection's weight."""
-    return linear.weight + linear.delta_weight() if isinstance(linear, LoRALinear) else linear.weight
+def linear_rows(linear: nn.Linear, x: torch.Tensor, rows: slice) -> torch.Tensor:
+    """``linear(x)[..., rows]`` without computing the other output features, a :class:`LoRALinear`'s
+    adapter and its dropout included (cross-attention takes queries and keys from different rows
+    of one fused projection)."""
+    if isinstance(linear, LoRALinear):
+        return linear.forward_rows(x, rows)
+    return F.linear(x, linear.weight[rows], None if linear.bias is None else linear.bias[rows])
 
 
-def has_lora(model: nn.Module) -> bool:
-    """Whether any layer of ``model`` is a :class:`LoRALinear`."""
-    return any(isinstance(module, LoRALinear) for module in model.modules())
+def has_lora(source: nn.Module | Mapping[str, object]) -> bool:
+    """Whether a module holds a :class:`LoRALinear`, or a state dict holds ``lora_*`` tensors."""
+    if isinstance(source, nn.Module):
+        return any(isinstance(module, LoRALinear) for module in source.modules())
+    return any(isinstance(key, str) and key.endswith(_SUFFIXES) for key in source)
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
@@ -158,14 +187,27 @@ def merge_lora(model: nn.Module) -> nn.Module:
 
 def merge_lora_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` with every adapter folded into its layer's weight (``W + scale * B A``) and the
-    ``lora_*`` entries dropped; a state dict without adapters comes back unchanged."""
-    prefixes = [key.removesuffix("lora_A") for key in state if key.endswith(".lora_A")]
-    if not prefixes:
+    ``lora_*`` entries dropped; a state dict without adapters comes back unchanged.
+
+    Raises:
+        LoraError: an adapter lacks one of its tensors (``weight``, ``lora_A``, ``lora_B``,
+            ``lora_scale``) or their shapes do not fit (``[out, in]``, ``[r, in]``, ``[out, r]``, ``[]``).
+    """
+    if not has_lora(state):
         return state
-    merged = {key: value for key, value in state.items() if not key.endswith(_SUFFIXES)}
-    for prefix in prefixes:
-        a, b = state[prefix + "lora_A"], state[prefix + "lora_B"]
-        scale = state.get(prefix + "lora_scale", torch.tensor(1.0))
-        weight = state[prefix + "weight"]
+    merged = {key: value for key, value in state.items() if not (isinstance(key, str) and key.endswith(_SUFFIXES))}
+    prefixes = {key.rpartition(".")[0] + "." for key in state if isinstance(key, str) and key.endswith(_SUFFIXES)}
+    for prefix in sorted(prefixes):
+        names = [prefix + suffix for suffix in ("weight", *_SUFFIXES)]
+        missing = [name for name in names if not isinstance(state.get(name), torch.Tensor)]
+        if missing:
+            raise LoraError(f"the LoRA adapter of {prefix}weight lacks the tensor(s) {', '.join(missing)}.")
+        weight, a, b, scale = (state[name] for name in names)
+        if scale.dim() != 0 or a.dim() != 2 or b.dim() != 2 or (b.shape[0], a.shape[1]) != tuple(weight.shape) \
+                or b.shape[1] != a.shape[0]:
+            raise LoraError(
+                f"the LoRA adapter of {prefix}weight {list(weight.shape)} has lora_A {list(a.shape)}, lora_B "
+                f"{list(b.shape)}, lora_scale {list(scale.shape)}; they must be [r, in], [out, r] and []."
+            )
         merged[prefix + "weight"] = (weight.float() + scale.float() * (b.float() @ a.float())).to(weight.dtype)
     return merged

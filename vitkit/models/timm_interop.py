@@ -30,6 +30,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmVisionTransf
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from ..layers.lora import merge_lora_state_dict
 from .config import ViTConfig
 from .registry import MODEL_CONFIGS
 from .timm_eva import (
@@ -458,9 +459,10 @@ def _check_keys(state: dict[str, torch.Tensor], model: VisionTransformer) -> Non
 
 def to_timm_state_dict(model: VisionTransformer) -> dict[str, torch.Tensor]:
     """The state dict of the equivalent timm model (``timm.create_model(name).load_state_dict``).
-    A model whose twin would differ (:func:`timm_twin_lacks`) raises ``UnsupportedModelError``."""
+    A model whose twin would differ (:func:`timm_twin_lacks`) raises ``UnsupportedModelError``;
+    LoRA adapters are merged into the weights (``model`` keeps them)."""
     refuse_twin_gaps(model.config.replace(num_heads=model.heads_per_layer()))
-    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    state = {key: value.detach().clone() for key, value in merge_lora_state_dict(model.state_dict()).items()}
     p1, p2 = model.config.patch_size
     weight = state[PATCH_WEIGHT]
     state[PATCH_WEIGHT] = weight.reshape(weight.shape[0], p1, p2, model.config.in_chans).permute(0, 3, 1, 2).contiguous()
