@@ -4,13 +4,25 @@ merged model is a plain ViT that every tool loads."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from vitkit import load_model, save_model
-from vitkit.layers import LoraConfig, LoRALinear, add_lora, has_lora, merge_lora, merge_lora_state_dict
-from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.io import CheckpointError, read_model
+from vitkit.layers import (
+    LoraConfig,
+    LoraError,
+    LoRALinear,
+    MultiHeadSelfAttention,
+    add_lora,
+    has_lora,
+    merge_lora,
+    merge_lora_state_dict,
+)
+from vitkit.models import VisionTransformer, ViTConfig, to_timm
 from vitkit.schema import ConfigError
 
 CONFIG = ViTConfig(img_size=8, patch_size=2, in_chans=1, num_classes=5, embed_dim=16, depth=2, num_heads=2,
@@ -133,3 +145,68 @@ def test_bad_adapter_settings_are_one_line(values: dict, message: str) -> None:
 def test_a_rank_above_the_layer_size_is_refused() -> None:
     with pytest.raises(ValueError, match="LoRA rank 9 exceeds the layer's 8 inputs"):
         LoRALinear(nn.Linear(8, 16), rank=9, alpha=1.0)
+
+
+def test_cross_attention_goes_through_the_adapter_and_its_dropout() -> None:
+    msa = MultiHeadSelfAttention(16, 2).eval()
+    msa.qkv = noisy_(LoRALinear(msa.qkv, rank=4, alpha=4.0, dropout=0.5))
+    x, context = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    adapted = msa(x, context)
+    assert not torch.allclose(msa.train()(x, context), adapted)  # training: the adapter's input is dropped
+    merge_lora(msa.eval())
+    torch.testing.assert_close(msa(x, context), adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_save_model_and_to_timm_of_an_unmerged_model_give_plain_models(tmp_path) -> None:
+    model = VisionTransformer(CONFIG.replace(attn_impl="auto")).eval()
+    add_lora(model, LoraConfig(rank=2, targets=["qkv", "proj", "fc1", "fc2"]))
+    noisy_(model)
+    images = torch.randn(2, 1, 8, 8)
+    reloaded = load_model(save_model(model, tmp_path / "lora.safetensors")).eval()
+    assert has_lora(model) and not has_lora(reloaded)  # the caller's model keeps its adapters
+    torch.testing.assert_close(reloaded(images), model(images), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(to_timm(model).eval()(images), model(images), atol=1e-5, rtol=1e-5)
+
+
+def test_a_lora_checkpoint_loads_merged_and_a_broken_adapter_is_one_line(tmp_path: Path) -> None:
+    model = VisionTransformer(CONFIG).eval()
+    add_lora(model, LoraConfig(rank=2, targets=["fc1"]))
+    noisy_(model)
+    images = torch.randn(2, 1, 8, 8)
+    path = lightning_checkpoint(model.state_dict(), model.config, tmp_path / "best.ckpt")
+    torch.testing.assert_close(load_model(path).eval()(images), model(images), atol=1e-5, rtol=1e-5)
+    for broken in ("lora_B", "lora_scale"):
+        state = model.state_dict()
+        del state[f"blocks.1.mlp.fc1.{broken}"]
+        with pytest.raises(CheckpointError, match=rf"best\.ckpt: .*blocks\.1\.mlp\.fc1\.{broken}") as error:
+            read_model(lightning_checkpoint(state, model.config, path))
+        assert "\n" not in str(error.value)
+    with pytest.raises(LoraError, match=r"fc1\.weight \[32, 16\] has lora_A \[2, 32\], lora_B \[32, 2\]"):
+        merge_lora_state_dict({**model.state_dict(), "blocks.0.mlp.fc1.lora_A": torch.zeros(2, 32)})
+
+
+def lightning_checkpoint(state: dict, config: ViTConfig, path: Path) -> Path:
+    """``state`` laid out as a training run's Lightning checkpoint of a ``config`` model."""
+    hparams = {"vit_config": config.to_dict(), "vitkit_format": "2", "extra": {}}
+    torch.save({"state_dict": {"model." + k: v for k, v in state.items()}, "hyper_parameters": hparams}, path)
+    return path
+
+
+def test_a_state_dict_without_adapters_comes_back_unchanged() -> None:
+    state = VisionTransformer(CONFIG).state_dict()
+    assert merge_lora_state_dict(state) is state and not has_lora(state)
+
+
+def test_a_rank_above_a_pruned_layer_is_one_line_naming_it_and_changes_nothing() -> None:
+    model = VisionTransformer(CONFIG.replace(num_heads=[2, 1], head_dim=4))  # block 1's proj takes 4 features
+    with pytest.raises(LoraError, match=r"rank 5 exceeds blocks\.1\.attn\.proj's 4 inputs") as error:
+        add_lora(model, LoraConfig(rank=5))
+    assert "\n" not in str(error.value) and not has_lora(model)
+
+
+def test_adapters_added_to_a_model_in_eval_mode_do_not_drop() -> None:
+    model = VisionTransformer(CONFIG).eval()
+    add_lora(model, LoraConfig(rank=2, dropout=0.5))
+    noisy_(model)
+    images = torch.randn(2, 1, 8, 8)
+    assert torch.equal(model(images), model(images))
