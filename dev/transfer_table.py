@@ -41,12 +41,15 @@ def run_dir(out: Path, method: str, budget: str, seed: int) -> Path:
     return out / f"{method.replace(' ', '_').replace('=', '')}_{budget}_s{seed}"
 
 
-def train(out: Path, pretrained: str, method: str, budget: str, seed: int) -> dict:
-    """The run's summary.json, training it first when it is not there yet."""
+def train(out: Path, pretrained: str, method: str, budget: str, seed: int, report_only: bool = False) -> dict | None:
+    """The run's summary.json, training it first when it is not there yet (``None`` with
+    ``report_only``: only finished runs are read)."""
     folder = run_dir(out, method, budget, seed)
     done = sorted(folder.glob("*/*/summary.json"))
     if done:
         return json.loads(done[-1].read_text())
+    if report_only:
+        return None
     overrides = [
         TARGET,
         f"trainer.max_epochs={EPOCHS[budget]}",
@@ -76,12 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", nargs="+", default=["10", "100", "all"], choices=list(EPOCHS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--all-seeds", type=int, nargs="+", default=[0], help="seeds of the 'all' budget")
+    parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, train nothing")
     args = parser.parse_args(argv)
     rows = []
     for budget in args.budgets:
         for method in args.methods:
             seeds = args.all_seeds if budget == "all" else args.seeds
-            runs = [train(args.out, args.pretrained, method, budget, seed) for seed in seeds]
+            found = [train(args.out, args.pretrained, method, budget, seed, args.report_only) for seed in seeds]
+            runs = [run for run in found if run is not None]
+            if not runs:
+                continue
             tests = [run["test_acc"] for run in runs]
             spread = f" ({min(tests):.2f}-{max(tests):.2f})" if len(tests) > 1 else ""
             rows.append(
