@@ -10,6 +10,9 @@ and Chefer et al. relevance overlays for the predicted (or ``--target``) class a
 attention of block ``--layer`` (left out when that block's heads were all pruned; layers and heads
 count from 0), with a colour bar. The title gives the predicted class and its probability, and the
 true class for --test-images. Maps are read out as the model pools (class token or average).
+A model without a classifier (num_classes=0, e.g. timm's DINOv2) gets the rollout and per-head
+maps of its read-out, and no gradient maps: those explain a class (--method all leaves them out
+with a note; --method grad_rollout or chefer, and --target, are refused).
 
 Figure names keep the images' folders: each figure mirrors its image's path below the images'
 deepest common folder, with the suffix .png (images/a/img.jpg and images/b/img.jpg give
@@ -61,10 +64,22 @@ class Sample(NamedTuple):
     figure: Path
 
 
+#: How the figures' titles name each read-out (:attr:`vitkit.explain.AttentionCapture.pooling`).
+READ_OUTS = {"token": "the class token", "avg": "the patch tokens' mean", "distilled": "the class and distillation tokens"}
+
+
 def option_problems(args: argparse.Namespace, num_classes: int, depth: int) -> list[str]:
-    """What is wrong with ``--target``, ``--layer`` or ``--discard-ratio`` (empty when nothing)."""
+    """What is wrong with ``--method``, ``--target``, ``--layer`` or ``--discard-ratio`` (empty when nothing)."""
     problems = []
-    if args.target is not None and not 0 <= args.target < num_classes:
+    if num_classes == 0:
+        if args.method in GRADIENT_METHODS:
+            problems.append(
+                f"--method {args.method} explains a class and this model has no classifier (num_classes=0); "
+                "use --method rollout, heads or all"
+            )
+        if args.target is not None:
+            problems.append("--target names a class and this model has no classifier (num_classes=0)")
+    elif args.target is not None and not 0 <= args.target < num_classes:
         problems.append(f"--target {args.target} is not a class index of this model (0..{num_classes - 1})")
     if not -depth <= args.layer < depth:
         problems.append(f"--layer {args.layer} is out of range for {depth} blocks (0..{depth - 1}, or -1 for the last)")
@@ -78,6 +93,8 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
     methods = METHODS if args.method == "all" else (args.method,)
     if args.method == "all" and model.heads_per_layer()[args.layer] == 0:
         methods = tuple(m for m in methods if m != "heads")  # that block's heads were all pruned
+    if args.method == "all" and info.num_classes == 0:
+        methods = tuple(m for m in methods if m not in GRADIENT_METHODS)  # no class to explain
     images = torch.stack([sample.image for sample in batch])
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
         capture = capture_attention(
@@ -89,8 +106,11 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
     num_layers = len(capture.attentions)
     names = info.class_names
     for index, sample in enumerate(batch):
-        predicted = int(probabilities[index].argmax())
-        title = f"{sample.name}: predicted {names[predicted]} ({probabilities[index, predicted]:.1%})"
+        if info.num_classes == 0:
+            title = f"{sample.name}: no classifier, attention read out from {READ_OUTS[capture.pooling]}"
+        else:
+            predicted = int(probabilities[index].argmax())
+            title = f"{sample.name}: predicted {names[predicted]} ({probabilities[index, predicted]:.1%})"
         if sample.label is not None:
             title += f", true {names[sample.label]}"
         panels = []
@@ -147,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
     if clashes:
         raise UsageError(f"{'; '.join(clashes)}.")
     claim_output_dir(out, "attention_maps")
+    if args.method == "all" and info.num_classes == 0:
+        print(f"note: the model has no classifier (num_classes=0): no {' or '.join(GRADIENT_METHODS)} maps, which explain a class.")
     note = ConversionNote(info)
     failed: list[str] = []
     written = 0

@@ -6,6 +6,10 @@ head once and, when asked, one backward pass from the target logits to the atten
 per-head maps on the image's pixel grid, so the kinds can share one forward pass. ``explain`` does both in one call. Every map
 is read out as the model pools (class token or average of the patch tokens, see
 :func:`~vitkit.explain.rollout.read_out`).
+
+A model without a classifier (``num_classes=0``, a feature extractor such as timm's DINOv2) has
+rollout and per-head maps, which read its attention as it pools, but no gradient maps: those
+explain one class's logit, and a headless model has none (:class:`HeadlessModelError`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Literal, get_args
 import torch
 import torch.nn.functional as F
 
+from ..errors import VitkitError
 from ..models import VisionTransformer
 from .rollout import HeadFusion, Pooling, attention_rollout, chefer_relevance, grad_rollout, per_head_maps
 
@@ -26,13 +31,18 @@ GRADIENT_METHODS: tuple[str, ...] = ("grad_rollout", "chefer")
 Target = int | torch.Tensor | None
 
 
+class HeadlessModelError(VitkitError, ValueError):
+    """A class to explain was asked of a model without a classifier (``num_classes=0``)."""
+
+
 @dataclass
 class AttentionCapture:
     """What one forward (and backward) pass of a ViT yields for explanation.
 
     Attributes:
-        logits: ``[B, num_classes]`` float32.
-        targets: ``[B]`` class explained per image (given, or the predicted one).
+        logits: ``[B, num_classes]`` float32 (``[B, 0]`` for a model without a classifier).
+        targets: ``[B]`` class explained per image (given, or the predicted one); ``None`` for a
+            model without a classifier.
         attentions: one ``[B, H_l, N, N]`` detached tensor per block, in forward order.
         gradients: ∂(target logit)/∂attention per block, same shapes, or ``None``.
         grid: patch grid ``(gh, gw)`` with ``gh * gw = N - num_prefix_tokens``.
@@ -45,7 +55,7 @@ class AttentionCapture:
     """
 
     logits: torch.Tensor
-    targets: torch.Tensor
+    targets: torch.Tensor | None
     attentions: list[torch.Tensor]
     gradients: list[torch.Tensor] | None
     grid: tuple[int, int]
@@ -56,6 +66,8 @@ class AttentionCapture:
     @property
     def probabilities(self) -> torch.Tensor:
         """``[B]`` softmax probability of each image's target class."""
+        if self.targets is None:
+            raise HeadlessModelError("the model has no classifier (num_classes=0): its images have no class probability.")
         return self.logits.softmax(dim=-1).gather(1, self.targets[:, None]).squeeze(1)
 
 
@@ -84,7 +96,16 @@ def capture_attention(
         images: ``[B, C, H, W]`` normalised as for training.
         target: class to explain: ``None`` (each image's prediction), an int, or ``[B]`` indices.
         with_gradients: also compute ∂(target logit)/∂(attention of each block).
+
+    Raises:
+        HeadlessModelError: ``target`` or ``with_gradients`` for a model without a classifier.
     """
+    headless = model.config.num_classes == 0
+    if headless and (target is not None or with_gradients):
+        raise HeadlessModelError(
+            "the model has no classifier (num_classes=0), so there is no class to explain: the gradient methods "
+            f"({', '.join(GRADIENT_METHODS)}) and a target class need one; rollout and heads read its attention."
+        )
     parameter = next(model.parameters())
     images = images.to(device=parameter.device, dtype=parameter.dtype)
     grid = model.patch_embed.grid_size(images.shape[2], images.shape[3])
@@ -92,8 +113,10 @@ def capture_attention(
         if with_gradients:  # a leaf that requires grad keeps the graph without weight gradients
             images = images.detach().requires_grad_(True)
         run = model.forward_intermediates(images, output_fmt="NLC", return_attention=True)
-        logits, attentions = model.forward_head(run.features), run.attentions
-        targets = _resolve_targets(target, logits.detach())
+        attentions = run.attentions
+        # A headless model's forward_head gives its pooled features, not logits.
+        logits = run.features.new_zeros(len(images), 0) if headless else model.forward_head(run.features)
+        targets = None if headless else _resolve_targets(target, logits.detach())
         gradients = None
         if with_gradients:
             selected = logits.gather(1, targets[:, None]).sum()
@@ -172,7 +195,8 @@ def explain(
     """Attention maps of ``images`` at image resolution (see :func:`maps_from_capture`).
 
     Args:
-        model: a vitkit ``VisionTransformer`` in eval mode.
+        model: a vitkit ``VisionTransformer`` in eval mode; without a classifier, ``rollout``
+            and ``heads`` only.
         images: ``[B, C, H, W]``, any size the model accepts (non-square grids included).
         method: ``"rollout"``, ``"grad_rollout"`` or ``"chefer"`` (both for class ``target``) or ``"heads"``.
         target: the gradient methods' class: ``None`` = predicted, an int, or ``[B]`` indices.
