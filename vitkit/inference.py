@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ ImageInput = Image.Image | str | os.PathLike | torch.Tensor
 
 
 class PredictionError(VitkitError, ValueError):
-    """A model without preprocessing metadata, or an input that is not an image."""
+    """A model without a classifier or without preprocessing metadata, or an input that is not an image."""
 
 
 class Prediction(NamedTuple):
@@ -42,24 +42,36 @@ class Prediction(NamedTuple):
 def load_predictor(
     path: str | os.PathLike, tta: TestTimeAugmentation | None = None
 ) -> tuple[VisionTransformer, DataInfo, TestTimeAugmentation]:
-    """The model of a vitkit ``.safetensors`` model file or training ``.ckpt``, in eval mode, the
-    preprocessing its metadata records, and ``tta``, or (``None``) the test-time augmentation
-    the file records (:func:`~vitkit.evaluation.recorded_tta`).
+    """The model of a vitkit ``.safetensors`` model file or training ``.ckpt``, in eval mode, and
+    its :func:`prediction_settings`."""
+    model, extra = load_model_and_extra(path)
+    return (model.eval(), *prediction_settings(model, extra, str(path), tta))
+
+
+def prediction_settings(
+    model: VisionTransformer, extra: dict[str, Any], source: str, tta: TestTimeAugmentation | None = None
+) -> tuple[DataInfo, TestTimeAugmentation]:
+    """The preprocessing that a model's metadata ``extra`` records, and ``tta``, or (``None``)
+    the test-time augmentation it records (:func:`~vitkit.evaluation.recorded_tta`); ``source``
+    names the model in messages.
 
     Raises:
-        PredictionError: the file records no preprocessing (written by ``save_model`` without
-            ``extra=DataInfo.to_extra()``).
-        vitkit.evaluation.UnknownTTAError: with ``tta=None``, the file records an unknown one.
+        PredictionError: the model has no classifier.
+        vitkit.data.MetadataError: ``extra`` records no preprocessing (a file written by
+            ``save_model`` without it, of a model that carries none).
+        vitkit.evaluation.UnknownTTAError: with ``tta=None``, ``extra`` records an unknown one.
     """
-    model, extra = load_model_and_extra(path)
-    try:
-        info = DataInfo.from_extra(extra)
-    except KeyError as error:
+    refuse_headless(model, source)
+    return DataInfo.from_extra(extra), recorded_tta(extra, source) if tta is None else tta
+
+
+def refuse_headless(model: VisionTransformer, source: str) -> None:
+    """Raise :class:`PredictionError` for a model without a classifier (``num_classes=0``)."""
+    if model.config.num_classes == 0:
         raise PredictionError(
-            f"{path} records no preprocessing ({error.args[0]}); save models with "
-            "vitkit.save_model(model, path, extra=DataInfo(...).to_extra())."
-        ) from None
-    return model.eval(), info, recorded_tta(extra, str(path)) if tta is None else tta
+            f"{source} has no classifier (num_classes=0): it gives features, not classes; for its pooled "
+            "[B, D] features call the model itself, or fine-tune a classifier on it (docs/finetune.md)."
+        )
 
 
 def preprocessing_of(model: VisionTransformer) -> DataInfo:
@@ -139,12 +151,13 @@ def predict(
         One :class:`Prediction` per image, in order.
 
     Raises:
-        PredictionError: no preprocessing is known, or an input is not an image.
+        PredictionError: the model has no classifier, no preprocessing is known, or an input is not an image.
         vitkit.data.ImageReadError: a path cannot be read as an image.
     """
     if top_k < 1 or batch_size < 1:
         raise PredictionError(f"top_k and batch_size must be at least 1, got {top_k} and {batch_size}.")
     if isinstance(model_or_path, VisionTransformer):
+        refuse_headless(model_or_path, "the model")
         model, info = model_or_path, info or preprocessing_of(model_or_path)
         tta = tta or "none"
     else:

@@ -23,6 +23,7 @@ from .errors import VitkitError
 from .files import atomic_write
 from .layers.lora import LoraError, merge_lora_state_dict
 from .models.config import ViTConfig
+from .models.timm_interop import preprocessing_extra
 from .models.vision_transformer import VisionTransformer
 from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
 
@@ -52,14 +53,19 @@ class CheckpointError(VitkitError, ValueError):
 def save_model(model: VisionTransformer, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` to ``path`` (``.safetensors``): weights, its :class:`ViTConfig` (per-layer
     head counts included, so pruned models reload) and ``extra`` JSON metadata (for example the
-    input normalisation and class names), atomically. LoRA adapters are merged into the written
-    weights (``model`` keeps them), so the file loads as a plain model."""
+    input normalisation and class names), atomically. A model that carries timm's preprocessing
+    (``model.pretrained_cfg``, recorded by :func:`vitkit.from_timm`) has it written too (mean,
+    std, image size, channels, crop, interpolation, classes named by index); the keys of ``extra``
+    win. LoRA adapters are merged into the written weights (``model`` keeps them), so the file
+    loads as a plain model."""
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in merge_lora_state_dict(model.state_dict()).items()}
     config = model.config.replace(num_heads=model.heads_per_layer(), head_dim=model.config.resolved_head_dim())
+    cfg = getattr(model, "pretrained_cfg", None)
+    carried = preprocessing_extra(cfg, config.num_classes) if cfg else {}
     metadata = {
         FORMAT_KEY: FORMAT_VERSION,
         CONFIG_KEY: json.dumps(config.to_dict()),
-        EXTRA_KEY: json.dumps(extra or {}),
+        EXTRA_KEY: json.dumps({**carried, **(extra or {})}),
     }
     return atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
 

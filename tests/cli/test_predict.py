@@ -1,5 +1,5 @@
-"""vitkit.predict and ``vitkit predict`` on a model trained by vitkit.train, against preprocessing
-written out here with PIL and numpy."""
+"""vitkit.predict and ``vitkit predict`` on a model trained by vitkit.train and on timm weights
+(checked against timm's own model), against preprocessing written out here with PIL and numpy."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import timm
 import torch
 from PIL import Image
 from safetensors import safe_open
+from safetensors.torch import save_file
 from tiny_runs import SHORT, tiny_recipe
 
 import vitkit
 from vitkit.cli.predict import main as predict_main
 from vitkit.data import DataInfo, ImageReadError
+from vitkit.inference import PredictionError
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +153,69 @@ def test_predict_command_exit_statuses(trained: Path, tmp_path: Path, capsys: py
 def test_vitkit_lists_only_its_public_names() -> None:
     assert dir(vitkit) == sorted([*vitkit.__all__, "__version__"])
     assert all(getattr(vitkit, name) is not None for name in vitkit.__all__)
+
+
+def timm_classifier(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    """A 1-block timm ViT-S/16 at 32 px with 3 classes (augreg preprocessing: mean = std = 0.5,
+    crop 0.9, bicubic) and its state dict saved as safetensors."""
+    torch.manual_seed(0)
+    source = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, img_size=32, num_classes=3).eval()
+    weights = tmp_path / "vit_s.safetensors"
+    save_file({key: value.contiguous() for key, value in source.state_dict().items()}, weights)
+    return source, weights
+
+
+def test_predict_command_takes_timm_weights_with_timms_preprocessing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source, weights = timm_classifier(tmp_path)
+    pixels = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "cat.png")
+    with torch.no_grad():  # crop 1 at the model's size: no resampling, only (x / 255 - 0.5) / 0.5
+        expected = source(torch.from_numpy((pixels / 255.0 - 0.5) / 0.5).float().permute(2, 0, 1)[None]).softmax(-1)[0]
+    out = tmp_path / "p.csv"
+    argv = ["--model", "vit_small_patch16_224.augreg_in21k_ft_in1k", "--timm-weights", str(weights),
+            str(tmp_path / "cat.png"), "--crop-pct", "1", "--top-k", "3", "--csv", str(out)]
+    assert predict_main(argv) == 0
+    assert "mean (0.5, 0.5, 0.5)" in capsys.readouterr().out
+    with open(out, newline="") as handle:
+        (row,) = list(csv.reader(handle))[1:]
+    order = expected.argsort(descending=True).tolist()
+    assert row[1::2] == [f"class {i}" for i in order]
+    assert np.allclose([float(p) for p in row[2::2]], expected[order].numpy(), atol=1e-5)
+
+
+def test_save_model_of_a_timm_model_keeps_its_preprocessing_for_predict(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    source, _ = timm_classifier(tmp_path)
+    model = vitkit.from_timm(source)
+    path = vitkit.save_model(model, tmp_path / "vit_s_model.safetensors")
+    extra = vitkit.load_model_and_extra(path)[1]
+    assert (extra["mean"], extra["std"], extra["img_size"], extra["in_chans"]) == ([0.5] * 3, [0.5] * 3, [32, 32], 3)
+    assert (extra["crop_pct"], extra["crop_mode"], extra["interpolation"]) == (0.9, "center", "bicubic")
+    assert extra["class_names"] == ["class 0", "class 1", "class 2"]
+    image = Image.fromarray(np.random.default_rng(2).integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    image.save(tmp_path / "cat.png")
+    assert vitkit.predict(path, image, top_k=3) == vitkit.predict(model, image, top_k=3)
+    assert predict_main([str(path), str(tmp_path / "cat.png")]) == 0 and "cat.png: class" in capsys.readouterr().out
+    mine = vitkit.save_model(model, tmp_path / "mine.safetensors", extra={"mean": [0.1, 0.2, 0.3], "class_names": list("abc")})
+    extra = vitkit.load_model_and_extra(mine)[1]
+    assert (extra["mean"], extra["class_names"], extra["std"]) == ([0.1, 0.2, 0.3], ["a", "b", "c"], [0.5] * 3)
+
+
+def test_predict_refuses_a_model_without_a_classifier_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    dinov2 = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=28, num_classes=0)
+    weights = tmp_path / "dinov2.safetensors"
+    save_file({key: value.contiguous() for key, value in dinov2.state_dict().items()}, weights)
+    block_image(6).save(tmp_path / "cat.png")
+    with pytest.raises(PredictionError, match=r"no classifier \(num_classes=0\)"):
+        vitkit.predict(vitkit.from_timm(dinov2), tmp_path / "cat.png")
+    argv = ["--model", "vit_small_patch14_reg4_dinov2", "--timm-weights", str(weights), str(tmp_path / "cat.png")]
+    assert predict_main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: vit_small_patch14_reg4_dinov2 has no classifier (num_classes=0)")
+
+
+def test_predict_command_needs_images_after_the_model_file(trained: Path, capsys: pytest.CaptureFixture) -> None:
+    assert predict_main([str(trained)]) == 2
+    assert capsys.readouterr().err == f"error: no images given after the model file {trained}: " \
+        "vitkit predict MODEL_FILE IMAGE_OR_FOLDER...\n"

@@ -93,7 +93,13 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     for :func:`vitkit.cli.explain_io.load_model_from_arguments`."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="vitkit model file (.safetensors from training / save_model, or a .ckpt)")
-    source.add_argument(
+    timm_weights_arguments(parser, source)
+
+
+def timm_weights_arguments(parser: argparse.ArgumentParser, group: argparse._ActionsContainer | None = None) -> None:
+    """``--model NAME --timm-weights FILE [--mean ...] [--std ...] [--crop-pct P]`` (``--model``
+    in ``group`` when given)."""
+    (group or parser).add_argument(
         "--model",
         help="vitkit variant name (vitkit.list_models()), with --timm-weights; add timm's tag for the weights' own "
         "preprocessing (vit_small_patch16_224.dino)",
@@ -173,8 +179,12 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
 
 
 def predict(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="model file: .safetensors (training, save_model) or a training .ckpt")
-    parser.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files and/or folders")
+    parser.add_argument(
+        "inputs", nargs="+", metavar="[MODEL_FILE] IMAGE_OR_FOLDER",
+        help="the model file (.safetensors from training / save_model, or a training .ckpt), unless --model and "
+        "--timm-weights give the model; then image files and/or folders",
+    )
+    timm_weights_arguments(parser)
     parser.add_argument("--top-k", type=positive_int, default=5, help="classes per image")
     parser.add_argument("--csv", metavar="FILE", help="also write the predictions to this CSV file")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")

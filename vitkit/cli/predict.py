@@ -2,12 +2,15 @@
 
     vitkit predict runs/quickstart/latest/model.safetensors digit.png
     vitkit predict runs/shapes/model.safetensors images/ --top-k 3 --csv predictions.csv
+    vitkit predict --model vit_small_patch16_224.augreg_in21k_ft_in1k --timm-weights vit_s.safetensors cat.jpg
 
-Images are preprocessed as the model file records (size, channels, crop, mean/std). Folders are
+Images are preprocessed as the model file records (size, channels, crop, mean/std), or for timm
+weights as timm's pretrained_cfg of --model says (as vitkit maps does). Folders are
 read recursively (image suffixes only), in batches. Each line (and CSV row) gives the file, then
 the top-k classes, most probable first, with their probabilities. An unreadable file gets one
 error line naming it, and the rest are classified; the exit status then says that files were
-skipped.
+skipped. A model without a classifier (num_classes=0, e.g. timm's DINOv2) is refused: it gives
+features, not classes.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from tqdm import tqdm
 
 from vitkit.data import ImageReadError, load_image
 from vitkit.errors import UsageError
-from vitkit.inference import load_predictor, predict
+from vitkit.inference import predict, prediction_settings
 
 from .common import SKIPPED_INPUTS
-from .explain_io import ConversionNote, find_images
+from .explain_io import ConversionNote, find_images, load_model_from_arguments
 from .main import run_command
 
 
@@ -33,10 +36,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, info, tta = load_predictor(args.model, args.tta)
-    paths = find_images(args.images)
+    if args.model is None and args.timm_weights is None:  # the first input names the model file
+        args.checkpoint, *images = args.inputs
+        if not images:
+            raise UsageError(
+                f"no images given after the model file {args.checkpoint}: vitkit predict MODEL_FILE IMAGE_OR_FOLDER..."
+            )
+    else:
+        args.checkpoint, images = None, args.inputs
+    model, extra = load_model_from_arguments(args)
+    info, tta = prediction_settings(model, extra, args.checkpoint or args.model, args.tta)
+    paths = find_images(images)
     if not paths:
-        raise UsageError(f"no image files in {', '.join(args.images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")
+        raise UsageError(f"no image files in {', '.join(images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")
     note = ConversionNote(info)
     rows: list[list[str]] = []
     failed: list[str] = []

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from timm.data import DEFAULT_CROP_PCT
 from torch.utils.data import Dataset
 
 from ..errors import VitkitError
+from ..models.timm_interop import preprocessing_extra
 
 #: ImageNet statistics, the default for image folders.
 IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
@@ -95,7 +95,8 @@ class DataInfo:
             raise MetadataError(
                 f"the model's metadata lacks {', '.join(missing)}, which say how to prepare its input images; it "
                 "was saved without them (vitkit.save_model(model, path) without extra=). Save it again with "
-                "extra={**info.to_extra(), ...} from the DataInfo of its training data."
+                "extra={**info.to_extra(), ...} from the DataInfo of its training data (a model from "
+                "vitkit.from_timm keeps timm's own)."
             )
         height, width = extra["img_size"]
         return cls(
@@ -116,22 +117,10 @@ class DataInfo:
         cls, cfg: dict[str, Any], num_classes: int, class_names: tuple[str, ...] | None = None
     ) -> DataInfo:
         """The eval preprocessing that a timm ``pretrained_cfg`` (``model.pretrained_cfg`` or
-        ``timm.get_pretrained_cfg(name).to_dict()``) describes: ``input_size`` ``(C, H, W)``,
-        ``mean``, ``std``, ``crop_pct``, ``crop_mode``, ``interpolation``; classes named by index
-        unless ``class_names`` are given."""
-        in_chans, height, width = cfg["input_size"]
-        return cls(
-            num_classes=num_classes,
-            class_names=class_names or tuple(f"class {i}" for i in range(num_classes)),
-            img_size=(int(height), int(width)),
-            in_chans=int(in_chans),
-            mean=tuple(float(m) for m in cfg["mean"]),
-            std=tuple(float(s) for s in cfg["std"]),
-            name=str(cfg.get("architecture") or "timm"),
-            crop_pct=float(cfg.get("crop_pct") or DEFAULT_CROP_PCT),
-            crop_mode=str(cfg.get("crop_mode") or "center"),
-            interpolation=str(cfg.get("interpolation") or "bilinear"),
-        )
+        ``timm.get_pretrained_cfg(name).to_dict()``) describes
+        (:func:`~vitkit.models.timm_interop.preprocessing_extra`); classes named by index unless
+        ``class_names`` are given."""
+        return cls.from_extra(preprocessing_extra(cfg, num_classes, class_names))
 
 
 @dataclass
