@@ -97,7 +97,7 @@ def read_model_file(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any],
     except (SafetensorError, OSError, ValueError) as error:
         raise ModelFileError(
             f"{path} is not a readable safetensors file ({error}); vitkit model files are written by "
-            "vitkit.save_model (training checkpoints are exported with tools/train.py or save_model)."
+            "vitkit.save_model (a training run, vitkit train, writes model.safetensors beside its checkpoints)."
         ) from None
     return config, state, extra
 

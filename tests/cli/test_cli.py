@@ -1,4 +1,4 @@
-"""The ``vitkit`` command: installed by a non-editable ``pip install``, every subcommand's ``--help``
+"""The ``vitkit`` command: installed by a non-editable ``pip install`` with its recipes, every subcommand's ``--help``
 listing its options with their defaults before torch is imported, one exit-status rule."""
 
 from __future__ import annotations
@@ -58,6 +58,16 @@ def test_a_non_editable_install_gives_the_vitkit_command_with_every_subcommand(t
     helped = subprocess.run([command, "predict", "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                             env=clean_env())
     assert helped.returncode == 0 and "--top-k" in helped.stdout and "(default: 5)" in helped.stdout
+    listed = subprocess.run([command, "recipes"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env=clean_env())
+    assert listed.returncode == 0 and listed.stdout.startswith("fashion_mnist ") and "\nquickstart " in listed.stdout
+    assert str(packages) in listed.stdout  # the installed package data, not the checkout's recipes/
+    found = subprocess.run(  # no recipes/ folder here: the name, and a clone's path, find the installed recipe
+        [python, "-c", "from vitkit.train.config import load_recipe; "
+         "print(load_recipe('quickstart').data.name, load_recipe('recipes/quickstart.yaml').data.name)"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=clean_env(),
+    )
+    assert found.returncode == 0 and found.stdout.split() == ["digits", "digits"], found.stderr
 
 
 def test_help_of_every_subcommand_lists_each_option_with_its_default_and_debug() -> None:

@@ -176,7 +176,7 @@ def test_sigterm_saves_last_checkpoint_says_how_to_resume_and_exits_143(tmp_path
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, stderr[-2000:]
     assert "Traceback" not in stderr
-    command = re.search(r"Resume with: python tools/train\.py (\S+) --resume (\S+)", stderr)
+    command = re.search(r"Resume with: vitkit train (\S+) --resume (\S+)", stderr)
     assert command, stderr[-2000:]
     config, last = Path(command.group(1)), Path(command.group(2))
     assert config.name == "config.yaml" and config.is_file()

@@ -18,6 +18,7 @@ from .common import USAGE_ERROR, cli_errors
 #: ``vitkit <command>`` -> the module of ``vitkit.cli`` that runs it (``run(args) -> int``).
 MODULES = {
     "train": "train",
+    "recipes": "recipes",
     "evaluate": "evaluate",
     "predict": "predict",
     "maps": "attention_maps",

@@ -84,7 +84,7 @@ def parse(command: str, module: str, argv: list[str]) -> argparse.Namespace:
 
 
 def recipe_arguments(parser: argparse.ArgumentParser, overrides: str = "dotted key=value overrides") -> None:
-    parser.add_argument("recipe", help="recipe YAML file (recipes/*.yaml)")
+    parser.add_argument("recipe", help="recipe YAML file, or a shipped recipe's name (vitkit recipes lists them)")
     parser.add_argument("overrides", nargs="*", help=f"{overrides}, e.g. trainer.max_epochs=5")
 
 
@@ -316,6 +316,10 @@ def time_to_accuracy(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/time_to_accuracy", help="output folder")
 
 
+def recipes(parser: argparse.ArgumentParser) -> None:
+    """No options: ``vitkit recipes`` lists the shipped recipes."""
+
+
 def make_subset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="ImageNet-style folder: SRC/train/<class>/*, SRC/val/<class>/*")
     parser.add_argument("dst", help="new or empty output folder, outside SRC (and SRC not inside it)")
@@ -345,6 +349,7 @@ def benchmark(parser: argparse.ArgumentParser) -> None:
 #: ``vitkit.cli.<module>`` -> the function that adds its options.
 OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "train": train,
+    "recipes": recipes,
     "evaluate": evaluate,
     "predict": predict,
     "attention_maps": attention_maps,

@@ -1,8 +1,11 @@
 """Train a ViT from a recipe.
 
-    vitkit train recipes/quickstart.yaml
-    vitkit train recipes/vit_small.yaml trainer.max_epochs=5 model.num_heads=8 trainer.precision=bf16-mixed
-    vitkit train recipes/vit_small.yaml --resume runs/vit_small/<timestamp>/checkpoints/last.ckpt
+    vitkit train quickstart
+    vitkit train vit_small trainer.max_epochs=5 model.num_heads=8 trainer.precision=bf16-mixed
+    vitkit train my_recipe.yaml --resume runs/my_recipe/<timestamp>/checkpoints/last.ckpt
+
+A recipe is a YAML file or the name of one shipped with vitkit (vitkit recipes lists them; in a
+clone they are recipes/*.yaml, so recipes/quickstart.yaml names the same one).
 
 Writes runs/<recipe>/<timestamp>/ (config.yaml, metrics.csv, checkpoints/, curves.png,
 summary.json, model.safetensors) and prints the test accuracy, the time taken and what to run

@@ -52,7 +52,7 @@ _DECIMALS = 4
 _ASSETS = resources.files(__package__) / "explorer_assets"
 #: The Python and command-line spellings of the options that make a file smaller.
 _SIZE_HINT = (
-    "pass fewer images (--max-images in tools/explore.py), fewer layers (layers= / --layers, e.g. {example}) "
+    "pass fewer images (vitkit explore --max-images), fewer layers (layers= / --layers, e.g. {example}) "
     "or a higher limit (max_bytes= / --max-bytes {needed})"
 )
 

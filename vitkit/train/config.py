@@ -28,6 +28,7 @@ from ..layers import LoraConfig
 from ..models import ViTConfig, model_config
 from ..models.config import MAX_DEPTH
 from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_message
+from ..recipe_files import find_recipe, shipped_recipes
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
 from .finetune import check_freeze
 from .schema import RecipeError
@@ -459,7 +460,8 @@ def load_recipe(
     """Read and validate a recipe before any work starts.
 
     Args:
-        recipe: a YAML file, an equivalent dict, or a :class:`RecipeConfig`.
+        recipe: a YAML file, the name of a shipped recipe (``"quickstart"``,
+            :func:`~vitkit.recipe_files.find_recipe`), an equivalent dict, or a :class:`RecipeConfig`.
         overrides: dotted ``key=value`` strings applied on top (``trainer.max_epochs=5``).
 
     Raises:
@@ -471,7 +473,7 @@ def load_recipe(
     if isinstance(recipe, dict):
         source, values = "the recipe dict", recipe
     else:
-        path = Path(recipe)
+        path = find_recipe(recipe)
         source = str(path)
         values = _read_yaml(path)
         values.setdefault("name", path.stem)
@@ -498,8 +500,12 @@ def load_recipe(
 def _read_yaml(path: Path) -> dict[str, Any]:
     """The recipe file's mapping; refuses a missing, unreadable, empty, non-YAML or absurdly large file."""
     if not path.is_file():
+        names = shipped_recipes()
+        close = difflib.get_close_matches(path.stem, names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise RecipeError(
-            f"recipe file {path} does not exist; recipes live in recipes/*.yaml (e.g. recipes/quickstart.yaml)."
+            f"recipe file {path} does not exist; give a YAML file or a shipped recipe's name ({', '.join(names)}; "
+            f"vitkit recipes describes them).{hint}"
         )
     try:
         values = load_yaml(path.read_text(encoding="utf-8"), source=f"recipe file {path}", error=RecipeError)
@@ -511,7 +517,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if values is None:
         raise RecipeError(
             f"recipe file {path} is empty; give at least the sections to change (e.g. 'trainer: {{max_epochs: 5}}'), "
-            "or start from recipes/quickstart.yaml."
+            "or start from a shipped recipe (vitkit recipes lists them)."
         )
     if not isinstance(values, dict):
         raise RecipeError(f"recipe file {path} must hold a mapping of sections (model, data, optim, trainer, output).")

@@ -177,7 +177,7 @@ def _fit(
             saved = f"{last.path} holds step {trainer.global_step}" if Path(last.path).is_file() else "no checkpoint"
             raise RunStoppedError(
                 f"stopped by SIGTERM at step {trainer.global_step} (epoch {trainer.current_epoch}); {saved}. "
-                f"Resume with: python tools/train.py {run_dir / CONFIG_FILE} --resume {last.path}"
+                f"Resume with: vitkit train {run_dir / CONFIG_FILE} --resume {last.path}"
             ) from None
 
     model = module.export_model()
