@@ -178,6 +178,11 @@ def test_predict_csv_cells_cannot_be_spreadsheet_formulas(
         assert list(csv.reader(handle))[1][0] == "'=HYPERLINK(1).png"
 
 
+def test_predict_exits_2_when_no_image_could_be_read(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert predict_main([str(trained), str(tmp_path / "missing.png")]) == 2
+    assert "missing.png" in capsys.readouterr().err
+
+
 def test_vitkit_lists_only_its_public_names() -> None:
     assert dir(vitkit) == sorted([*vitkit.__all__, "__version__"])
     assert all(getattr(vitkit, name) is not None for name in vitkit.__all__)
