@@ -15,7 +15,7 @@ from torch import nn
 import vitkit
 import vitkit.models.vision_transformer as vit_module
 from vitkit import VisionTransformer, ViTConfig, create_model, list_models, load_model, save_model
-from vitkit.io import read_model_file
+from vitkit.io import FORMAT_KEY, FORMAT_VERSION, read_model_file, read_weights_file
 from vitkit.layers import DropPath, sincos_2d_pos_embed
 from vitkit.models import count_parameters, vit_flops
 
@@ -370,6 +370,29 @@ def test_load_model_on_a_foreign_safetensors_file_asks_for_save_model(tmp_path: 
     save_file({"weight": torch.zeros(2)}, str(path))
     with pytest.raises(ValueError, match="no vitkit config.*vitkit.save_model"):
         load_model(path)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_weights_with_nan_or_inf_are_refused_naming_the_first_bad_tensor(tmp_path: Path, value: float) -> None:
+    model = tiny()
+    with torch.no_grad():
+        model.blocks[1].mlp.fc2.bias[3] = value
+    save_model(model, tmp_path / "m.safetensors")
+    with pytest.raises(vitkit.VitkitError, match=r"m.safetensors: tensor 'blocks.1.mlp.fc2.bias' holds 1 "):
+        load_model(tmp_path / "m.safetensors")
+    state = model.state_dict()
+    save_file(state, str(tmp_path / "timm.safetensors"))
+    torch.save(state, tmp_path / "timm.pth")
+    for name in ("timm.safetensors", "timm.pth"):  # timm weights, either format
+        with pytest.raises(vitkit.VitkitError, match=rf"{name}: tensor 'blocks.1.mlp.fc2.bias' holds 1 "):
+            read_weights_file(tmp_path / name)
+    checkpoint = {  # the layout a training run's Lightning checkpoint has
+        "hyper_parameters": {"vit_config": model.config.to_dict(), FORMAT_KEY: FORMAT_VERSION, "extra": {}},
+        "state_dict": {f"model.{key}": value for key, value in state.items()},
+    }
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    with pytest.raises(vitkit.VitkitError, match=r"last.ckpt: tensor 'blocks.1.mlp.fc2.bias' holds 1 "):
+        load_model(tmp_path / "last.ckpt")
 
 
 # ------------------------------------------------------------------------- registry, config
