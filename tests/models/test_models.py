@@ -15,7 +15,7 @@ from torch import nn
 import vitkit
 import vitkit.models.vision_transformer as vit_module
 from vitkit import VisionTransformer, ViTConfig, create_model, list_models, load_model, save_model
-from vitkit.io import FORMAT_KEY, FORMAT_VERSION, read_model_file, read_weights_file
+from vitkit.io import FORMAT_KEY, FORMAT_VERSION, check_finite, read_model_file, read_weights_file
 from vitkit.layers import DropPath, sincos_2d_pos_embed
 from vitkit.models import count_parameters, vit_flops
 
@@ -393,6 +393,7 @@ def test_weights_with_nan_or_inf_are_refused_naming_the_first_bad_tensor(tmp_pat
     torch.save(checkpoint, tmp_path / "last.ckpt")
     with pytest.raises(vitkit.VitkitError, match=r"last.ckpt: tensor 'blocks.1.mlp.fc2.bias' holds 1 "):
         load_model(tmp_path / "last.ckpt")
+    check_finite({"w": torch.full((2,), 3e38)}, "finite values whose sum overflows", ValueError)
 
 
 # ------------------------------------------------------------------------- registry, config
