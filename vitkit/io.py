@@ -193,7 +193,7 @@ _EXTRA_BOUNDS: dict[str, dict[str, float]] = {
 
 def check_extra(extra: Any, config: ViTConfig, source: str, error: type[ConfigError]) -> dict[str, Any]:
     """``extra`` metadata checked against :data:`EXTRA_FIELDS` and the model's ``config`` (one class
-    name per class, one mean/std per channel, the model's channels). Returns a new dict with the
+    name per class, one mean/std per channel, the model's channels, an image size it takes). Returns a new dict with the
     same keys, values coerced (lists for tuples).
 
     Raises:
@@ -214,9 +214,27 @@ def check_extra(extra: Any, config: ViTConfig, source: str, error: type[ConfigEr
             values = checked[key]
             if values is not None and len(values) != config.in_chans:
                 raise FieldError(key, f"has {len(values)} values for the model's {config.in_chans} channel(s).")
+        _check_img_size(checked["img_size"], config)
     except FieldError as problem:
         raise error(f"{problem.key} in {source} {problem.problem}") from None
     return {key: list(value) if isinstance(value, tuple) else value for key, value in checked.items() if key in extra}
+
+
+def _check_img_size(size: tuple[int, int] | None, config: ViTConfig) -> None:
+    """The image size a file records (what its images are resized to) must be one the model takes:
+    its own without ``dynamic_img_size``, else whole patches within the token limit.
+
+    Raises:
+        FieldError: it is not.
+    """
+    if size is None:
+        return
+    if not config.dynamic_img_size and tuple(size) != config.img_size:
+        raise FieldError("img_size", f"is {list(size)}, but the model takes {list(config.img_size)} images only.")
+    try:
+        config.replace(img_size=tuple(size))
+    except ValueError as problem:
+        raise FieldError("img_size", f"is {list(size)}, which the model cannot take: {problem}") from None
 
 
 def shape_mismatches(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> str:

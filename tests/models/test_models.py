@@ -396,6 +396,28 @@ def test_weights_with_nan_or_inf_are_refused_naming_the_first_bad_tensor(tmp_pat
     check_finite({"w": torch.full((2,), 3e38)}, "finite values whose sum overflows", ValueError)
 
 
+@pytest.mark.parametrize(
+    ("options", "size", "words"),
+    [
+        ({}, 64, r"img_size .* is \[64, 64\], but the model takes \[16, 16\] images only"),
+        ({"rope": "axial", "dynamic_img_size": True}, 17, "not divisible by patch_size 4"),
+        ({"rope": "axial", "dynamic_img_size": True}, 1, "not divisible by patch_size 4"),
+        ({"rope": "axial", "dynamic_img_size": True, "patch_size": 4}, 3000, "more than the limit"),
+    ],
+)
+def test_a_recorded_image_size_the_model_cannot_take_is_refused_on_load(
+    tmp_path: Path, options: dict[str, Any], size: int, words: str
+) -> None:
+    save_model(tiny(**options), tmp_path / "m.safetensors", extra={"img_size": [size, size]})
+    with pytest.raises(vitkit.VitkitError, match=words):
+        load_model(tmp_path / "m.safetensors")
+
+
+def test_a_dynamic_size_model_may_record_another_whole_patch_size(tmp_path: Path) -> None:
+    save_model(tiny(rope="axial", dynamic_img_size=True), tmp_path / "m.safetensors", extra={"img_size": [24, 20]})
+    assert vitkit.io.load_model_and_extra(tmp_path / "m.safetensors")[1]["img_size"] == [24, 20]
+
+
 # ------------------------------------------------------------------------- registry, config
 def test_registry_lists_every_variant_and_applies_overrides() -> None:
     assert set(list_models()) >= {
