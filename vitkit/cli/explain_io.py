@@ -106,8 +106,6 @@ def load_explained_model(
         info = DataInfo.from_pretrained_cfg({**timm_cfg, **overrides}, config.num_classes)
     except ValueError as error:
         raise UsageError(f"--mean/--std/--crop-pct: {error}") from None
-    if not 0 < info.crop_pct <= 1:
-        raise UsageError(f"--crop-pct must lie in (0, 1], got {info.crop_pct}.")
     return model, {**info.to_extra(), "preprocessing": source}
 
 
