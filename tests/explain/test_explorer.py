@@ -196,6 +196,14 @@ def test_the_page_is_self_contained_and_shows_in_a_notebook_iframe() -> None:
     assert srcdoc is not None and html.unescape(srcdoc.group(1)) == page
 
 
+def test_a_title_holding_a_placeholder_stays_the_title() -> None:
+    title = "run __VITKIT_DATA__ /*VITKIT_JS*/"
+    page = explorer_html(avg_model(), torch.randn(1, 3, 32, 32), title=title)
+    assert re.search(r"<title>(.*?)</title>", page).group(1) == title
+    assert re.search(r"<h1>(.*?)</h1>", page).group(1) == title
+    assert page.count('"images":') == 1 and page.count("<script>") == 1  # one payload, one copy of the code
+
+
 def test_a_script_end_tag_in_a_class_name_cannot_close_the_payload() -> None:
     model = avg_model()
     info = shapes_info(32)
