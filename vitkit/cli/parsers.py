@@ -22,6 +22,7 @@ EXIT_STATUS_HELP = """exit status (every command):
        --debug adds the traceback)
   3    done, but some inputs were skipped (each named on an 'error:' line)
   143  stopped by SIGTERM (a training run saves last.ckpt and says how to resume)
+  130  stopped by Ctrl-C (as SIGTERM)
   1    a bug in vitkit (a traceback)"""
 
 #: Written out from the library (they live beside torch code): explain's map methods and rollout
