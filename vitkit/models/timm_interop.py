@@ -345,7 +345,7 @@ def _named_timm_hyper_parameters(name: str) -> dict[str, Any]:
     model ``name`` built on the meta device (no memory, no init), which must convert."""
     with torch.device("meta"):
         source = timm.create_model(name, pretrained=False)
-    _config_from_timm_model(source)  # refuses a model vitkit lacks a feature of
+    refuse_unsupported(source)  # a family vitkit lacks a feature of (BEiT) is one line, not an AttributeError
     block = source.blocks[0]
     return dict(num_heads=block.attn.num_heads, act_layer=_activation_name(block.mlp.act), norm_eps=block.norm1.eps)
 
