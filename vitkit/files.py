@@ -14,9 +14,17 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None], replace: bool = True) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then rename it
-    over ``path``: a crash leaves either the old file or the new one, never a truncated one."""
+    over ``path``: a crash leaves either the old file or the new one, never a truncated one. A
+    symlink at ``path`` is replaced itself; its target is never written.
+
+    With ``replace=False`` the file is linked into place instead, which fails if anything (a file,
+    a symlink, even a dangling one) appeared at ``path`` meanwhile: no check-then-write window.
+
+    Raises:
+        FileExistsError: ``replace`` is false and ``path`` exists.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -31,7 +39,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual mode
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # EEXIST, atomically, when something is there
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

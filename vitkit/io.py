@@ -4,7 +4,8 @@ unpickling code and without Lightning.
 :func:`load_model` is the one loader: it reads a ``.safetensors`` file written by :func:`save_model`
 or a Lightning ``.ckpt`` written by a training run (``torch.load(weights_only=True)``: tensors and
 plain containers only), through one validation path (:func:`check_extra`,
-:func:`check_tensor_shapes`) before any weight is copied.
+:func:`check_tensor_shapes`) before any weight is copied; weights with NaN or infinity are refused
+(:func:`check_finite`), as are those of :func:`read_weights_file`.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ _EXTRA_BOUNDS: dict[str, dict[str, float]] = {
 
 def check_extra(extra: Any, config: ViTConfig, source: str, error: type[ConfigError]) -> dict[str, Any]:
     """``extra`` metadata checked against :data:`EXTRA_FIELDS` and the model's ``config`` (one class
-    name per class, one mean/std per channel, the model's channels). Returns a new dict with the
+    name per class, one mean/std per channel, the model's channels, an image size it takes). Returns a new dict with the
     same keys, values coerced (lists for tuples).
 
     Raises:
@@ -219,9 +220,27 @@ def check_extra(extra: Any, config: ViTConfig, source: str, error: type[ConfigEr
             values = checked[key]
             if values is not None and len(values) != config.in_chans:
                 raise FieldError(key, f"has {len(values)} values for the model's {config.in_chans} channel(s).")
+        _check_img_size(checked["img_size"], config)
     except FieldError as problem:
         raise error(f"{problem.key} in {source} {problem.problem}") from None
     return {key: list(value) if isinstance(value, tuple) else value for key, value in checked.items() if key in extra}
+
+
+def _check_img_size(size: tuple[int, int] | None, config: ViTConfig) -> None:
+    """The image size a file records (what its images are resized to) must be one the model takes:
+    its own without ``dynamic_img_size``, else whole patches within the token limit.
+
+    Raises:
+        FieldError: it is not.
+    """
+    if size is None:
+        return
+    if not config.dynamic_img_size and tuple(size) != config.img_size:
+        raise FieldError("img_size", f"is {list(size)}, but the model takes {list(config.img_size)} images only.")
+    try:
+        config.replace(img_size=tuple(size))
+    except ValueError as problem:
+        raise FieldError("img_size", f"is {list(size)}, which the model cannot take: {problem}") from None
 
 
 def shape_mismatches(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> str:
@@ -299,10 +318,33 @@ def read_model(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, torch.Tens
     """
     path = Path(path)
     if path.suffix == ".safetensors":
-        return read_model_file(path)
-    if path.suffix == ".ckpt":
-        return read_training_checkpoint(path)
-    raise CheckpointError(f"{path}: expected a .safetensors model file or a training .ckpt checkpoint.")
+        config, state, extra = read_model_file(path)
+        check_finite(state, f"model file {path}", ModelFileError)
+    elif path.suffix == ".ckpt":
+        config, state, extra = read_training_checkpoint(path)
+        check_finite(state, f"checkpoint {path}", CheckpointError)
+    else:
+        raise CheckpointError(f"{path}: expected a .safetensors model file or a training .ckpt checkpoint.")
+    return config, state, extra
+
+
+def check_finite(state: dict[str, torch.Tensor], source: str, error: type[VitkitError]) -> None:
+    """Refuse weights holding NaN or infinity (a diverged run, a damaged file): every output of the
+    model would be NaN. Every weights file vitkit reads passes here.
+
+    Raises:
+        ``error``: naming ``source`` and the first tensor that holds a non-finite value.
+    """
+    for name, tensor in state.items():
+        if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum(dtype=torch.float32))):
+            continue  # a sum screens several times faster than isfinite; an overflowing one is checked exactly
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            kind = "NaN" if bool(torch.isnan(tensor).any()) else "infinite"
+            raise error(
+                f"{source}: tensor {name!r} holds {bad} {kind} value(s) of {tensor.numel()}; the weights are "
+                "damaged (a diverged training run?), use another file or checkpoint."
+            )
 
 
 def load_model_and_extra(path: str | os.PathLike, **overrides: Any) -> tuple[VisionTransformer, dict[str, Any]]:
@@ -366,9 +408,11 @@ def read_weights_file(
     if path.suffix == ".safetensors":
         try:
             with safe_open(str(path), framework="pt") as handle:
-                return {key: handle.get_tensor(key) for key in handle.keys()}
+                state = {key: handle.get_tensor(key) for key in handle.keys()}
         except (SafetensorError, OSError, ValueError) as problem:
             raise error(f"{what}: {path} is not a readable safetensors file ({_first_line(problem)}).") from None
+        check_finite(state, f"{what} {path}", error)
+        return state
     try:
         state = load_checkpoint(path)
     except VitkitError as problem:
@@ -379,6 +423,7 @@ def read_weights_file(
         isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in state.items()
     ):
         raise error(f"{what}: {path} holds no state dict (a mapping of parameter names to tensors).")
+    check_finite(state, f"{what} {path}", error)
     return state
 
 

@@ -12,6 +12,11 @@ knows a folder is its own:
 - :func:`hold` takes an exclusive ``flock`` on the marker for as long as a run uses its folder, so
   two resumes of one run (or a resume of a run still training) cannot share it. The kernel releases
   the lock when the process ends, however it ends, so a killed run leaves no stale lock.
+
+A command's single output file (``explore --out page.html``, ``predict --csv out.csv``) has no
+folder of its own to mark: :func:`check_output_file` refuses one that exists (a symlink too, even
+a dangling one) unless ``--force``, and one that is an input of the command even then;
+:func:`write_output_file` writes it atomically without replacing anything that appeared meanwhile.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from .errors import VitkitError
+from .files import atomic_write
 
 MARKER = ".vitkit"
 
@@ -42,7 +48,7 @@ RESULT_FILES = (
 
 
 class OutputDirError(VitkitError):
-    """A folder vitkit would write into holds results it must not overwrite, or is in use."""
+    """A folder or file vitkit would write holds results it must not overwrite, or is in use."""
 
 
 def written_by(folder: str | os.PathLike) -> str | None:
@@ -108,6 +114,50 @@ def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterab
         OutputDirError: as :func:`check_output_dir`.
     """
     return mark(check_output_dir(folder, tool, extra_results), tool)
+
+
+def check_output_file(
+    path: str | os.PathLike, flag: str, force: bool = False, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """``path``, if a command may write its one output file there (nothing is created): checked
+    before the command's work, so a refusal costs nothing.
+
+    Args:
+        path: the file to write.
+        flag: the option that named it (``--out``, ``--csv``), for the message.
+        force: an existing file (or symlink, which is replaced itself, never its target) may be replaced.
+        inputs: files the command reads (model, weights, images): never replaced, ``force`` or not.
+
+    Raises:
+        OutputDirError: ``path`` is a folder, one of ``inputs`` (or a link to one), or exists and
+            ``force`` is false.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputDirError(f"{flag} {path} is a folder; give the file to write inside it.")
+    real = path.resolve()
+    if any(real == Path(source).resolve() for source in inputs):
+        raise OutputDirError(f"{flag} {path} is one of this command's inputs; choose another file.")
+    if not force and (path.exists() or path.is_symlink()):
+        raise OutputDirError(f"{flag} {path} already exists; add --force to replace it, or choose another file.")
+    return path
+
+
+def write_output_file(path: str | os.PathLike, flag: str, write: Callable[[str], None], force: bool = False) -> Path:
+    """:func:`~vitkit.files.atomic_write` of a file checked by :func:`check_output_file`: a full
+    disk leaves the previous file whole; without ``force``, a file that appeared since the check
+    (a second command writing the same file) is not replaced.
+
+    Raises:
+        OutputDirError: ``force`` is false and ``path`` exists now.
+    """
+    try:
+        return atomic_write(path, write, replace=force)
+    except FileExistsError:
+        raise OutputDirError(
+            f"{flag} {path} was created by another process while this command ran; it was kept. "
+            "Add --force to replace it, or choose another file."
+        ) from None
 
 
 @contextlib.contextmanager

@@ -150,6 +150,42 @@ def test_predict_command_exit_statuses(trained: Path, tmp_path: Path, capsys: py
         vitkit.predict(trained, tmp_path / "missing.png")
 
 
+def test_predict_csv_never_replaces_another_file_a_symlinks_target_or_its_inputs(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    image = tmp_path / "ok.png"
+    block_image(6).save(image)
+    image_bytes, model_bytes = image.read_bytes(), trained.read_bytes()
+    other = tmp_path / "notes.txt"
+    other.write_text("keep me")
+    link = tmp_path / "link.csv"
+    link.symlink_to(other)
+    for out in (other, link, trained, image):
+        assert predict_main([str(trained), str(image), "--csv", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: --csv {out} ")
+    for out in (trained, image):  # inputs, even with --force
+        assert predict_main([str(trained), str(image), "--csv", str(out), "--force"]) == 2
+    assert (other.read_text(), image.read_bytes(), trained.read_bytes()) == ("keep me", image_bytes, model_bytes)
+    assert predict_main([str(trained), str(image), "--csv", str(link), "--force"]) == 0
+    assert not link.is_symlink() and link.read_text().startswith("path,") and other.read_text() == "keep me"
+
+
+def test_predict_csv_cells_cannot_be_spreadsheet_formulas(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    block_image(7).save("=HYPERLINK(1).png")
+    assert predict_main([str(trained), "=HYPERLINK(1).png", "--csv", "predictions.csv"]) == 0
+    with open("predictions.csv", newline="") as handle:
+        assert list(csv.reader(handle))[1][0] == "'=HYPERLINK(1).png"
+
+
+def test_predict_exits_2_when_no_image_could_be_read(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert predict_main([str(trained), str(tmp_path / "missing.png")]) == 2
+    assert "missing.png" in capsys.readouterr().err
+
+
 def test_vitkit_lists_only_its_public_names() -> None:
     assert dir(vitkit) == sorted([*vitkit.__all__, "__version__"])
     assert all(getattr(vitkit, name) is not None for name in vitkit.__all__)

@@ -196,6 +196,14 @@ def test_the_page_is_self_contained_and_shows_in_a_notebook_iframe() -> None:
     assert srcdoc is not None and html.unescape(srcdoc.group(1)) == page
 
 
+def test_a_title_holding_a_placeholder_stays_the_title() -> None:
+    title = "run __VITKIT_DATA__ /*VITKIT_JS*/"
+    page = explorer_html(avg_model(), torch.randn(1, 3, 32, 32), title=title)
+    assert re.search(r"<title>(.*?)</title>", page).group(1) == title
+    assert re.search(r"<h1>(.*?)</h1>", page).group(1) == title
+    assert page.count('"images":') == 1 and page.count("<script>") == 1  # one payload, one copy of the code
+
+
 def test_a_script_end_tag_in_a_class_name_cannot_close_the_payload() -> None:
     model = avg_model()
     info = shapes_info(32)
@@ -261,7 +269,29 @@ def test_explore_reads_image_files_and_names_unreadable_ones(
     captured = capsys.readouterr()
     assert "broken.png" in captured.err and "resized" in captured.out
     code = load_tool("explore").main(["--checkpoint", str(checkpoint), str(folder), "--out", str(folder / "a.png")])
-    assert code == 2 and "would overwrite that input image" in capsys.readouterr().err
+    assert code == 2 and "is one of this command's inputs" in capsys.readouterr().err
+
+
+def test_explore_never_replaces_another_file_a_symlinks_target_or_its_input(
+    load_tool: Callable[[str], ModuleType], checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    explore = load_tool("explore").main
+    argv = ["--checkpoint", str(checkpoint), "--test-images", "1", "--out"]
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(b"another run's model")
+    link = tmp_path / "page.html"
+    link.symlink_to(other)
+    checkpoint_bytes = checkpoint.read_bytes()
+    for out in (other, link, checkpoint):
+        assert explore([*argv, str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: --out {out} ") and ("--force" in err[0] or "inputs" in err[0])
+    assert other.read_bytes() == b"another run's model" and checkpoint.read_bytes() == checkpoint_bytes
+    assert explore([*argv, str(checkpoint), "--force"]) == 2  # an input, even with --force
+    assert checkpoint.read_bytes() == checkpoint_bytes
+    assert explore([*argv, str(link), "--force"]) == 0  # the link itself is replaced, not its target
+    assert not link.is_symlink() and "<html" in link.read_text() and other.read_bytes() == b"another run's model"
+    assert explore([*argv, str(link)]) == 2  # a second explore to one --out is refused too
 
 
 # ---- the page in headless Chromium ----

@@ -15,7 +15,7 @@ from torch import nn
 import vitkit
 import vitkit.models.vision_transformer as vit_module
 from vitkit import VisionTransformer, ViTConfig, create_model, list_models, load_model, save_model
-from vitkit.io import read_model_file
+from vitkit.io import FORMAT_KEY, FORMAT_VERSION, check_finite, read_model_file, read_weights_file
 from vitkit.layers import DropPath, sincos_2d_pos_embed
 from vitkit.models import count_parameters, vit_flops
 
@@ -370,6 +370,52 @@ def test_load_model_on_a_foreign_safetensors_file_asks_for_save_model(tmp_path: 
     save_file({"weight": torch.zeros(2)}, str(path))
     with pytest.raises(ValueError, match="no vitkit config.*vitkit.save_model"):
         load_model(path)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_weights_with_nan_or_inf_are_refused_naming_the_first_bad_tensor(tmp_path: Path, value: float) -> None:
+    model = tiny()
+    with torch.no_grad():
+        model.blocks[1].mlp.fc2.bias[3] = value
+    save_model(model, tmp_path / "m.safetensors")
+    with pytest.raises(vitkit.VitkitError, match=r"m.safetensors: tensor 'blocks.1.mlp.fc2.bias' holds 1 "):
+        load_model(tmp_path / "m.safetensors")
+    state = model.state_dict()
+    save_file(state, str(tmp_path / "timm.safetensors"))
+    torch.save(state, tmp_path / "timm.pth")
+    for name in ("timm.safetensors", "timm.pth"):  # timm weights, either format
+        with pytest.raises(vitkit.VitkitError, match=rf"{name}: tensor 'blocks.1.mlp.fc2.bias' holds 1 "):
+            read_weights_file(tmp_path / name)
+    checkpoint = {  # the layout a training run's Lightning checkpoint has
+        "hyper_parameters": {"vit_config": model.config.to_dict(), FORMAT_KEY: FORMAT_VERSION, "extra": {}},
+        "state_dict": {f"model.{key}": value for key, value in state.items()},
+    }
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    with pytest.raises(vitkit.VitkitError, match=r"last.ckpt: tensor 'blocks.1.mlp.fc2.bias' holds 1 "):
+        load_model(tmp_path / "last.ckpt")
+    check_finite({"w": torch.full((2,), 3e38)}, "finite values whose sum overflows", ValueError)
+
+
+@pytest.mark.parametrize(
+    ("options", "size", "words"),
+    [
+        ({}, 64, r"img_size .* is \[64, 64\], but the model takes \[16, 16\] images only"),
+        ({"rope": "axial", "dynamic_img_size": True}, 17, "not divisible by patch_size 4"),
+        ({"rope": "axial", "dynamic_img_size": True}, 1, "not divisible by patch_size 4"),
+        ({"rope": "axial", "dynamic_img_size": True, "patch_size": 4}, 3000, "more than the limit"),
+    ],
+)
+def test_a_recorded_image_size_the_model_cannot_take_is_refused_on_load(
+    tmp_path: Path, options: dict[str, Any], size: int, words: str
+) -> None:
+    save_model(tiny(**options), tmp_path / "m.safetensors", extra={"img_size": [size, size]})
+    with pytest.raises(vitkit.VitkitError, match=words):
+        load_model(tmp_path / "m.safetensors")
+
+
+def test_a_dynamic_size_model_may_record_another_whole_patch_size(tmp_path: Path) -> None:
+    save_model(tiny(rope="axial", dynamic_img_size=True), tmp_path / "m.safetensors", extra={"img_size": [24, 20]})
+    assert vitkit.io.load_model_and_extra(tmp_path / "m.safetensors")[1]["img_size"] == [24, 20]
 
 
 # ------------------------------------------------------------------------- registry, config

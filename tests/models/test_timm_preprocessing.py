@@ -92,6 +92,38 @@ def test_mean_std_and_crop_flags_override_and_the_note_says_so(
     assert "error: --mean/--std/--crop-pct" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ({"std": (0.0, 0.5, 0.5)}, "std must be positive finite"),
+        ({"std": (-0.5, -0.5, -0.5)}, "std must be positive finite"),
+        ({"std": (float("nan"),) * 3}, "std must be positive finite"),
+        ({"mean": (float("inf"), 0.5, 0.5)}, "mean must be finite"),
+        ({"crop_pct": 0.0}, r"crop_pct must lie in \(0, 1\], got 0.0"),  # not replaced by timm's default
+    ],
+)
+def test_preprocessing_values_that_would_give_nan_images_are_refused(
+    small_weights: Path, override: dict, words: str
+) -> None:
+    with pytest.raises(vitkit.VitkitError, match=f"--mean/--std/--crop-pct: {words}"):
+        load_explained_model(model_name="vit_small_patch16_224", timm_weights=small_weights, **override)
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("vit_small_patch16_224.nosuchtag", "timm has no tag 'nosuchtag' for vit_small_patch16_224; its tags are augreg"),
+        ("vit_small_patch16_224.", "timm has no tag '' for vit_small_patch16_224"),
+        ("beit_base_patch16_224", "relative position bias"),
+    ],
+)
+def test_a_timm_name_with_an_unknown_tag_or_an_unsupported_family_is_one_error(
+    small_weights: Path, name: str, words: str
+) -> None:
+    with pytest.raises(vitkit.VitkitError, match=words):
+        load_explained_model(model_name=name, timm_weights=small_weights)
+
+
 def test_eval_transform_follows_crop_mode_and_interpolation() -> None:
     base = DataInfo(1, ("a",), (4, 4), 1, (0.0,), (1.0,), "test")  # Normalize is x / 255
     stripes = np.zeros((4, 8, 1), dtype=np.uint8)

@@ -162,7 +162,10 @@ def test_unusable_resume_file_gets_a_message(finished: RunResult, tmp_path: Path
 # --- 4. SIGTERM is not success ----------------------------------------------------------------
 
 
-def test_sigterm_saves_last_checkpoint_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "status", "words"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+def test_sigterm_or_ctrl_c_saves_last_checkpoint_says_how_to_resume_and_exits_128_plus_the_signal(
+    tmp_path: Path, stop: signal.Signals, status: int, words: str
+) -> None:
     recipe = write_tiny_recipe(tmp_path, **{**SHORT, "max_epochs": 100, "checkpoint_every_n_steps": 2,
                                                 "limit_train_batches": 10})
     process = subprocess.Popen([sys.executable, "tools/train.py", str(recipe)], cwd=ROOT, env=tool_env(),
@@ -172,10 +175,10 @@ def test_sigterm_saves_last_checkpoint_says_how_to_resume_and_exits_143(tmp_path
         if list((tmp_path / "runs").glob("tiny/*/checkpoints/last.ckpt")):
             break
         time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 143, stderr[-2000:]
-    assert "Traceback" not in stderr
+    assert process.returncode == status, stderr[-2000:]
+    assert "Traceback" not in stderr and f"error: stopped by {words} at step" in stderr
     command = re.search(r"Resume with: vitkit train (\S+) --resume (\S+)", stderr)
     assert command, stderr[-2000:]
     config, last = Path(command.group(1)), Path(command.group(2))

@@ -9,7 +9,7 @@ Exit statuses, the same for every command:
   usage errors exit 2 too). ``--debug`` shows the traceback.
 - 3: done, but some inputs were skipped (unreadable images), each named on an ``error: ...`` line.
 - 143 (128 + SIGTERM): a training run stopped by SIGTERM; ``last.ckpt`` saved, the message says
-  how to resume.
+  how to resume. 130 (128 + SIGINT): the same, stopped by Ctrl-C.
 - 1: anything else escaped: a bug in vitkit, with its traceback (Python's own status).
 """
 
@@ -85,7 +85,7 @@ def describe_os_error(error: OSError) -> str:
 def cli_errors(run: Callable[[], int | None], debug: bool = False) -> int:
     """``run()``'s status (0 for ``None``); a :class:`VitkitError` or ``OSError`` becomes one
     ``error: ...`` line on stderr and status 2 (a ``VitkitError``'s own ``exit_status``: 143 for a
-    training run stopped by SIGTERM); with ``debug``, the error is raised again, traceback and all."""
+    training run stopped by SIGTERM, 130 by Ctrl-C); with ``debug``, the error is raised again, traceback and all."""
     try:
         return run() or DONE
     except (VitkitError, OSError) as error:

@@ -21,7 +21,7 @@ from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_
 
 from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
 from ..data.images import convert_channels, describe_conversion
-from ..errors import UsageError, VitkitError
+from ..errors import UnsupportedModelError, UsageError, VitkitError
 from ..io import load_model_and_extra, read_weights_file
 from ..models import VisionTransformer, from_timm
 from ..models.timm_interop import pretrained_preprocessing
@@ -77,11 +77,22 @@ def load_explained_model(
     path = Path(timm_weights)
     if not path.is_file():
         raise FileNotFoundError(f"timm weights file {path} does not exist.")
+    try:
+        pretrained_cfg = timm.get_pretrained_cfg(model_name)
+    except RuntimeError:  # timm's "Invalid pretrained tag"
+        architecture = model_name.split(".")[0]
+        tags = [name.split(".", 1)[1] for name in timm.list_pretrained(f"{architecture}.*")]
+        raise UsageError(
+            f"--model {model_name}: timm has no tag {model_name.split('.', 1)[1]!r} for {architecture}; "
+            f"its tags are {', '.join(tags) or 'none'} (or give {architecture} alone)."
+        ) from None
     state = read_weights_file(path, error=UsageError, what="--timm-weights")  # weights_only: no pickled code
     if "patch_embed.proj.weight" not in state:
         raise UsageError(f"{path} is not a timm ViT state dict (no 'patch_embed.proj.weight' tensor).")
     try:
         model = from_timm(state, name=model_name.split(".")[0]).eval()
+    except UnsupportedModelError:
+        raise  # its own line names what vitkit lacks
     except (RuntimeError, ValueError, KeyError, TypeError) as error:  # load_state_dict's size mismatches
         first = str(error).strip().splitlines()
         raise UsageError(
@@ -89,7 +100,7 @@ def load_explained_model(
             "give the weights of that architecture."
         ) from None
     config = model.config
-    timm_cfg = pretrained_preprocessing(timm.get_pretrained_cfg(model_name), config)
+    timm_cfg = pretrained_preprocessing(pretrained_cfg, config)
     if timm_cfg is not None:
         source = f"timm's pretrained_cfg of {timm_cfg['architecture']}.{timm_cfg['tag']}"
     else:
@@ -106,8 +117,6 @@ def load_explained_model(
         info = DataInfo.from_pretrained_cfg({**timm_cfg, **overrides}, config.num_classes)
     except ValueError as error:
         raise UsageError(f"--mean/--std/--crop-pct: {error}") from None
-    if not 0 < info.crop_pct <= 1:
-        raise UsageError(f"--crop-pct must lie in (0, 1], got {info.crop_pct}.")
     return model, {**info.to_extra(), "preprocessing": source}
 
 

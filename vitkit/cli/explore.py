@@ -16,6 +16,9 @@ per query row), about 4/3 x sum_l H_l x N^2 bytes per image: 3.7 MB for ViT-S/16
 (12 layers x 6 heads x 197^2 tokens). A file over --max-bytes (default 50 MB) is refused before
 anything is computed, with an error line that says how many images fit; --layers keeps fewer
 blocks (rollout, gradient rollout and Chefer et al. still use them all).
+
+An existing --out file is refused unless --force (a symlink is then replaced, never its target);
+the model file and the input images are never replaced. The page is written atomically.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from vitkit.data import DataInfo
 from vitkit.errors import UsageError
 from vitkit.explain import explorer_html, explorer_size
+from vitkit.output_dirs import check_output_file, write_output_file
 
 from .common import SKIPPED_INPUTS
 from .explain_io import (
@@ -38,7 +42,6 @@ from .explain_io import (
     load_image_files,
     load_model_from_arguments,
     load_test_images,
-    output_clashes,
 )
 from .main import run_command
 
@@ -49,15 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'explorer.html'}.")
+    paths = find_images(args.images)
+    sources = [source for source in (args.checkpoint, args.timm_weights) if source is not None]
+    out = check_output_file(args.out, "--out", args.force, inputs=[*sources, *paths])
     model, extra = load_model_from_arguments(args)
     info = DataInfo.from_extra(extra)
-    paths = find_images(args.images)
-    clashes = output_clashes(out, (), paths, [out])
-    if clashes:
-        raise UsageError(f"{'; '.join(clashes)}.")
     wanted = args.test_images + len(paths)
     count = min(wanted, args.max_images)
     if not count:
@@ -87,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         title=f"vitkit attention explorer: {Path(args.checkpoint or args.model).name}",
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    write_output_file(out, "--out", lambda tmp: Path(tmp).write_text(page, encoding="utf-8"), args.force)
     seconds = time.perf_counter() - start
     print(f"wrote {out} ({len(page.encode('utf-8')) / 1e6:.2f} MB, {len(loaded)} image(s)) in {seconds:.1f} s.")
     if failed:

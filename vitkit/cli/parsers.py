@@ -22,6 +22,7 @@ EXIT_STATUS_HELP = """exit status (every command):
        --debug adds the traceback)
   3    done, but some inputs were skipped (each named on an 'error:' line)
   143  stopped by SIGTERM (a training run saves last.ckpt and says how to resume)
+  130  stopped by Ctrl-C (as SIGTERM)
   1    a bug in vitkit (a traceback)"""
 
 #: Written out from the library (they live beside torch code): explain's map methods and rollout
@@ -121,6 +122,11 @@ def data_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def force_argument(parser: argparse.ArgumentParser, flag: str) -> None:
+    """``--force``: a command's one output file may replace an existing file."""
+    parser.add_argument("--force", action="store_true", help=f"replace an existing {flag} file (never an input)")
+
+
 def tta_argument(parser: argparse.ArgumentParser) -> None:
     """``--tta``: how a model file's images are scored (default: as saved with the model)."""
     parser.add_argument("--tta", choices=TTA_CHOICES, help="test-time augmentation: hflip averages each image's and its "
@@ -187,6 +193,7 @@ def predict(parser: argparse.ArgumentParser) -> None:
     timm_weights_arguments(parser)
     parser.add_argument("--top-k", type=positive_int, default=5, help="classes per image")
     parser.add_argument("--csv", metavar="FILE", help="also write the predictions to this CSV file")
+    force_argument(parser, "--csv")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
     tta_argument(parser)
 
@@ -221,6 +228,7 @@ def explore(parser: argparse.ArgumentParser) -> None:
         help="also explore the first N test images of the dataset the checkpoint was trained on",
     )
     parser.add_argument("--out", required=True, help="the HTML file to write")
+    force_argument(parser, "--out")
     parser.add_argument("--layers", type=layer_list, default=None, help="blocks to embed, e.g. 0,5,11 (None: all)")
     parser.add_argument("--max-images", type=positive_int, default=8, help="images kept, test images first")
     parser.add_argument("--max-bytes", type=positive_int, default=EXPLORER_MAX_BYTES, help="refuse a larger file")

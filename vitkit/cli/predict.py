@@ -9,8 +9,13 @@ weights as timm's pretrained_cfg of --model says (as vitkit maps does). Folders 
 read recursively (image suffixes only), in batches. Each line (and CSV row) gives the file, then
 the top-k classes, most probable first, with their probabilities. An unreadable file gets one
 error line naming it, and the rest are classified; the exit status then says that files were
-skipped. A model without a classifier (num_classes=0, e.g. timm's DINOv2) is refused: it gives
-features, not classes.
+skipped (2 when none could be read). A model without a classifier (num_classes=0, e.g. timm's
+DINOv2) is refused: it gives features, not classes.
+
+An existing --csv file is refused before any image is read unless --force (a symlink is then
+replaced, never its target); the model file and the images are never replaced. The CSV is
+written atomically, and a cell beginning with = + - or @ gets a leading ' so that spreadsheets
+show it as text rather than run it as a formula.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from tqdm import tqdm
 from vitkit.data import ImageReadError, load_image
 from vitkit.errors import UsageError
 from vitkit.inference import predict, prediction_settings
+from vitkit.output_dirs import check_output_file, write_output_file
 
-from .common import SKIPPED_INPUTS
+from .common import SKIPPED_INPUTS, USAGE_ERROR
 from .explain_io import ConversionNote, find_images, load_model_from_arguments
 from .main import run_command
 
@@ -44,11 +50,14 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         args.checkpoint, images = None, args.inputs
-    model, extra = load_model_from_arguments(args)
-    info, tta = prediction_settings(model, extra, args.checkpoint or args.model, args.tta)
     paths = find_images(images)
     if not paths:
         raise UsageError(f"no image files in {', '.join(images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")
+    if args.csv:
+        model_file = args.checkpoint or args.timm_weights
+        check_output_file(args.csv, "--csv", args.force, inputs=[model_file, *paths])
+    model, extra = load_model_from_arguments(args)
+    info, tta = prediction_settings(model, extra, args.checkpoint or args.model, args.tta)
     note = ConversionNote(info)
     rows: list[list[str]] = []
     failed: list[str] = []
@@ -68,16 +77,26 @@ def run(args: argparse.Namespace) -> int:
         for path, prediction in zip(read, predict(model, images, args.top_k, info=info, batch_size=args.batch_size, tta=tta)):
             ranked = list(zip(prediction.classes, prediction.probabilities))
             tqdm.write(f"{path}: " + ", ".join(f"{name} ({p:.1%})" for name, p in ranked))
-            rows.append([str(path), *(value for name, p in ranked for value in (name, f"{p:.6f}"))])
+            rows.append([as_text(str(path)), *(value for name, p in ranked for value in (as_text(name), f"{p:.6f}"))])
     if (message := note.message()) is not None:
         print(message)
     if args.csv and rows:
         k = min(args.top_k, info.num_classes)
-        with open(args.csv, "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["path", *(f"{key}_{rank}" for rank in range(1, k + 1) for key in ("class", "probability"))])
-            writer.writerows(rows)
+        header = ["path", *(f"{key}_{rank}" for rank in range(1, k + 1) for key in ("class", "probability"))]
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", newline="") as handle:
+                csv.writer(handle).writerows([header, *rows])
+
+        write_output_file(args.csv, "--csv", write, args.force)
         print(f"wrote {len(rows)} prediction(s) to {args.csv}")
     if failed:
         print(f"{len(failed)} file(s) could not be read: {', '.join(failed)}", file=sys.stderr)
+    if failed and not rows:
+        return USAGE_ERROR
     return SKIPPED_INPUTS if failed else 0
+
+
+def as_text(cell: str) -> str:
+    """``cell`` as a spreadsheet shows it as text: a leading = + - or @ would make it a formula."""
+    return f"'{cell}" if cell[:1] in ("=", "+", "-", "@") else cell

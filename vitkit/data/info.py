@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -68,6 +69,12 @@ class DataInfo:
                 f"mean ({len(self.mean)} values) and std ({len(self.std)}) must have one value per channel "
                 f"(in_chans={self.in_chans})."
             )
+        if not all(math.isfinite(value) for value in self.mean):
+            raise ValueError(f"mean must be finite numbers, got {list(self.mean)}.")
+        if not all(math.isfinite(value) and value > 0 for value in self.std):
+            raise ValueError(f"std must be positive finite numbers (images are divided by it), got {list(self.std)}.")
+        if not 0 < self.crop_pct <= 1:  # NaN fails too
+            raise ValueError(f"crop_pct must lie in (0, 1], got {self.crop_pct}.")
         if self.crop_mode not in CROP_MODES:
             raise ValueError(f"crop_mode must be one of {CROP_MODES}, got {self.crop_mode!r}.")
         if self.interpolation not in INTERPOLATIONS:

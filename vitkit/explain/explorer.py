@@ -27,6 +27,7 @@ import html
 import io
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -113,10 +114,17 @@ def _base64_length(num_bytes: int) -> int:
     return 4 * math.ceil(num_bytes / 3)
 
 
-def _template() -> str:
-    page = (_ASSETS / "explorer.html").read_text(encoding="utf-8")
-    page = page.replace("/*VITKIT_CSS*/", (_ASSETS / "explorer.css").read_text(encoding="utf-8"))
-    return page.replace("/*VITKIT_JS*/", (_ASSETS / "explorer.js").read_text(encoding="utf-8"))
+def _page(title: str, data: str) -> str:
+    """The explorer's HTML with its style, code, ``title`` (escaped here) and JSON ``data`` filled in
+    in one pass: inserted text is never searched again, so a title holding a placeholder stays a title."""
+    values = {
+        "/*VITKIT_CSS*/": (_ASSETS / "explorer.css").read_text(encoding="utf-8"),
+        "/*VITKIT_JS*/": (_ASSETS / "explorer.js").read_text(encoding="utf-8"),
+        "__VITKIT_TITLE__": html.escape(title),
+        "__VITKIT_DATA__": data,
+    }
+    template = (_ASSETS / "explorer.html").read_text(encoding="utf-8")
+    return re.sub("|".join(map(re.escape, values)), lambda match: values[match.group(0)], template)
 
 
 def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
@@ -146,7 +154,7 @@ def explorer_size(
     height, width = image_size
     raw_png = height * (3 * width + 1)  # filter byte per row; zlib adds at most ~0.1% to incompressible data
     image = len("data:image/png;base64,") + _base64_length(raw_png + raw_png // 500 + 1024)
-    return ExplorerSize(attention, image, len(_template().encode("utf-8")), num_images)
+    return ExplorerSize(attention, image, len(_page("", "").encode("utf-8")), num_images)
 
 
 def quantize_rows(attention: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -330,6 +338,6 @@ def explorer_html(
         model, images, info=info, names=names, labels=labels, layers=layers, top_k=top_k, batch_size=batch_size
     )
     data = json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
-    page = _template().replace("__VITKIT_TITLE__", html.escape(title)).replace("__VITKIT_DATA__", data)
+    page = _page(title, data)
     size.check(max_bytes, actual=len(page.encode("utf-8")))
     return ExplorerHTML(page)

@@ -347,7 +347,7 @@ def _named_timm_hyper_parameters(name: str) -> dict[str, Any]:
     model ``name`` built on the meta device (no memory, no init), which must convert."""
     with torch.device("meta"):
         source = timm.create_model(name, pretrained=False)
-    _config_from_timm_model(source)  # refuses a model vitkit lacks a feature of
+    refuse_unsupported(source)  # a family vitkit lacks a feature of (BEiT) is one line, not an AttributeError
     block = source.blocks[0]
     return dict(num_heads=block.attn.num_heads, act_layer=_activation_name(block.mlp.act), norm_eps=block.norm1.eps)
 
@@ -461,7 +461,7 @@ def preprocessing_extra(
         "in_chans": int(in_chans),
         "class_names": list(class_names or (f"class {i}" for i in range(num_classes))),
         "dataset": str(cfg.get("architecture") or "timm"),
-        "crop_pct": float(cfg.get("crop_pct") or DEFAULT_CROP_PCT),
+        "crop_pct": float(DEFAULT_CROP_PCT if cfg.get("crop_pct") is None else cfg["crop_pct"]),  # 0 stays 0: refused
         "crop_mode": str(cfg.get("crop_mode") or "center"),
         "interpolation": str(cfg.get("interpolation") or "bilinear"),
     }

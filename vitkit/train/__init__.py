@@ -13,7 +13,7 @@ from .datamodule import ViTDataModule
 from .evaluate import evaluate, write_evaluation
 from .kernel_trial import KernelTrial, TrainingKernelChooser
 from .module import NonFiniteLossError, ViTClassifier
-from .run import RunResult, RunStoppedError, train
+from .run import RunInterruptedError, RunResult, RunStoppedError, train
 from .schema import RecipeError
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "RecipeConfig",
     "RecipeError",
     "RunResult",
+    "RunInterruptedError",
     "RunStoppedError",
     "TrainerConfig",
     "UnsafeCheckpointError",

@@ -1,4 +1,5 @@
-"""Callbacks: ``last.ckpt`` every N steps, at every epoch end and on SIGTERM, and training throughput.
+"""Callbacks: ``last.ckpt`` every N steps, at every epoch end and on SIGTERM, Ctrl-C handled as
+SIGTERM, and training throughput.
 
 Lightning's ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` only when it saves a monitored
 or periodic checkpoint, and its ``OnExceptionCheckpoint`` saves on any exception (a diverged run
@@ -6,8 +7,11 @@ too); :class:`LastCheckpoint` saves on its own step schedule and on a stop signa
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning as L
@@ -43,6 +47,34 @@ class LastCheckpoint(Callback):
             return
         trainer.save_checkpoint(self.path, weights_only=False)
         self._last_saved_step = trainer.global_step
+
+
+class CtrlCStops(Callback):
+    """Ctrl-C (SIGINT) during fit stops the run as SIGTERM does: at the end of the current step,
+    ``last.ckpt`` saved, the resume command printed. (Lightning's own handling raises
+    ``KeyboardInterrupt`` wherever the step is, saves nothing and exits 1.) A second Ctrl-C
+    interrupts at once. :attr:`interrupted` says whether Ctrl-C, not SIGTERM, stopped the run."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self._previous: Any = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self._previous = signal.signal(signal.SIGINT, self._stop)
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+        on_sigterm = signal.getsignal(signal.SIGTERM)  # Lightning's, set for the fit: stop after this step
+        if not callable(on_sigterm):
+            raise KeyboardInterrupt
+        self.interrupted = True
+        on_sigterm(signal.SIGTERM, frame)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 class Throughput(Callback):

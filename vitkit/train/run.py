@@ -7,7 +7,7 @@ function, rank 0 claims the run directory and writes the files; the processes Li
 learn the directory from the environment.
 
 Nothing is written before the recipe and a checkpoint to resume are checked; a diverged run names
-its newest finite checkpoint; a run stopped by SIGTERM saves ``last.ckpt`` and says how to resume.
+its newest finite checkpoint; a run stopped by SIGTERM or Ctrl-C saves ``last.ckpt`` and says how to resume.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from .artifacts import (
     resolve_run_dir,
     write_json,
 )
-from .callbacks import LastCheckpoint, Throughput
+from .callbacks import CtrlCStops, LastCheckpoint, Throughput
 from .checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -74,6 +74,12 @@ class RunStoppedError(VitkitError):
     """The run was stopped by SIGTERM; ``last.ckpt`` holds its last step."""
 
     exit_status = SIGTERM_EXIT
+
+
+class RunInterruptedError(RunStoppedError):
+    """The run was stopped by Ctrl-C (SIGINT), as by SIGTERM; exit status 130 (128 + SIGINT)."""
+
+    exit_status = 130
 
 
 @dataclass
@@ -110,7 +116,7 @@ def train(
             newest finite checkpoint (none with non-finite values is ever written).
         UnsafeCheckpointError: ``resume`` holds pickled code.
         CheckpointError: ``resume`` is unreadable or was trained with another model or data.
-        RunStoppedError: SIGTERM stopped the run; ``last.ckpt`` was saved.
+        RunStoppedError: SIGTERM (or Ctrl-C: :class:`RunInterruptedError`) stopped the run; ``last.ckpt`` was saved.
     """
     started = time.perf_counter()
     config = load_recipe(recipe, overrides)
@@ -159,7 +165,8 @@ def _fit(
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
     kernels = TrainingKernelChooser()  # first, so that its step timing ends before other callbacks' batch-end work
-    trainer = build_trainer(config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, *callbacks])
+    ctrl_c = CtrlCStops()
+    trainer = build_trainer(config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *callbacks])
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
 
@@ -175,8 +182,9 @@ def _fit(
             raise NonFiniteLossError(f"{error} {divergence_advice(config)}{note}") from None
         except SIGTERMException:
             saved = f"{last.path} holds step {trainer.global_step}" if Path(last.path).is_file() else "no checkpoint"
-            raise RunStoppedError(
-                f"stopped by SIGTERM at step {trainer.global_step} (epoch {trainer.current_epoch}); {saved}. "
+            error, how = (RunInterruptedError, "Ctrl-C") if ctrl_c.interrupted else (RunStoppedError, "SIGTERM")
+            raise error(
+                f"stopped by {how} at step {trainer.global_step} (epoch {trainer.current_epoch}); {saved}. "
                 f"Resume with: vitkit train {run_dir / CONFIG_FILE} --resume {last.path}"
             ) from None
 
