@@ -188,7 +188,9 @@ def figure(results: dict[str, Any], path: Path) -> None:
         by_count.plot(counts, after, "-o", color=colour, label=f"{name}, recovered")
         by_speed.plot(speed, after, "-o", color=colour, label=f"{name}, recovered")
         for x, y, c in zip(speed[1:], after[1:], counts[1:], strict=True):
-            by_speed.annotate(f"−{c}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8, color=colour)
+            by_speed.annotate(f"−{c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8, color=colour)
+    by_count.set_xticks([0, *results["counts"]])
+    by_speed.margins(x=0.12, y=0.12)
     by_count.set(xlabel=f"heads removed (of {results['heads']})", ylabel="test top-1 (%)",
                  title="before and after recovery")
     by_speed.set(xlabel="measured speed-up (×)", ylabel="test top-1 (%)",
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=50, help="interleaved timing rounds")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--figure", type=Path, default=None)
+    parser.add_argument("--title", default=None, help="figure title (default: the recipe's name)")
     args = parser.parse_args(argv)
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
 
     lr = optim.lr / 10
     results: dict[str, Any] = {
-        "model": str(args.model), "title": f"{extra.get('recipe', 'model')}: pruning {total} heads, then recovery",
+        "model": str(args.model), "title": args.title or f"{extra.get('recipe', 'model')}: pruning {total} heads, then recovery",
         "heads": total, "counts": counts, "test_acc": evaluate_accuracy(model, splits.test),
         "val_acc": evaluate_accuracy(model, splits.val), "score_batches": args.score_batches,
         "step_fraction": args.step_fraction, "recover_epochs": args.recover_epochs, "recover_lr": lr,
