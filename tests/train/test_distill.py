@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
@@ -221,3 +222,29 @@ def test_a_timm_teacher_loads_another_runs_weights_after_its_names_and_shapes_ar
     path.write_bytes(b"\x08" + bytes(7) + b"not json")
     with pytest.raises(RecipeError, match="no readable safetensors file"):
         build_teacher(config.replace(file=str(path)), FASHION_28PX)
+
+
+def test_a_teacher_that_cannot_take_the_data_or_is_too_large_is_refused_before_it_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vitkit.train import distill
+
+    recipe = tiny_recipe(tmp_path, **SHORT)  # 8x8 digits
+    recipe["distill"] = {"type": "hard", "teacher": {"model": "vit_tiny_patch16_224"}}  # a fixed 224-px ViT
+    with pytest.raises(RecipeError, match=r"teacher.model 'vit_tiny_patch16_224' cannot take the data's 8x8 images"):
+        train(recipe)
+    assert not (tmp_path / "tiny").exists()  # refused before a run directory was claimed
+    built: list[torch.device] = []
+    real = timm.create_model
+
+    def spy(*args, **kwargs):
+        model = real(*args, **kwargs)
+        built.append(next(model.parameters()).device)
+        return model
+
+    monkeypatch.setattr(distill.timm, "create_model", spy)
+    monkeypatch.setattr(distill, "MAX_PARAMETERS", 1_000)
+    recipe["distill"]["teacher"]["model"] = "test_resnet"
+    with pytest.raises(RecipeError, match=r"teacher.model 'test_resnet' has [\d,]+ parameters, more than vitkit builds"):
+        train(recipe)
+    assert built and all(device.type == "meta" for device in built)  # nothing was allocated

@@ -38,6 +38,7 @@ from ..data import DataInfo
 from ..evaluation import evaluate_model
 from ..files import atomic_write
 from ..io import load_model, shape_mismatches
+from ..models.config import MAX_PARAMETERS
 from .config import DistillConfig, TeacherConfig
 from .datamodule import ViTDataModule
 from .optim import warmup_cosine
@@ -113,6 +114,16 @@ def build_teacher(config: TeacherConfig, info: DataInfo) -> nn.Module:
                 f"{wanted[2][0]}x{wanted[2][1]} images; give a teacher trained on this dataset."
             )
         return model
+    check_timm_teacher(config, info)  # on the meta device: nothing is allocated before it fits
+    model = _timm_teacher(config, info)
+    if config.file is not None:
+        load_teacher_weights(model, Path(config.file), config.model)
+    # convolutions run fastest on CPU (oneDNN) and GPU with NHWC activations; a no-op for other weights
+    return model.to(memory_format=torch.channels_last)
+
+
+def _timm_teacher(config: TeacherConfig, info: DataInfo) -> nn.Module:
+    """timm's ``config.model`` built for the data (untrained), with the small-input stem when asked."""
     try:
         model = timm.create_model(
             config.model, pretrained=False, num_classes=info.num_classes, in_chans=info.in_chans, **config.model_kwargs
@@ -121,12 +132,39 @@ def build_teacher(config: TeacherConfig, info: DataInfo) -> nn.Module:
         raise RecipeError(
             f"distill.teacher.model_kwargs {config.model_kwargs} do not build timm's {config.model!r}: {error}."
         ) from None
-    if config.small_input_stem:
-        model = small_input_stem(model, config.model)
-    if config.file is not None:
-        load_teacher_weights(model, Path(config.file), config.model)
-    # convolutions run fastest on CPU (oneDNN) and GPU with NHWC activations; a no-op for other weights
-    return model.to(memory_format=torch.channels_last)
+    return small_input_stem(model, config.model) if config.small_input_stem else model
+
+
+def check_timm_teacher(config: TeacherConfig, info: DataInfo) -> None:
+    """Refuse, before any weight is allocated, a timm teacher above :data:`MAX_PARAMETERS` or one
+    that cannot take the data's images (a fixed-size ViT on another image size): the teacher is
+    built on the meta device and run on one meta image. An op the meta device lacks leaves the
+    check to the real forward.
+
+    Raises:
+        RecipeError: naming the size or the teacher's own complaint, and what to change.
+    """
+    with torch.device("meta"):
+        model = _timm_teacher(config, info)
+    count = sum(param.numel() for param in model.parameters())
+    if count > MAX_PARAMETERS:
+        raise RecipeError(
+            f"distill.teacher.model {config.model!r} has {count:,} parameters, more than vitkit builds "
+            f"({MAX_PARAMETERS:,}); choose a smaller teacher or shrink it with distill.teacher.model_kwargs."
+        )
+    height, width = info.img_size
+    try:
+        with torch.no_grad():
+            model.eval()(torch.empty(1, info.in_chans, height, width, device="meta"))
+    except NotImplementedError:
+        return
+    except (AssertionError, ValueError, RuntimeError) as error:
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        raise RecipeError(
+            f"distill.teacher.model {config.model!r} cannot take the data's {height}x{width} images ({reason}); "
+            f"build it for them (distill.teacher.model_kwargs={{img_size: {height}}} for a ViT) or choose a "
+            "teacher that takes any size (a CNN such as resnet18)."
+        ) from None
 
 
 def load_teacher_weights(teacher: nn.Module, path: Path, name: str) -> None:
