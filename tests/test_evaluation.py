@@ -26,10 +26,10 @@ class FixedLogits(nn.Module):
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))
         self.register_buffer("table", table)
-        self.head_masks: list[object] = []
+        self.head_gatess: list[object] = []
 
-    def forward(self, images: torch.Tensor, head_mask: object = None) -> torch.Tensor:
-        self.head_masks.append(head_mask)
+    def forward(self, images: torch.Tensor, head_gates: object = None) -> torch.Tensor:
+        self.head_gatess.append(head_gates)
         return self.table[images[:, 0, 0, 0].long()] + 0 * self.anchor
 
 
@@ -75,14 +75,14 @@ def test_evaluation_over_uneven_batches_equals_the_per_image_counts() -> None:
     assert torch.equal(result.labels, LABELS)
 
 
-def test_evaluation_stops_after_max_batches_and_passes_head_masks() -> None:
+def test_evaluation_stops_after_max_batches_and_passes_head_gatess() -> None:
     model = FixedLogits(ranked_logits())
     images = indexed_images(5)
     gates = [torch.ones(2), torch.tensor([1.0, 0.0])]
     loader = [(images[i : i + 1], LABELS[i : i + 1]) for i in range(5)]
-    result = evaluate_model(model, loader, head_mask=gates, max_batches=2)
+    result = evaluate_model(model, loader, head_gates=gates, max_batches=2)
     assert result.num_images == 2 and result.top1 == pytest.approx(50.0)
-    assert all(torch.equal(g, e) for mask in model.head_masks for g, e in zip(mask, gates))
+    assert all(torch.equal(g, e) for mask in model.head_gatess for g, e in zip(mask, gates))
 
 
 def test_evaluation_runs_in_eval_mode_on_the_models_device_and_restores_its_mode() -> None:

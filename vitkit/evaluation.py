@@ -204,7 +204,7 @@ def evaluate_model(
     model: nn.Module,
     loader: Iterable[Batch],
     *,
-    head_mask: Sequence[torch.Tensor] | None = None,
+    head_gates: Sequence[torch.Tensor] | None = None,
     max_batches: int | None = None,
     progress: bool = False,
     tta: TestTimeAugmentation = "none",
@@ -215,7 +215,7 @@ def evaluate_model(
     Args:
         model: classifier mapping ``[B, C, H, W]`` to ``[B, K]`` logits.
         loader: yields ``(images [B, C, H, W], labels [B])``.
-        head_mask: optional per-block ``[H_l]`` head gates (a vitkit model's ``head_mask``).
+        head_gates: optional per-block ``[H_l]`` head gates (a vitkit model's ``head_gates``).
         max_batches: stop after this many batches.
         progress: show a tqdm bar.
         tta: test-time augmentation (:func:`predict`).
@@ -225,14 +225,14 @@ def evaluate_model(
         ValueError: the loader yielded no images.
     """
     device = model_device(model)
-    gates = None if head_mask is None else [g.to(device) for g in head_mask]
+    gates = None if head_gates is None else [g.to(device) for g in head_gates]
     loss, hits1, hits5 = 0.0, 0, 0
     labels, predictions = [], []
     with eval_mode(model):
         for images, targets in batches(loader, max_batches, "evaluate", progress):
             targets = torch.as_tensor(targets).to(device)
             # Models without head gates (timm's, during training) are called without the argument.
-            logits = predict(model, images.to(device), tta, fill, **({} if gates is None else {"head_mask": gates}))
+            logits = predict(model, images.to(device), tta, fill, **({} if gates is None else {"head_gates": gates}))
             batch_loss, acc1, acc5 = batch_metrics(logits, targets)
             size = len(targets)
             loss += float(batch_loss) * size

@@ -46,7 +46,7 @@ def test_captured_gradients_equal_retained_attention_grads(tiny_model, images) -
     capture = capture_attention(tiny_model, images, target=4, with_gradients=True)
     tokens, attentions = tiny_model.embed(images), []  # block by block, not through the model's forwards
     for block in tiny_model.blocks:
-        tokens, attention = block.forward_with_attention(tokens)
+        tokens, attention = block(tokens, need_weights=True)
         attention.retain_grad()
         attentions.append(attention)
     logits = tiny_model.forward_head(tiny_model.norm(tokens))

@@ -32,7 +32,7 @@ from vitkit.kernels import (
     sdpa_attention,
 )
 from vitkit.kernels.autotune import EXPLICIT_MARGIN
-from vitkit.layers import MultiHeadSelfAttention
+from vitkit.layers import MultiHeadSelfAttention, causal_mask
 
 DIM, HEADS, BATCH, TOKENS = 32, 4, 2, 10
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -271,7 +271,7 @@ def test_the_environment_pin_is_read_once_when_the_module_is_built(
     msa = MultiHeadSelfAttention(DIM, HEADS)
     monkeypatch.setattr(attention_kernels.os, "environ", {})  # reading the environment now would see no pin
     msa(torch.randn(BATCH, TOKENS, DIM))
-    assert msa.kernel_policy == "sdpa" and module_calls == Counter(sdpa=1) and kernels.calls == Counter()
+    assert msa.attn_impl == "sdpa" and module_calls == Counter(sdpa=1) and kernels.calls == Counter()
 
 
 def test_keys_asked_inside_a_recording_are_collected(use_tuner) -> None:
@@ -285,7 +285,7 @@ def test_keys_asked_inside_a_recording_are_collected(use_tuner) -> None:
 
 
 @pytest.mark.parametrize("faster", ["sdpa", "explicit"])
-@pytest.mark.parametrize("mask", [{}, {"is_causal": True}])
+@pytest.mark.parametrize("mask", [{}, {"attn_bias": causal_mask(TOKENS, TOKENS)}])
 def test_auto_matches_each_kernel_in_output_and_gradients(use_tuner, faster: str, mask: dict) -> None:
     use_tuner(*((1e-3, 2e-3) if faster == "sdpa" else (2e-3, 1e-3)))
     auto = MultiHeadSelfAttention(DIM, HEADS, qk_norm=True).train()
@@ -341,7 +341,7 @@ def test_measuring_inside_an_activation_checkpoint_gives_the_plain_gradients(use
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     for block in model.blocks:
-        block.attn.kernel_policy = "auto"
+        block.attn.attn_impl = "auto"
     model.set_grad_checkpointing(True)
     model(images).square().sum().backward()
     assert autotune_report()[0]["training"] is True

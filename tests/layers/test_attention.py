@@ -1,4 +1,4 @@
-"""Multi-head self-attention: kernels, masks, cross-attention, KV cache, head gating and pruning, init.
+"""Attention layers: kernels, masks and biases, cross-attention, KV cache, head gating and pruning, init.
 
 Every documented MSA behaviour that a unit test can check is proved here. A hand-written reference
 (``reference_heads``) recomputes ``softmax(Q K^T / sqrt(d)) V`` per head from the module's fused qkv
@@ -19,7 +19,16 @@ from torch import nn
 
 import vitkit.layers.attention as attention_module
 from vitkit.kernels import explicit_attention
-from vitkit.layers import EncoderBlock, KVCache, MultiHeadSelfAttention, choose_attn_impl
+from vitkit.layers import (
+    CausalSelfAttention,
+    CrossAttention,
+    EncoderBlock,
+    KVCache,
+    MultiHeadSelfAttention,
+    causal_mask,
+    choose_attn_impl,
+    padding_mask,
+)
 
 DIM, HEADS, BATCH, TOKENS = 32, 4, 2, 7
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -69,6 +78,14 @@ def reference_heads(
     return weights @ v, weights
 
 
+def as_layer(cls: type, msa: MultiHeadSelfAttention) -> torch.nn.Module:
+    """A ``cls`` attention layer (cross-attention, causal decoding) with ``msa``'s options and weights."""
+    layer = cls(msa.dim, msa.num_heads, head_dim=msa.head_dim, attn_impl=msa.attn_impl, locality=msa.locality,
+                qk_norm=not isinstance(msa.q_norm, nn.Identity))
+    layer.load_state_dict(msa.state_dict())
+    return layer.train(msa.training)
+
+
 def merge_and_project(msa: MultiHeadSelfAttention, heads_out: torch.Tensor) -> torch.Tensor:
     """``[B, H, N, d]`` per-head outputs -> ``W_o`` applied to the concatenated heads ``[B, N, D]``."""
     batch, heads, tokens, d = heads_out.shape
@@ -103,17 +120,20 @@ def _masks(kind: str) -> dict:
     padding[0, -3:] = True
     return {
         "none": {},
-        "attn_mask_2d": {"attn_mask": random_allowed},
-        "attn_mask_4d": {"attn_mask": torch.rand(BATCH, HEADS, TOKENS, TOKENS, generator=generator) > 0.3},
-        "key_padding": {"key_padding_mask": padding},
-        "causal": {"is_causal": True},
-        "all_three": {"attn_mask": random_allowed, "key_padding_mask": padding, "is_causal": True},
+        "attn_mask_2d": {"attn_bias": random_allowed},
+        "attn_mask_4d": {"attn_bias": torch.rand(BATCH, HEADS, TOKENS, TOKENS, generator=generator) > 0.3},
+        "key_padding": {"attn_bias": padding_mask(padding)},
+        "causal": {"attn_bias": causal_mask(TOKENS, TOKENS)},
+        "all_three": {"attn_bias": random_allowed & padding_mask(padding) & causal_mask(TOKENS, TOKENS)},
+        "float_bias": {"attn_bias": torch.randn(BATCH, 1, TOKENS, TOKENS, generator=generator).masked_fill(~random_allowed, float("-inf"))},
     }[kind]
 
 
 # ----------------------------------------------------------------------------------- kernels
 @pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("mask_kind", ["none", "attn_mask_2d", "attn_mask_4d", "key_padding", "causal", "all_three"])
+@pytest.mark.parametrize(
+    "mask_kind", ["none", "attn_mask_2d", "attn_mask_4d", "key_padding", "causal", "all_three", "float_bias"]
+)
 def test_fused_and_explicit_kernels_agree_in_train_mode_without_dropout(kernel_calls: Counter, mask_kind: str, qk_norm: bool) -> None:
     fused = make_msa(attn_impl="sdpa", qk_norm=qk_norm).train()
     explicit = twin(fused, "explicit")
@@ -134,7 +154,7 @@ def test_module_matches_softmax_qk_over_sqrt_d_times_v_by_hand() -> None:
     msa = make_msa(attn_impl="explicit")
     x = torch.randn(BATCH, TOKENS, DIM)
     heads_out, weights = reference_heads(msa, x)
-    out, module_weights = msa.forward_with_attention(x)
+    out, module_weights = msa(x, need_weights=True)
     assert msa.scale == pytest.approx(1 / math.sqrt(DIM // HEADS))
     torch.testing.assert_close(module_weights, weights, **TOL)
     torch.testing.assert_close(out, merge_and_project(msa, heads_out), **TOL)
@@ -145,8 +165,12 @@ def test_masked_output_equals_hand_computation(attn_impl: str) -> None:
     msa = make_msa(attn_impl=attn_impl)
     x = torch.randn(BATCH, TOKENS, DIM)
     masks = _masks("all_three")
+    generator = torch.Generator().manual_seed(1)
+    random_allowed = (torch.rand(TOKENS, TOKENS, generator=generator) > 0.4) | torch.eye(TOKENS, dtype=torch.bool)
     causal = torch.ones(TOKENS, TOKENS, dtype=torch.bool).tril()
-    allowed = masks["attn_mask"] & ~masks["key_padding_mask"][:, None, None, :] & causal
+    not_padded = torch.ones(BATCH, 1, 1, TOKENS, dtype=torch.bool)
+    not_padded[0, ..., -3:] = False
+    allowed = random_allowed & not_padded & causal
     heads_out, _ = reference_heads(msa, x, allowed=allowed)
     torch.testing.assert_close(msa(x, **masks), merge_and_project(msa, heads_out), **TOL)
 
@@ -164,7 +188,7 @@ def test_auto_module_returns_weights_from_explicit_kernel(kernel_calls: Counter,
     msa = make_msa(attn_impl="auto")
     x = torch.randn(BATCH, 200, DIM, requires_grad=True)
     msa(x)
-    _, weights = msa.forward_with_attention(x)
+    _, weights = msa(x, need_weights=True)
     assert kernel_calls == Counter(sdpa=1, explicit=1)
     assert weights.shape == (BATCH, HEADS, 200, 200)
 
@@ -188,7 +212,7 @@ def test_fully_masked_row_gives_zeros_not_nan(attn_impl: str) -> None:
     allowed = torch.ones(TOKENS, TOKENS, dtype=torch.bool)
     allowed[2] = False  # query 2 may attend to nothing
 
-    out = msa(x, attn_mask=allowed)
+    out = msa(x, attn_bias=allowed)
     out.square().sum().backward()
 
     assert torch.isfinite(out).all()
@@ -197,7 +221,7 @@ def test_fully_masked_row_gives_zeros_not_nan(attn_impl: str) -> None:
     assert torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in msa.parameters())
     if attn_impl == "explicit":
-        _, weights = msa.forward_with_attention(x, attn_mask=allowed)
+        _, weights = msa(x, attn_bias=allowed, need_weights=True)
         assert torch.equal(weights[:, :, 2], torch.zeros(BATCH, HEADS, TOKENS))
         torch.testing.assert_close(weights[:, :, 3].sum(-1), torch.ones(BATCH, HEADS))
 
@@ -208,7 +232,7 @@ def test_fully_padded_sample_gives_only_the_output_bias_and_finite_grads(attn_im
     x = torch.randn(BATCH, TOKENS, DIM, requires_grad=True)
     padding = torch.zeros(BATCH, TOKENS, dtype=torch.bool)
     padding[1] = True  # sample 1 has no key at all
-    out = msa(x, key_padding_mask=padding)
+    out = msa(x, attn_bias=padding_mask(padding))
     out.sum().backward()
     torch.testing.assert_close(out[1], msa.proj.bias.expand(TOKENS, DIM))  # attention adds nothing
     assert torch.isfinite(x.grad).all() and torch.equal(x.grad[1], torch.zeros(TOKENS, DIM))
@@ -222,11 +246,11 @@ def test_padded_keys_get_zero_weight_and_do_not_change_the_output(attn_impl: str
     padding = torch.zeros(1, TOKENS, dtype=torch.bool)
     padding[0, real:] = True
 
-    out = msa(x, key_padding_mask=padding)
+    out = msa(x, attn_bias=padding_mask(padding))
     unpadded = msa(x[:, :real])
     torch.testing.assert_close(out[:, :real], unpadded, **TOL)
 
-    _, weights = msa.forward_with_attention(x, key_padding_mask=padding)
+    _, weights = msa(x, attn_bias=padding_mask(padding), need_weights=True)
     assert torch.equal(weights[..., real:], torch.zeros_like(weights[..., real:]))
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, HEADS, TOKENS))
 
@@ -235,38 +259,71 @@ def test_padded_keys_get_zero_weight_and_do_not_change_the_output(attn_impl: str
 def test_causal_weights_are_lower_triangular_and_prefix_independent_of_future(attn_impl: str) -> None:
     msa = make_msa(attn_impl=attn_impl)
     x = torch.randn(BATCH, TOKENS, DIM)
-    _, weights = msa.forward_with_attention(x, is_causal=True)
+    _, weights = msa(x, attn_bias=causal_mask(TOKENS, TOKENS), need_weights=True)
     upper = torch.triu(torch.ones(TOKENS, TOKENS, dtype=torch.bool), diagonal=1)
     assert torch.equal(weights[..., upper], torch.zeros_like(weights[..., upper]))
     assert (weights[..., ~upper] > 0).all()
 
-    out = msa(x, is_causal=True)
+    out = msa(x, attn_bias=causal_mask(TOKENS, TOKENS))
     x_changed_future = x.clone()
     x_changed_future[:, 4:] = torch.randn(BATCH, TOKENS - 4, DIM)
-    torch.testing.assert_close(msa(x_changed_future, is_causal=True)[:, :4], out[:, :4], **TOL)
+    torch.testing.assert_close(msa(x_changed_future, attn_bias=causal_mask(TOKENS, TOKENS))[:, :4], out[:, :4], **TOL)
 
 
 def test_attn_mask_that_does_not_broadcast_raises_naming_both_shapes() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
     with pytest.raises(ValueError, match=r"\(3, 5\).*\[2, 4, 7, 7\]"):
-        msa(x, attn_mask=torch.ones(3, 5, dtype=torch.bool))
+        msa(x, attn_bias=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\(2, 7, 7\)"):  # [B, N, M] aligns B with H: rejected
-        msa(x, attn_mask=torch.ones(BATCH, TOKENS, TOKENS, dtype=torch.bool))
+        msa(x, attn_bias=torch.ones(BATCH, TOKENS, TOKENS, dtype=torch.bool))
 
 
 def test_key_padding_mask_of_wrong_shape_or_dtype_raises() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
-    with pytest.raises(ValueError, match=r"\[2, 7\].*\(2, 6\)"):
-        msa(x, key_padding_mask=torch.zeros(BATCH, TOKENS - 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(2, 1, 1, 6\).*\[2, 4, 7, 7\]"):
+        msa(x, attn_bias=padding_mask(torch.zeros(BATCH, TOKENS - 1, dtype=torch.bool)))
     with pytest.raises(ValueError, match="boolean"):
-        msa(x, key_padding_mask=torch.zeros(BATCH, TOKENS))
+        padding_mask(torch.zeros(BATCH, TOKENS))
 
 
-def test_float_attn_mask_is_rejected_with_a_conversion_hint() -> None:
-    with pytest.raises(ValueError, match="mask == 0"):
-        make_msa()(torch.randn(1, TOKENS, DIM), attn_mask=torch.zeros(TOKENS, TOKENS))
+def test_integer_bias_and_nan_or_positive_infinite_biases_are_refused() -> None:
+    msa = make_msa()
+    x = torch.randn(1, TOKENS, DIM)
+    with pytest.raises(ValueError, match="boolean .* or a float bias"):
+        msa(x, attn_bias=torch.zeros(TOKENS, TOKENS, dtype=torch.long))
+    for bad in (float("nan"), float("inf")):
+        bias = torch.zeros(TOKENS, TOKENS)
+        bias[2, 3] = bad
+        with pytest.raises(ValueError, match="NaN or \\+inf"):
+            msa(x, attn_bias=bias)
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
+def test_additive_bias_equals_hand_computation_and_minus_infinity_equals_the_boolean_mask(attn_impl: str) -> None:
+    msa = make_msa(attn_impl=attn_impl)
+    x = torch.randn(BATCH, TOKENS, DIM)
+    bias = torch.randn(BATCH, HEADS, TOKENS, TOKENS)  # e.g. token merging's log-size term, per head
+    q, k, v = (project_heads(msa, x, part) for part in range(3))
+    weights = (q @ k.transpose(-2, -1) / math.sqrt(msa.head_dim) + bias).softmax(dim=-1)
+    torch.testing.assert_close(msa(x, attn_bias=bias), merge_and_project(msa, weights @ v), **TOL)
+
+    allowed = causal_mask(TOKENS, TOKENS)
+    as_bias = torch.zeros(TOKENS, TOKENS).masked_fill(~allowed, float("-inf"))
+    torch.testing.assert_close(msa(x, attn_bias=as_bias), msa(x, attn_bias=allowed), **TOL)
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
+def test_a_row_whose_bias_is_all_minus_infinity_gives_zeros_not_nan(attn_impl: str) -> None:
+    msa = make_msa(attn_impl=attn_impl)
+    x = torch.randn(1, TOKENS, DIM, requires_grad=True)
+    bias = torch.zeros(TOKENS, TOKENS)
+    bias[3] = float("-inf")
+    out = msa(x, attn_bias=bias)
+    out.sum().backward()
+    torch.testing.assert_close(out[0, 3], msa.proj.bias)
+    assert torch.isfinite(x.grad).all()
 
 
 @pytest.mark.parametrize("shape", [(BATCH, DIM), (BATCH, 1, TOKENS, DIM), (BATCH, TOKENS, DIM + 1)])
@@ -291,11 +348,12 @@ def test_invalid_attn_impl_and_dropout_rates_raise() -> None:
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 def test_cross_attention_shapes_and_hand_computation_with_fused_weight_slices(attn_impl: str) -> None:
     msa = make_msa(attn_impl=attn_impl)
+    cross = as_layer(CrossAttention, msa)
     x, context = torch.randn(BATCH, TOKENS, DIM), torch.randn(BATCH, 11, DIM)
     heads_out, weights = reference_heads(msa, x, context)
 
-    out = msa(x, context=context)
-    out_with_weights, module_weights = msa.forward_with_attention(x, context=context)
+    out = cross(x, context)
+    out_with_weights, module_weights = cross(x, context, need_weights=True)
 
     assert out.shape == (BATCH, TOKENS, DIM)
     assert module_weights.shape == (BATCH, HEADS, TOKENS, 11)
@@ -307,33 +365,29 @@ def test_cross_attention_shapes_and_hand_computation_with_fused_weight_slices(at
 def test_cross_attention_with_context_equal_to_x_is_self_attention() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
-    torch.testing.assert_close(msa(x, context=x), msa(x), **TOL)
+    torch.testing.assert_close(as_layer(CrossAttention, msa)(x, x), msa(x), **TOL)
 
 
 def test_cross_attention_respects_key_padding_of_the_context() -> None:
-    msa = make_msa(attn_impl="explicit")
+    cross = as_layer(CrossAttention, make_msa(attn_impl="explicit"))
     x, context = torch.randn(BATCH, TOKENS, DIM), torch.randn(BATCH, 5, DIM)
     padding = torch.tensor([[False, False, False, True, True]] * BATCH)
-    out, weights = msa.forward_with_attention(x, context=context, key_padding_mask=padding)
+    out, weights = cross(x, context, attn_bias=padding_mask(padding), need_weights=True)
     assert torch.equal(weights[..., 3:], torch.zeros_like(weights[..., 3:]))
-    torch.testing.assert_close(out, msa(x, context=context[:, :3]), **TOL)
-
-
-def test_kv_cache_cannot_be_combined_with_context() -> None:
-    msa = make_msa()
-    with pytest.raises(ValueError, match="kv_cache"):
-        msa(torch.randn(1, 2, DIM), context=torch.randn(1, 3, DIM), kv_cache=KVCache())
+    torch.testing.assert_close(out, cross(x, context[:, :3]), **TOL)
 
 
 # ------------------------------------------------------------------------------------ KV cache
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 def test_kv_cache_token_by_token_decoding_equals_full_causal_pass(attn_impl: str) -> None:
     msa = make_msa(attn_impl=attn_impl).eval()
+    causal = as_layer(CausalSelfAttention, msa)
     x = torch.randn(BATCH, TOKENS, DIM)
-    full = msa(x, is_causal=True)
+    full = msa(x, attn_bias=causal_mask(TOKENS, TOKENS))
+    torch.testing.assert_close(causal(x), full, **TOL)
 
     cache = KVCache()
-    steps = [msa(x[:, t : t + 1], is_causal=True, kv_cache=cache) for t in range(TOKENS)]
+    steps = [causal(x[:, t : t + 1], kv_cache=cache) for t in range(TOKENS)]
 
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL)
     assert len(cache) == TOKENS
@@ -341,30 +395,30 @@ def test_kv_cache_token_by_token_decoding_equals_full_causal_pass(attn_impl: str
 
 
 def test_kv_cache_chunked_prefill_then_decoding_equals_full_causal_pass() -> None:
-    msa = make_msa(attn_impl="explicit").eval()
+    causal = as_layer(CausalSelfAttention, make_msa(attn_impl="explicit").eval())
     x = torch.randn(BATCH, TOKENS, DIM)
     cache = KVCache()
-    chunks = [msa(x[:, a:b], is_causal=True, kv_cache=cache) for a, b in [(0, 3), (3, 4), (4, 7)]]
-    torch.testing.assert_close(torch.cat(chunks, dim=1), msa(x, is_causal=True), **TOL)
+    chunks = [causal(x[:, a:b], kv_cache=cache) for a, b in [(0, 3), (3, 4), (4, 7)]]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), causal(x), **TOL)
 
 
 # --------------------------------------------------------------------------- head gating, pruning
-def test_head_mask_per_head_equals_hand_gated_heads() -> None:
+def test_head_gates_per_head_equals_hand_gated_heads() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
     gates = torch.tensor([1.0, 0.0, 0.5, 2.0])
     heads_out, _ = reference_heads(msa, x)
     expected = merge_and_project(msa, heads_out * gates[None, :, None, None])
-    torch.testing.assert_close(msa(x, head_mask=gates), expected, **TOL)
+    torch.testing.assert_close(msa(x, head_gates=gates), expected, **TOL)
 
 
-def test_head_mask_per_sample_gates_each_sample_separately() -> None:
+def test_head_gates_per_sample_gates_each_sample_separately() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
     gates = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.3, 1.0]])
-    out = msa(x, head_mask=gates)
+    out = msa(x, head_gates=gates)
     for sample in range(BATCH):
-        alone = msa(x[sample : sample + 1], head_mask=gates[sample])
+        alone = msa(x[sample : sample + 1], head_gates=gates[sample])
         torch.testing.assert_close(out[sample : sample + 1], alone, **TOL)
     heads_out, _ = reference_heads(msa, x)
     torch.testing.assert_close(out, merge_and_project(msa, heads_out * gates[:, :, None, None]), **TOL)
@@ -374,26 +428,26 @@ def test_zero_gated_head_contributes_nothing() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
     gates = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    before = msa(x, head_mask=gates)
+    before = msa(x, head_gates=gates)
     d = msa.head_dim
     with torch.no_grad():  # scramble q, k and v of head 1 only
         for part in range(3):
             rows = slice(part * DIM + d, part * DIM + 2 * d)
             msa.qkv.weight[rows] = torch.randn_like(msa.qkv.weight[rows])
-    torch.testing.assert_close(msa(x, head_mask=gates), before, **TOL)
+    torch.testing.assert_close(msa(x, head_gates=gates), before, **TOL)
     assert not torch.allclose(msa(x), before, atol=1e-3)
 
 
 @pytest.mark.parametrize("shape", [(HEADS + 1,), (3, HEADS), (BATCH, HEADS, 1)])
-def test_head_mask_of_wrong_shape_raises(shape: tuple[int, ...]) -> None:
-    with pytest.raises(ValueError, match="head_mask must have shape"):
-        make_msa()(torch.randn(BATCH, TOKENS, DIM), head_mask=torch.ones(*shape))
+def test_head_gates_of_wrong_shape_raises(shape: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="head_gates must have shape"):
+        make_msa()(torch.randn(BATCH, TOKENS, DIM), head_gates=torch.ones(*shape))
 
 
 def test_prune_heads_equals_zero_gating_and_shrinks_parameters() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
-    gated = msa(x, head_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    gated = msa(x, head_gates=torch.tensor([1.0, 0.0, 1.0, 0.0]))
     before = sum(p.numel() for p in msa.parameters())
 
     msa.prune_heads([3, 1])
@@ -404,7 +458,7 @@ def test_prune_heads_equals_zero_gating_and_shrinks_parameters() -> None:
     assert (msa.num_heads, msa.head_dim) == (2, d)
     assert msa.qkv.weight.shape == (3 * 2 * d, DIM) and msa.proj.weight.shape == (DIM, 2 * d)
     torch.testing.assert_close(msa(x), gated, **TOL)
-    _, weights = msa.forward_with_attention(x)
+    _, weights = msa(x, need_weights=True)
     assert weights.shape == (BATCH, 2, TOKENS, TOKENS)
 
 
@@ -414,7 +468,7 @@ def test_prune_heads_equals_gating_with_qk_norm_and_without_qkv_bias() -> None:
         msa.q_norm.weight.normal_()
         msa.k_norm.bias.normal_()
     x = torch.randn(BATCH, TOKENS, DIM)
-    gated = msa(x, head_mask=torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    gated = msa(x, head_gates=torch.tensor([0.0, 1.0, 1.0, 0.0]))
     msa.prune_heads([0, 3])
     assert msa.qkv.bias is None
     torch.testing.assert_close(msa(x), gated, **TOL)
@@ -423,7 +477,7 @@ def test_prune_heads_equals_gating_with_qk_norm_and_without_qkv_bias() -> None:
 def test_pruning_twice_indexes_the_remaining_heads() -> None:
     msa = make_msa()
     x = torch.randn(BATCH, TOKENS, DIM)
-    gated = msa(x, head_mask=torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    gated = msa(x, head_gates=torch.tensor([0.0, 1.0, 0.0, 1.0]))
     msa.prune_heads([0])  # heads left: 1, 2, 3
     msa.prune_heads([1])  # removes original head 2
     torch.testing.assert_close(msa(x), gated, **TOL)
@@ -434,11 +488,12 @@ def test_pruning_every_head_gives_zero_output_and_a_valid_module() -> None:
     x = torch.randn(BATCH, TOKENS, DIM, requires_grad=True)
     msa.prune_heads(range(HEADS))
 
-    out, weights = msa.forward_with_attention(x)
+    out, weights = msa(x, need_weights=True)
     assert msa.num_heads == 0
     assert torch.equal(out, torch.zeros(BATCH, TOKENS, DIM))
     assert weights.shape == (BATCH, 0, TOKENS, TOKENS)
-    assert msa(x, context=torch.randn(BATCH, 3, DIM)).shape == (BATCH, TOKENS, DIM)
+    cross = as_layer(CrossAttention, msa)
+    assert cross(x, torch.randn(BATCH, 3, DIM)).shape == (BATCH, TOKENS, DIM)
     rebuilt = MultiHeadSelfAttention(DIM, 0, head_dim=DIM // HEADS)
     rebuilt.load_state_dict(msa.state_dict())  # the pruned shapes are reproducible
 
@@ -489,7 +544,7 @@ def test_parameter_count_is_independent_of_head_count(heads: int) -> None:
 # ------------------------------------------------------------------------------------ dropout
 def test_returned_weights_are_taken_before_dropout() -> None:
     msa = make_msa(attn_drop=0.5, attn_impl="explicit").train()
-    _, weights = msa.forward_with_attention(torch.randn(BATCH, TOKENS, DIM))
+    _, weights = msa(torch.randn(BATCH, TOKENS, DIM), need_weights=True)
     torch.testing.assert_close(weights.sum(-1), torch.ones(BATCH, HEADS, TOKENS))
 
 
@@ -497,7 +552,7 @@ def test_attention_dropout_is_applied_to_the_weights_that_multiply_v() -> None:
     msa = make_msa(attn_drop=0.5, attn_impl="explicit").train()
     x = torch.randn(BATCH, TOKENS, DIM)
     torch.manual_seed(123)
-    out, weights = msa.forward_with_attention(x)
+    out, weights = msa(x, need_weights=True)
     _, ref_weights = reference_heads(msa, x)
     torch.manual_seed(123)  # replay the same dropout mask on the hand-computed weights
     dropped = F.dropout(ref_weights, p=0.5)
@@ -540,7 +595,7 @@ def test_locality_attention_masks_the_diagonal_and_uses_one_temperature_per_head
     x = torch.randn(2, 6, 32)
     expected_out, expected_weights = lsa_reference(msa, x)
     torch.testing.assert_close(msa(x), expected_out, atol=1e-5, rtol=1e-5)
-    out, weights = msa.forward_with_attention(x)
+    out, weights = msa(x, need_weights=True)
     torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
     assert weights.diagonal(dim1=-2, dim2=-1).abs().max() == 0
     # one shared temperature (the mean) gives another function: the heads really are separate
@@ -563,7 +618,7 @@ def test_pruning_heads_prunes_their_temperatures() -> None:
     with torch.no_grad():
         msa.temperature.copy_(torch.tensor([0.15, 0.3, 0.45, 0.6]))
     x = torch.randn(2, 6, 32)
-    gated = msa(x, head_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    gated = msa(x, head_gates=torch.tensor([1.0, 0.0, 1.0, 0.0]))
     msa.prune_heads([1, 3])
     assert torch.equal(msa.temperature.detach(), torch.tensor([0.15, 0.45]))
     assert isinstance(msa.temperature, nn.Parameter) and msa.temperature.requires_grad
@@ -584,9 +639,9 @@ def test_model_files_with_the_old_per_layer_log_scale_load_as_equal_per_head_tem
 def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks() -> None:
     msa = MultiHeadSelfAttention(16, 2, locality=True)
     x, context = torch.randn(1, 3, 16), torch.randn(1, 3, 16)
-    _, cross = msa.forward_with_attention(x, context=context)
+    _, cross = as_layer(CrossAttention, msa)(x, context, need_weights=True)
     assert cross.diagonal(dim1=-2, dim2=-1).min() > 0  # a query may attend to the same position elsewhere
-    _, causal = msa.forward_with_attention(torch.randn(1, 4, 16), is_causal=True)
+    _, causal = msa(torch.randn(1, 4, 16), attn_bias=causal_mask(4, 4), need_weights=True)
     # Causal without the diagonal: query 0 has no key left (zeros, not NaN); query i sees 0..i-1.
     assert causal[0, :, 0].abs().max() == 0 and torch.isfinite(causal).all()
     torch.testing.assert_close(causal[0, :, 1, 0], torch.ones(2))

@@ -17,6 +17,8 @@ from vitkit.layers import (
     LayerScale,
     Mlp,
     PatchEmbed,
+    causal_mask,
+    padding_mask,
     resample_pos_embed,
     row_entropy,
     sincos_2d_pos_embed,
@@ -145,7 +147,7 @@ def test_block_is_pre_norm_residual_attention_then_mlp() -> None:
 def test_block_returns_attention_weights_with_its_output() -> None:
     block = EncoderBlock(16, 2).eval()
     x = torch.randn(2, 5, 16)
-    out, weights = block.forward_with_attention(x)
+    out, weights = block(x, need_weights=True)
     torch.testing.assert_close(out, block(x), **TOL)
     assert weights.shape == (2, 2, 5, 5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 5))
@@ -251,22 +253,22 @@ def test_block_padded_tokens_values_do_not_change_the_other_outputs(attn_impl: s
     padding[0, 5:], padding[1, 3:] = True, True
     changed = torch.where(padding[..., None], 100 * torch.randn_like(x), x)
     real = ~padding
-    out, out_changed = block(x, key_padding_mask=padding), block(changed, key_padding_mask=padding)
+    out, out_changed = block(x, attn_bias=padding_mask(padding)), block(changed, attn_bias=padding_mask(padding))
     assert torch.equal(out[real], out_changed[real])
     assert not torch.allclose(block(x)[real], block(changed)[real])  # without the mask they do change
 
 
-def test_block_is_causal_makes_each_output_independent_of_later_tokens() -> None:
+def test_block_causal_mask_makes_each_output_independent_of_later_tokens() -> None:
     block = EncoderBlock(16, 4).eval()
     x = torch.randn(2, 6, 16)
     later_changed = x.clone()
     later_changed[:, 4:] = torch.randn(2, 2, 16)
-    out, out_changed = block(x, is_causal=True), block(later_changed, is_causal=True)
+    out, out_changed = block(x, attn_bias=causal_mask(6, 6)), block(later_changed, attn_bias=causal_mask(6, 6))
     assert torch.equal(out[:, :4], out_changed[:, :4])
     assert not torch.allclose(block(x)[:, :4], block(later_changed)[:, :4])
 
 
-def test_block_head_mask_zeroing_a_head_equals_removing_its_output_projection_columns() -> None:
+def test_block_head_gates_zeroing_a_head_equals_removing_its_output_projection_columns() -> None:
     block = EncoderBlock(16, 4).eval()  # head width 4
     x = torch.randn(2, 5, 16)
     without_head = EncoderBlock(16, 4).eval()
@@ -274,7 +276,7 @@ def test_block_head_mask_zeroing_a_head_equals_removing_its_output_projection_co
     with torch.no_grad():
         without_head.attn.proj.weight[:, 2 * 4 : 3 * 4] = 0.0  # head 2 no longer reaches W_o's output
     gates = torch.tensor([1.0, 1.0, 0.0, 1.0])
-    torch.testing.assert_close(block(x, head_mask=gates), without_head(x), **TOL)
+    torch.testing.assert_close(block(x, head_gates=gates), without_head(x), **TOL)
     assert not torch.allclose(block(x), without_head(x))
 
 

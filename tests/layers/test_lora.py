@@ -13,10 +13,10 @@ from torch import nn
 from vitkit import load_model, save_model
 from vitkit.io import CheckpointError, read_model
 from vitkit.layers import (
+    CrossAttention,
     LoraConfig,
     LoraError,
     LoRALinear,
-    MultiHeadSelfAttention,
     add_lora,
     has_lora,
     merge_lora,
@@ -148,7 +148,7 @@ def test_a_rank_above_the_layer_size_is_refused() -> None:
 
 
 def test_cross_attention_goes_through_the_adapter_and_its_dropout() -> None:
-    msa = MultiHeadSelfAttention(16, 2).eval()
+    msa = CrossAttention(16, 2).eval()
     msa.qkv = noisy_(LoRALinear(msa.qkv, rank=4, alpha=4.0, dropout=0.5))
     x, context = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
     adapted = msa(x, context)

@@ -13,7 +13,19 @@ import math
 import pytest
 import torch
 
-from vitkit.layers import EncoderBlock, KVCache, MultiHeadSelfAttention, Rope2d, patch_coords, rotate_tokens
+from vitkit.layers import (
+    CausalSelfAttention,
+    CrossAttention,
+    EncoderBlock,
+    KVCache,
+    MultiHeadSelfAttention,
+    Rope2d,
+    TokenPositions,
+    causal_mask,
+    padding_mask,
+    patch_coords,
+    rotate_tokens,
+)
 
 DIM, HEADS, HEAD_DIM = 32, 4, 8
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -47,6 +59,11 @@ def hand_attention(
     return msa.proj(out), weights
 
 
+def at(positions: torch.Tensor, tokens: int) -> TokenPositions:
+    """``positions`` ``[n, 2]`` of the last ``n`` of ``tokens`` tokens (the others are prefix tokens)."""
+    return TokenPositions(positions, tokens - positions.shape[-2])
+
+
 def make_msa(rope: str, **kwargs) -> MultiHeadSelfAttention:
     msa = MultiHeadSelfAttention(DIM, HEADS, rope=rope, **kwargs)
     with torch.no_grad():
@@ -65,7 +82,7 @@ def test_axial_rope_equals_a_hand_written_2d_rotation_on_a_2x2_grid() -> None:
     theta = 100.0
     rope = Rope2d(HEAD_DIM, 1, "axial", theta)
     x = torch.randn(1, 1, 5, HEAD_DIM)  # a class token, then the 2x2 grid
-    rotated = rotate_tokens(x, rope(patch_coords((2, 2))))
+    rotated = rotate_tokens(x, rope(patch_coords((2, 2))), 1)
 
     torch.testing.assert_close(rotated[0, 0, 0], x[0, 0, 0])  # the prefix token is not rotated
     cells = [(0, 0), (1, 0), (0, 1), (1, 1)]  # (x, y) of tokens 1..4
@@ -82,7 +99,7 @@ def test_axial_rope_equals_a_hand_written_2d_rotation_on_a_2x2_grid() -> None:
 def test_ij_axes_turn_the_first_half_with_the_row() -> None:
     positions = torch.tensor([[3.0, 5.0]])
     x = torch.randn(1, 1, 1, HEAD_DIM)
-    swapped = rotate_tokens(x, Rope2d(HEAD_DIM, 1, "axial", 100.0, axes="ij")(positions))
+    swapped = rotate_tokens(x, Rope2d(HEAD_DIM, 1, "axial", 100.0, axes="ij")(positions), 0)
     expected = rotate_pairs(x, axial_angles(positions.flip(-1), HEAD_DIM, 100.0))
     torch.testing.assert_close(swapped, expected, **TOL)
 
@@ -94,7 +111,7 @@ def test_mixed_rope_turns_each_pair_by_its_heads_learned_2d_frequency() -> None:
         rope.freqs.copy_(freqs)
     positions = torch.tensor([[2.0, -1.0], [0.5, 3.0]])
     x = torch.randn(1, 2, 3, HEAD_DIM)
-    rotated = rotate_tokens(x, rope(positions))
+    rotated = rotate_tokens(x, rope(positions), 1)
     for head in range(2):
         angles = positions[:, :1] * freqs[0, head] + positions[:, 1:] * freqs[1, head]  # x fx + y fy
         torch.testing.assert_close(rotated[0, head, 1:], rotate_pairs(x[0, head, 1:], angles), **TOL)
@@ -119,10 +136,10 @@ def test_logits_between_patches_are_unchanged_when_both_positions_shift_alike(ro
     msa = make_msa(rope, attn_impl="explicit")
     x = torch.randn(2, 6, DIM)
     positions = patch_coords((2, 3))
-    _, weights = msa.forward_with_attention(x, positions=positions)
-    _, shifted = msa.forward_with_attention(x, positions=positions + torch.tensor([3.5, -2.0]))
+    _, weights = msa(x, rope=at(positions, 6), need_weights=True)
+    _, shifted = msa(x, rope=at(positions + torch.tensor([3.5, -2.0]), 6), need_weights=True)
     torch.testing.assert_close(shifted, weights, **TOL)
-    _, moved = msa.forward_with_attention(x, positions=positions.flip(0))  # not a uniform shift
+    _, moved = msa(x, rope=at(positions.flip(0), 6), need_weights=True)  # not a uniform shift
     assert (moved - weights).abs().max() > 1e-3
 
 
@@ -135,8 +152,8 @@ def test_attention_with_axial_rope_equals_the_hand_computation_and_leaves_the_pr
     x = torch.randn(2, 1 + 4, DIM)
     positions = patch_coords((2, 2))
     expected, expected_weights = hand_attention(msa, x, axial_angles(positions, HEAD_DIM, 100.0), num_prefix=1)
-    torch.testing.assert_close(msa(x, positions=positions), expected, **TOL)
-    torch.testing.assert_close(msa.forward_with_attention(x, positions=positions)[1], expected_weights, **TOL)
+    torch.testing.assert_close(msa(x, rope=at(positions, 5)), expected, **TOL)
+    torch.testing.assert_close(msa(x, rope=at(positions, 5), need_weights=True)[1], expected_weights, **TOL)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
@@ -147,7 +164,7 @@ def test_attention_with_mixed_rope_equals_the_hand_computation_with_registers(at
     fx, fy = msa.rope.freqs.detach()
     angles = positions[:, None, :1] * fx[None] + positions[:, None, 1:] * fy[None]  # [n, H, d/2]
     expected, _ = hand_attention(msa, x, angles.transpose(0, 1), num_prefix=5)
-    torch.testing.assert_close(msa(x, positions=positions), expected, **TOL)
+    torch.testing.assert_close(msa(x, rope=at(positions, 11)), expected, **TOL)
 
 
 @pytest.mark.parametrize("rope", ["axial", "mixed"])
@@ -161,58 +178,60 @@ def test_sdpa_and_explicit_kernels_agree_with_rope_and_masks(rope: str, masks: s
     padding[1, -2:] = True
     kwargs = {
         "none": {},
-        "padding": {"key_padding_mask": padding},
-        "causal": {"is_causal": True},
-        "attn_mask": {"attn_mask": torch.rand(7, 7, generator=torch.Generator().manual_seed(0)) > 0.3},
+        "padding": {"attn_bias": padding_mask(padding)},
+        "causal": {"attn_bias": causal_mask(7, 7)},
+        "attn_mask": {"attn_bias": torch.rand(7, 7, generator=torch.Generator().manual_seed(0)) > 0.3},
     }[masks]
-    positions = patch_coords((3, 2))
-    torch.testing.assert_close(sdpa(x, positions=positions, **kwargs), explicit(x, positions=positions, **kwargs), **TOL)
+    positions = at(patch_coords((3, 2)), 7)
+    torch.testing.assert_close(sdpa(x, rope=positions, **kwargs), explicit(x, rope=positions, **kwargs), **TOL)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 def test_cross_attention_rotates_keys_by_the_context_positions(attn_impl: str) -> None:
-    msa = make_msa("mixed", attn_impl=attn_impl)
+    msa = CrossAttention(DIM, HEADS, rope="mixed", attn_impl=attn_impl)
     x, context = torch.randn(2, 3, DIM), torch.randn(2, 5, DIM)
     q_pos, k_pos = torch.randn(3, 2), torch.randn(5, 2)
-    out = msa(x, context, positions=q_pos, context_positions=k_pos)
+    out = msa(x, context, rope=at(q_pos, 3), context_rope=at(k_pos, 5))
     offset = torch.tensor([1.5, 4.0])
-    shifted = msa(x, context, positions=q_pos + offset, context_positions=k_pos + offset)
+    shifted = msa(x, context, rope=at(q_pos + offset, 3), context_rope=at(k_pos + offset, 5))
     torch.testing.assert_close(shifted, out, **TOL)  # relative: only q_pos - k_pos matters
-    assert (msa(x, context, positions=q_pos, context_positions=k_pos + offset) - out).abs().max() > 1e-3
-    with pytest.raises(ValueError, match="context_positions"):
-        msa(x, context, positions=q_pos)
+    assert (msa(x, context, rope=at(q_pos, 3), context_rope=at(k_pos + offset, 5)) - out).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="context_rope"):
+        msa(x, context, rope=at(q_pos, 3))
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 @pytest.mark.parametrize("rope", ["axial", "mixed"])
 def test_kv_cache_with_rope_stores_rotated_keys_and_equals_the_full_causal_pass(attn_impl: str, rope: str) -> None:
     msa = make_msa(rope, attn_impl=attn_impl).eval()
+    decoder = CausalSelfAttention(DIM, HEADS, rope=rope, attn_impl=attn_impl).eval()
+    decoder.load_state_dict(msa.state_dict())
     x = torch.randn(2, 6, DIM)
     positions = patch_coords((2, 3))
-    full = msa(x, is_causal=True, positions=positions)
+    full = msa(x, attn_bias=causal_mask(6, 6), rope=at(positions, 6))
 
     cache = KVCache()
-    steps = [msa(x[:, t : t + 1], is_causal=True, kv_cache=cache, positions=positions[t : t + 1]) for t in range(6)]
+    steps = [decoder(x[:, t : t + 1], kv_cache=cache, rope=at(positions[t : t + 1], 1)) for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL)
 
     keys = (x @ msa.qkv.weight[DIM : 2 * DIM].T + msa.qkv.bias[DIM : 2 * DIM]).view(2, 6, HEADS, HEAD_DIM)
-    rotated = rotate_tokens(keys.transpose(1, 2), msa.rope(positions))
+    rotated = rotate_tokens(keys.transpose(1, 2), msa.rope(positions), 0)
     torch.testing.assert_close(cache.k, rotated, **TOL)
 
 
 def test_pruning_heads_keeps_each_remaining_heads_mixed_frequencies() -> None:
     msa = make_msa("mixed", attn_impl="explicit")
     x, positions = torch.randn(2, 7, DIM), patch_coords((2, 3))
-    gated = msa(x, positions=positions, head_mask=torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    gated = msa(x, rope=at(positions, 7), head_gates=torch.tensor([0.0, 1.0, 0.0, 1.0]))
     freqs = msa.rope.freqs.detach().clone()
     msa.prune_heads([0, 2])
     torch.testing.assert_close(msa.rope.freqs.detach(), freqs[:, [1, 3]])
-    torch.testing.assert_close(msa(x, positions=positions), gated, **TOL)
+    torch.testing.assert_close(msa(x, rope=at(positions, 7)), gated, **TOL)
 
 
 def test_mixed_frequencies_learn_and_axial_rope_holds_no_state() -> None:
     msa = make_msa("mixed")
-    msa(torch.randn(1, 5, DIM), positions=patch_coords((2, 2))).sum().backward()
+    msa(torch.randn(1, 5, DIM), rope=at(patch_coords((2, 2)), 5)).sum().backward()
     assert msa.rope.freqs.grad is not None and msa.rope.freqs.grad.abs().sum() > 0
     assert "rope.freqs" in msa.state_dict()
     assert not any("rope" in key for key in make_msa("axial").state_dict())
@@ -221,20 +240,21 @@ def test_mixed_frequencies_learn_and_axial_rope_holds_no_state() -> None:
 def test_block_hands_positions_to_its_attention() -> None:
     block = EncoderBlock(DIM, HEADS, rope="axial")
     x = torch.randn(1, 5, DIM)
-    out = block(x, positions=patch_coords((2, 2)))
-    assert (out - block(x, positions=patch_coords((2, 2)) * 2)).abs().max() > 1e-4
+    out = block(x, rope=at(patch_coords((2, 2)), 5))
+    assert (out - block(x, rope=at(patch_coords((2, 2)) * 2, 5))).abs().max() > 1e-4
 
 
 # ------------------------------------------------------------------------------------ errors
-def test_positions_without_rope_and_rope_without_positions_raise() -> None:
-    with pytest.raises(ValueError, match="no RoPE"):
-        MultiHeadSelfAttention(DIM, HEADS)(torch.randn(1, 4, DIM), positions=patch_coords((2, 2)))
-    with pytest.raises(ValueError, match="pass positions"):
-        make_msa("axial")(torch.randn(1, 4, DIM))
-    with pytest.raises(ValueError, match="positions name 6 tokens"):
-        make_msa("axial")(torch.randn(1, 4, DIM), positions=patch_coords((2, 3)))
-    with pytest.raises(ValueError, match=r"\[\.\.\., n, 2\]"):
-        make_msa("axial")(torch.randn(1, 4, DIM), positions=torch.zeros(4, 3))
+def test_positions_are_ignored_without_rope_and_rope_without_positions_or_with_wrong_ones_raises() -> None:
+    plain = MultiHeadSelfAttention(DIM, HEADS)
+    x = torch.randn(1, 4, DIM)
+    torch.testing.assert_close(plain(x, rope=at(patch_coords((2, 2)), 4)), plain(x))  # a model always passes them
+    with pytest.raises(ValueError, match="pass rope=TokenPositions"):
+        make_msa("axial")(x)
+    with pytest.raises(ValueError, match="6 patch tokens after 0 prefix tokens.*holds 4"):
+        make_msa("axial")(x, rope=TokenPositions(patch_coords((2, 3))))
+    with pytest.raises(ValueError, match=r"\[n, 2\] or \[B, n, 2\]"):
+        TokenPositions(torch.zeros(4, 3))
 
 
 def test_rope_needs_head_dim_divisible_by_4_and_a_known_kind() -> None:

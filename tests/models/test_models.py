@@ -85,7 +85,7 @@ def block_by_block(model: VisionTransformer, x: torch.Tensor) -> tuple[list[torc
     """Every block's output tokens ``[B, N, D]`` and weights, run by hand (not through the model's forwards)."""
     tokens, outputs, weights = model.embed(x), [], []
     for block in model.blocks:
-        tokens, attention = block.forward_with_attention(tokens)
+        tokens, attention = block(tokens, need_weights=True)
         outputs.append(tokens)
         weights.append(attention)
     return outputs, weights
@@ -142,8 +142,8 @@ def test_forward_intermediates_gates_heads_as_forward_does() -> None:
     x = images()
     gates = torch.ones(2, 4)
     gates[1, 2] = 0
-    logits, _ = logits_and_attention(model, x, head_mask=gates)
-    torch.testing.assert_close(logits, model(x, head_mask=gates), **TOL)
+    logits, _ = logits_and_attention(model, x, head_gates=gates)
+    torch.testing.assert_close(logits, model(x, head_gates=gates), **TOL)
     assert not torch.allclose(logits, model(x), **TOL)
 
 
@@ -275,16 +275,16 @@ def test_output_projection_init_is_scaled_by_inverse_sqrt_twice_depth() -> None:
 
 
 # ------------------------------------------------------------------------------- head masks
-def test_head_mask_of_ones_changes_nothing_and_accepts_depth_by_heads_tensor() -> None:
+def test_head_gates_of_ones_changes_nothing_and_accepts_depth_by_heads_tensor() -> None:
     model = perturb_(tiny()).eval()
     x = images()
-    torch.testing.assert_close(model(x, head_mask=torch.ones(2, 4)), model(x), **TOL)
-    torch.testing.assert_close(model(x, head_mask=[None, torch.ones(BATCH, 4)]), model(x), **TOL)
+    torch.testing.assert_close(model(x, head_gates=torch.ones(2, 4)), model(x), **TOL)
+    torch.testing.assert_close(model(x, head_gates=[None, torch.ones(BATCH, 4)]), model(x), **TOL)
 
 
-def test_head_mask_needs_one_entry_per_block() -> None:
+def test_head_gates_needs_one_entry_per_block() -> None:
     with pytest.raises(ValueError, match=r"one entry per block \(2\), got 3"):
-        tiny()(images(), head_mask=torch.ones(3, 4))
+        tiny()(images(), head_gates=torch.ones(3, 4))
 
 
 def test_pruning_heads_in_a_model_equals_gating_them_and_shrinks_it() -> None:
@@ -293,7 +293,7 @@ def test_pruning_heads_in_a_model_equals_gating_them_and_shrinks_it() -> None:
     gates = torch.ones(3, 4)
     gates[0, [1, 3]] = 0
     gates[2, 0] = 0
-    gated = model(x, head_mask=gates)
+    gated = model(x, head_gates=gates)
     params, flops = count_parameters(model), vit_flops(model.config)
 
     model.blocks[0].attn.prune_heads([1, 3])

@@ -104,7 +104,7 @@ def test_mixed_frequencies_are_drawn_per_layer_and_not_weight_decayed() -> None:
 def test_blocks_rotate_the_patch_positions_of_the_input_grid() -> None:
     model = tiny(rope="axial", pos_embed="none", dynamic_img_size=True, img_size=(16, 24))
     seen = []
-    model.blocks[0].attn.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["positions"]),
+    model.blocks[0].attn.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["rope"].xy[0]),
                                                with_kwargs=True)
     model(torch.randn(1, 3, 16, 24))
     model(torch.randn(1, 3, 8, 12))
@@ -165,7 +165,7 @@ def test_pruning_a_mixed_rope_model_equals_gating_its_heads() -> None:
     x = torch.randn(2, 3, 16, 16)
     gates = torch.ones(2, 4)
     gates[0, 1] = gates[1, 3] = 0.0
-    gated = model(x, head_mask=gates)
+    gated = model(x, head_gates=gates)
     vitkit.prune.prune_heads(model, {0: [1], 1: [3]})
     torch.testing.assert_close(model(x), gated, **TOL)
 

@@ -95,7 +95,7 @@ def test_uniform_attention_has_entropy_log_n(seed: int) -> None:
 def test_pruned_model_equals_gated_model(seed: int, heads: dict[int, list[int]]) -> None:
     model = tiny_model()
     images, _ = toy_batches()[0]
-    gated = model(images, head_mask=gates_off(model, heads))
+    gated = model(images, head_gates=gates_off(model, heads))
     pruned = pruned_copy(model, gates_off(model, heads))
     torch.testing.assert_close(pruned(images), gated, atol=1e-5, rtol=1e-5)
     assert pruned.heads_per_layer() == [HEADS - len(heads.get(layer, [])) for layer in range(DEPTH)]
@@ -114,10 +114,10 @@ def test_pruning_every_head_of_a_layer_equals_gating_without_the_wo_bias(seed: i
     pruned = pruned_copy(model, gates)
     assert pruned.heads_per_layer() == [0, HEADS]
     # Gated-off heads still pass W_o's bias into the residual stream; a pruned layer adds nothing.
-    assert not torch.allclose(pruned(images), model(images, head_mask=gates), atol=1e-4)
+    assert not torch.allclose(pruned(images), model(images, head_gates=gates), atol=1e-4)
     with torch.no_grad():
         model.blocks[0].attn.proj.bias.zero_()
-    torch.testing.assert_close(pruned(images), model(images, head_mask=gates), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pruned(images), model(images, head_gates=gates), atol=1e-5, rtol=1e-5)
 
 
 def test_pruned_model_saves_and_reloads_with_its_shapes_and_outputs(seed: int, tmp_path) -> None:

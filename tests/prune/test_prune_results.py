@@ -20,7 +20,7 @@ def per_example_gradients(model: nn.Module, batches: list[tuple[torch.Tensor, to
     for images, labels in batches:
         for image, label in zip(images, labels):
             gates = [torch.ones(HEADS, requires_grad=True) for _ in range(DEPTH)]
-            loss = F.cross_entropy(model(image[None], head_mask=gates), label[None])
+            loss = F.cross_entropy(model(image[None], head_gates=gates), label[None])
             per_example.append(torch.stack(torch.autograd.grad(loss, gates)))
     return torch.stack(per_example)
 
@@ -36,7 +36,7 @@ def test_importance_is_the_mean_over_examples_of_the_absolute_gate_gradient(seed
     whole = []
     for images, labels in batches:
         gates = [torch.ones(len(images), HEADS, requires_grad=True) for _ in range(DEPTH)]
-        loss = F.cross_entropy(model(images, head_mask=gates), labels, reduction="sum")
+        loss = F.cross_entropy(model(images, head_gates=gates), labels, reduction="sum")
         whole.append(torch.stack([g.sum(0) for g in torch.autograd.grad(loss, gates)]))
     batch_formula = torch.stack(whole).abs().sum(0) / 10
     assert (batch_formula - expected).abs().max() > 1e-4
@@ -51,7 +51,7 @@ class FixedPredictions(nn.Module):
         self.anchor = nn.Parameter(torch.zeros(1))
         self.register_buffer("table", F.one_hot(torch.tensor(predictions), num_classes).float())
 
-    def forward(self, images: torch.Tensor, head_mask: object = None) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, head_gates: object = None) -> torch.Tensor:
         return self.table[images[:, 0, 0, 0].long()] + 0 * self.anchor
 
 

@@ -214,7 +214,7 @@ class StepClock:
     def __call__(self) -> float:
         self.reads += 1
         if self.reads % 2 == 0:
-            self.now += self.seconds[self.model.blocks[0].attn.kernel_policy]
+            self.now += self.seconds[self.model.blocks[0].attn.attn_impl]
         return self.now
 
 
@@ -240,10 +240,10 @@ def test_the_callback_sets_the_kernel_on_every_auto_module_and_restores_auto_aft
     seen = []
     for step in range(STEPS_TO_CHOOSE + 3):
         chooser.on_train_batch_start(fake_trainer(step), model, batch, step)
-        seen.append({block.attn.kernel_policy for block in model.blocks})
+        seen.append({block.attn.attn_impl for block in model.blocks})
         train_step(model, *batch)
         chooser.on_train_batch_end(fake_trainer(step + 1), model, None, batch, step)
-        assert {block.attn.kernel_policy for block in model.blocks} == {"auto"} and pinned.kernel_policy == "sdpa"
+        assert {block.attn.attn_impl for block in model.blocks} == {"auto"} and pinned.attn_impl == "sdpa"
     assert all(len(kernels) == 1 for kernels in seen)
     assert seen[-3:] == [{"explicit"}] * 3
     (row,) = chooser.report()["keys"]
@@ -293,7 +293,7 @@ def test_a_pinned_model_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     chooser.setup(None, model, "fit")
     chooser.on_train_start(None, model)
     chooser.on_train_batch_start(fake_trainer(0), model, (torch.randn(4, 3, 8, 8),), 0)
-    assert {block.attn.kernel_policy for block in model.blocks} == {"explicit"}
+    assert {block.attn.attn_impl for block in model.blocks} == {"explicit"}
     assert "pinned" in chooser.report()
 
 
@@ -315,14 +315,14 @@ def test_ab_steps_compute_the_update_either_kernel_alone_would() -> None:
             model.load_state_dict(weights)
             torch.set_rng_state(rng)
             for block in model.blocks:
-                block.attn.kernel_policy = kernel
+                block.attn.attn_impl = kernel
             alone[kernel] = (train_step(model, *batch), torch.get_rng_state())
         model.load_state_dict(weights)
         torch.set_rng_state(rng)
         for block in model.blocks:
-            block.attn.kernel_policy = "auto"
+            block.attn.attn_impl = "auto"
         chooser.on_train_batch_start(fake_trainer(step), model, batch, step)
-        ran.add(model.blocks[0].attn.kernel_policy)
+        ran.add(model.blocks[0].attn.attn_impl)
         grads = train_step(model, *batch)
         chooser.on_train_batch_end(fake_trainer(step + 1), model, None, batch, step)
         for reference, rng_after in alone.values():

@@ -105,7 +105,7 @@ def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Te
 def chosen_kernel(model: nn.Module, asked: set[AutotuneKey]) -> str:
     """The kernel ``attn_impl="auto"`` ran in a cell whose calls asked the autotuner for the keys
     ``asked``: pinned by ``VITKIT_ATTN_IMPL`` (read when ``model`` was built), else the choices."""
-    policies = {block.attn.kernel_policy for block in model.blocks}
+    policies = {block.attn.attn_impl for block in model.blocks}
     if policies != {"auto"}:
         return "/".join(sorted(policies)) + (" (pinned)" if os.environ.get(IMPL_ENV) else "")
     kernels = {AUTOTUNER.choices[key].kernel for key in asked if key in AUTOTUNER.choices}
@@ -180,9 +180,9 @@ def step_flops(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mod
     """FLOPs of one forward (``mode="forward"``) or forward + backward, counted by
     ``torch.utils.flop_counter`` with the explicit kernel (its matmuls are counted on every
     device; a fused SDPA call on the CPU may not be), so the count does not depend on the kernel."""
-    policies = [block.attn.kernel_policy for block in model.blocks]
+    policies = [block.attn.attn_impl for block in model.blocks]
     for block in model.blocks:
-        block.attn.kernel_policy = "explicit"
+        block.attn.attn_impl = "explicit"
     try:
         with FlopCounterMode(display=False) as counter:
             with torch.set_grad_enabled(mode == "train"):
@@ -192,7 +192,7 @@ def step_flops(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mod
         model.zero_grad(set_to_none=True)
     finally:
         for block, policy in zip(model.blocks, policies):
-            block.attn.kernel_policy = policy
+            block.attn.attn_impl = policy
     return counter.get_total_flops()
 
 
@@ -210,7 +210,7 @@ def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
     def variant(kernel: str = "explicit", bf16_weights: bool = False, fused: bool = True, compiled: bool = False) -> Callable[[], None]:
         model = copy.deepcopy(base)
         for block in model.blocks:
-            block.attn.kernel_policy = kernel
+            block.attn.attn_impl = kernel
         if bf16_weights:  # weights, gradients and optimiser state in bf16: no casts, no float32 master weights
             model = model.bfloat16()
         if compiled:

@@ -108,7 +108,7 @@ def capture_attention(
         )
     parameter = next(model.parameters())
     images = images.to(device=parameter.device, dtype=parameter.dtype)
-    grid = model.patch_embed.grid_size(images.shape[2], images.shape[3])
+    grid = model.token_positions(images).grid
     with torch.set_grad_enabled(with_gradients):
         if with_gradients:  # a leaf that requires grad keeps the graph without weight gradients
             images = images.detach().requires_grad_(True)

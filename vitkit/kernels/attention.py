@@ -66,7 +66,7 @@ def choose_attn_impl(
         q: queries ``[B, H, N, d]``.
         need_weights: the caller wants the post-softmax weights, which only "explicit" produces.
         k: keys ``[B, H, M, d]`` (default: self-attention, shaped like ``q``).
-        masked: the call passes a boolean mask; dropout_p: its attention dropout; scale: its
+        masked: the call passes a mask or bias; dropout_p: its attention dropout; scale: its
             softmax scale (default ``d ** -0.5``). These shape the measurement.
     """
     if need_weights:
@@ -140,8 +140,9 @@ def sdpa_attention(
     dropout_p: float,
     scale: float,
 ) -> torch.Tensor:
-    """Fused attention. ``allowed`` is a boolean mask broadcastable to ``[B, H, N, M]`` (True = may
-    attend) in which every query row has at least one allowed key. Returns ``[B, H, N, d]``."""
+    """Fused attention. ``allowed`` is a boolean mask (True = may attend) or an additive float bias,
+    broadcastable to ``[B, H, N, M]``, in which every query row has at least one allowed (finite)
+    key. Returns ``[B, H, N, d]``."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
 
 
@@ -160,8 +161,10 @@ def explicit_attention(
         before dropout, which is applied to the copy that multiplies ``v``.
     """
     scores = (q * scale) @ k.transpose(-2, -1)
-    if allowed is not None:
+    if allowed is not None and allowed.dtype == torch.bool:
         scores = scores.masked_fill(~allowed, float("-inf"))
+    elif allowed is not None:
+        scores = scores + allowed
     weights = scores.softmax(dim=-1)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     return dropped @ v, weights

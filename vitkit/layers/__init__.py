@@ -7,18 +7,33 @@ re-exported so blocks built from vitkit and from timm share one class.
 from timm.layers import DropPath
 
 from ..kernels import choose_attn_impl
-from .attention import AttentionOptions, KVCache, MultiHeadSelfAttention
-from .attention_masks import build_allowed_mask, causal_mask
+from .attention import AttentionBase, AttentionOptions, MultiHeadSelfAttention
+from .attention_masks import causal_mask, padding_mask
 from .attention_stats import row_entropy
 from .block import EncoderBlock, LayerScale
+from .cross_attention import CrossAttention
+from .decoding import CausalSelfAttention, KVCache
 from .lora import LoraConfig, LoraError, LoRALinear, add_lora, has_lora, merge_lora, merge_lora_state_dict
 from .mlp import Mlp
+from .parts import UnknownPartError, get_part, register_attention, register_block, register_mlp, registered
 from .patch_embed import ConvPatchEmbed, PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
+from .positions import TokenPositions
 from .rope import Rope2d, patch_coords, rotate_tokens
 
 __all__ = [
+    "AttentionBase",
     "AttentionOptions",
+    "CausalSelfAttention",
+    "CrossAttention",
+    "TokenPositions",
+    "UnknownPartError",
+    "get_part",
+    "padding_mask",
+    "register_attention",
+    "register_block",
+    "register_mlp",
+    "registered",
     "ConvPatchEmbed",
     "DropPath",
     "EncoderBlock",
@@ -32,7 +47,6 @@ __all__ = [
     "PatchEmbed",
     "Rope2d",
     "add_lora",
-    "build_allowed_mask",
     "causal_mask",
     "choose_attn_impl",
     "has_lora",

@@ -1,12 +1,12 @@
 """Multi-head self-attention (Vaswani et al. 2017, https://arxiv.org/abs/1706.03762).
 
-``MultiHeadSelfAttention`` computes ``softmax(Q K^T / sqrt(d_k)) V`` per head from one fused qkv
-projection, merges the heads and applies the output projection ``W_o``. Beyond timm's
-``Attention`` it returns the attention weights on request, takes padding / causal / arbitrary
-boolean masks (a query with no allowed key gives zeros, never NaN), attends to a ``context``
-(cross-attention), gates heads (ablations, head importance), prunes heads physically and
-decodes incrementally with a :class:`KVCache` and rotates queries and keys by 2-D RoPE
-(:mod:`.rope`) before either kernel runs.
+:class:`AttentionBase` holds what every vitkit attention layer shares: the fused qkv projection,
+the optional q/k norms, per-head LSA temperatures and 2-D RoPE, the output projection ``W_o``,
+head gates, physical head pruning and the kernel dispatch (:mod:`vitkit.kernels`) with the one
+mask contract ``attn_bias`` (:mod:`.attention_masks`). :class:`MultiHeadSelfAttention` is the
+ViT's self-attention on top of it, about as long as timm's ``Attention``; cross-attention
+(:mod:`.cross_attention`) and causal decoding with a KV cache (:mod:`.decoding`) are their own
+layers on the same base, off the ViT's path.
 """
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ import dataclasses
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from einops import rearrange
 from torch import nn
 
 from ..kernels import ATTN_IMPLS, AttnImpl, choose_attn_impl, explicit_attention, resolve_attn_impl, sdpa_attention
-from .attention_masks import build_allowed_mask, split_empty_rows
+from .attention_masks import prepare_bias, without_diagonal
 from .init_rules import xavier_per_projection, xavier_scaled
-from .lora import LoraError, has_lora, linear_rows
+from .lora import LoraError, has_lora
+from .parts import register_attention
+from .positions import TokenPositions
 from .rope import ROPE_KINDS, Rope2d, RopeAxes, RopeKind, rotate_tokens
 
 #: W_o's Xavier-init scale for a standalone module, whose depth is unknown (see ``out_init_scale``).
@@ -39,39 +41,11 @@ def _linear(in_features: int, out_features: int, bias: bool = True, **factory: o
         return nn.Linear(in_features, out_features, bias=bias, **factory)
 
 
-def _without_diagonal(attn_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
-    """``attn_mask`` (True = may attend) with every token's attention to itself removed."""
-    off_diagonal = ~torch.eye(num_tokens, dtype=torch.bool, device=device)
-    return off_diagonal if attn_mask is None else attn_mask & off_diagonal
-
-
-@dataclass
-class KVCache:
-    """Keys and values of the positions decoded so far, each ``[B, H, T, d]``.
-
-    Pass the same cache to successive calls of a causal ``MultiHeadSelfAttention``; each call
-    appends its own keys and values and attends to everything cached. With RoPE the keys are
-    stored rotated (each by its own position), so earlier positions are never needed again.
-    """
-
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[-2]
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k, v`` ``[B, H, n, d]`` and return all keys and values ``[B, H, T + n, d]``."""
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
-
-
 @dataclass(frozen=True)
 class AttentionOptions:
-    """How a :class:`MultiHeadSelfAttention` attends: every option but its size (``dim``, ``num_heads``).
+    """How an attention layer (:class:`AttentionBase`) attends: every option but its size (``dim``, ``num_heads``).
 
-    Adding an attention option takes one field here and its use in ``MultiHeadSelfAttention``;
+    Adding an attention option takes one field here and its use in :class:`AttentionBase`;
     a :class:`~vitkit.models.ViTConfig` field of the same name then reaches every block of a
     model (:meth:`~vitkit.models.ViTConfig.attention_options`), with no signature in between.
 
@@ -84,9 +58,9 @@ class AttentionOptions:
             inside its MLP, as timm's ``Block`` does).
         qk_norm: LayerNorm on each head's queries and keys (stabilises small head widths).
         attn_impl: ``"auto"`` (the exact kernel measured fastest on this machine, see
-            :mod:`vitkit.kernels`), ``"sdpa"`` or ``"explicit"``. Resolved once, here, into
-            :attr:`kernel_policy` (``VITKIT_ATTN_IMPL`` pins ``"auto"``); a training run sets
-            that attribute of ``"auto"`` modules step by step.
+            :mod:`vitkit.kernels`), ``"sdpa"`` or ``"explicit"``. The module resolves it once
+            into its own ``attn_impl`` attribute (``VITKIT_ATTN_IMPL`` pins ``"auto"``); a
+            training run sets that attribute of ``"auto"`` modules step by step.
         out_init_scale: factor applied to ``W_o``'s Xavier init, because ``W_o`` writes into the
             residual stream. Models pass ``1/sqrt(2 * depth)`` (GPT-2); standalone the default is
             0.5.
@@ -99,7 +73,8 @@ class AttentionOptions:
             diagonal is masked), which sharpens attention on small datasets.
         rope: 2-D rotary position embedding of the queries and keys (:mod:`.rope`): ``"none"``,
             ``"axial"`` (fixed frequencies, x and y halves of each head) or ``"mixed"``
-            (learnable frequencies per head). The forward then takes ``positions``.
+            (learnable frequencies per head). The forward then takes ``rope``, the tokens'
+            :class:`~vitkit.layers.TokenPositions`.
         rope_theta: RoPE's frequency base; default 100 (axial) or 10 (mixed), Heo et al.'s.
         rope_axes: ``"xy"`` (the first half of the axial pairs turns with x, Heo et al.) or
             ``"ij"`` (with y, timm's default ``grid_indexing``).
@@ -133,8 +108,9 @@ class AttentionOptions:
         return dataclasses.replace(self, **changes) if changes else self
 
 
-class MultiHeadSelfAttention(nn.Module):
-    """Multi-head (self- or cross-) attention over token sequences.
+class AttentionBase(nn.Module):
+    """What every attention layer shares; subclasses project their queries, keys and values and
+    call :meth:`attend`.
 
     Args:
         dim: token width ``D`` of the input (and of the output).
@@ -144,6 +120,10 @@ class MultiHeadSelfAttention(nn.Module):
         device, dtype: where and in which dtype the parameters are created (as torch's layers).
         **changes: :class:`AttentionOptions` fields overriding ``options``
             (``MultiHeadSelfAttention(64, 4, qk_norm=True)``).
+
+    Attributes:
+        attn_impl: the kernel policy, resolved once from ``options.attn_impl`` (``"auto"``,
+            ``"sdpa"`` or ``"explicit"``); a training run may set it step by step.
     """
 
     def __init__(
@@ -172,8 +152,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
-        self.attn_impl = options.attn_impl
-        self.kernel_policy: AttnImpl = resolve_attn_impl(options.attn_impl)
+        self.attn_impl: AttnImpl = resolve_attn_impl(options.attn_impl)
         self.attn_drop = options.attn_drop
         self.qkv = _linear(dim, 3 * num_heads * head_dim, bias=options.qkv_bias, **factory)
         self.q_norm = nn.LayerNorm(head_dim, eps=options.norm_eps, **factory) if options.qk_norm else nn.Identity()
@@ -220,164 +199,88 @@ class MultiHeadSelfAttention(nn.Module):
         locality = ", locality=True" if self.locality else ""
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}{locality}"
 
-    def _rotate(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None, context_positions: torch.Tensor | None,
-        cross: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q`` rotated by ``positions`` and ``k`` by ``context_positions`` (cross-attention) or
-        ``positions``; unchanged without RoPE."""
-        if self.rope is None:
-            if positions is not None or context_positions is not None:
-                raise ValueError("positions were given, but this attention has no RoPE (rope='none').")
-            return q, k
-        key_positions = context_positions if cross else positions
-        if positions is None or key_positions is None:
-            needed = "positions and context_positions" if cross else "positions"
-            raise ValueError(f"rope={self.rope.kind!r} rotates queries and keys by position: pass {needed} [n, 2].")
-        return rotate_tokens(q, self.rope(positions)), rotate_tokens(k, self.rope(key_positions))
-
-    def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """Queries from ``x``, keys and values from ``context`` (or ``x``); each ``[B, H, n, d]``."""
-        if context is None:
-            qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
-            return tuple(qkv.unbind(0))
-        inner = self.num_heads * self.head_dim
-        q = linear_rows(self.qkv, x, slice(None, inner))  # a LoRA adapter's update (and dropout) included
-        kv = linear_rows(self.qkv, context, slice(inner, None))
-        q = rearrange(q, "b n (h d) -> b h n d", h=self.num_heads)
-        k, v = rearrange(kv, "b m (two h d) -> two b h m d", two=2, h=self.num_heads).unbind(0)
-        return q, k, v
-
-    def _check_input(self, x: torch.Tensor, name: str) -> None:
+    def check_tokens(self, x: torch.Tensor, name: str = "x") -> None:
+        """Raise ``ValueError`` unless ``x`` is ``[B, N, D]`` with this layer's ``D``."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(
                 f"{name} must have shape [B, N, D] with D = {self.dim}, got {tuple(x.shape)}; "
                 "flatten images to token sequences first (e.g. with PatchEmbed)."
             )
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        positions: torch.Tensor | None = None,
-        context_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``[B, N, D] -> [B, N, D]``: attend from ``x`` to ``context`` (default ``x`` itself);
-        the arguments are :meth:`forward_with_attention`'s."""
-        rope = (positions, context_positions)
-        return self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, rope, False)[0]
+    def split_heads(self, projected: torch.Tensor) -> torch.Tensor:
+        """``[B, N, H*d]`` to ``[B, H, N, d]``."""
+        return rearrange(projected, "b n (h d) -> b h n d", h=self.num_heads)
 
-    def forward_with_attention(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        head_mask: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        positions: torch.Tensor | None = None,
-        context_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``x`` to ``context`` (default: to ``x`` itself).
+    def rotate(self, tokens: list[torch.Tensor], rope: TokenPositions | None, name: str = "rope") -> list[torch.Tensor]:
+        """Queries and/or keys ``[B, H, N, d]`` of the same tokens, rotated by those tokens'
+        positions with this layer's RoPE (the angles computed once for all of them); unchanged
+        without RoPE (``rope`` is then ignored, so a model may always pass it)."""
+        if self.rope is None:
+            return tokens
+        if rope is None:
+            raise ValueError(
+                f"rope={self.rope.kind!r} rotates queries and keys by position: pass {name}=TokenPositions(...) "
+                "(a ViT passes its own, see VisionTransformer.token_positions)."
+            )
+        angles = rope.angles(self.rope)
+        return [rotate_tokens(x, angles, rope.num_prefix) for x in tokens]
 
-        Args:
-            x: queries' tokens ``[B, N, D]``.
-            context: keys' and values' tokens ``[B, M, D]`` (cross-attention); default ``x``.
-            attn_mask: boolean, broadcastable to ``[B, H, N, M]``; True = may attend.
-            key_padding_mask: boolean ``[B, M]``; True = padding.
-            is_causal: query ``i`` attends to keys up to its own position.
-            head_mask: gates ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
-            kv_cache: self-attention only; this call's keys and values are appended to it and
-                the queries attend to all cached positions.
-            positions: with RoPE, the ``(x, y)`` positions ``[n, 2]`` (or ``[B, n, 2]``) of the
-                last ``n`` tokens of ``x``, which are rotated; the ``N - n`` tokens before them
-                (class token, registers) are not. Self-attention rotates the keys alike.
-            context_positions: with RoPE and ``context``, the positions of the last tokens of
-                ``context``, by which the keys are rotated.
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_bias: torch.Tensor | None,
+        head_gates: torch.Tensor | None,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of ``q`` ``[B, H, N, d]`` over ``k, v`` ``[B, H, M, d]`` (normed and rotated),
+        merged and projected by ``W_o``.
 
         Returns:
-            The output ``[B, N, D]`` and the post-softmax weights ``[B, H, N, M]`` (before
-            attention dropout, part of the autograd graph). A query with no allowed key gets
-            zero output and zero weights.
+            ``[B, N, D]`` and, with ``need_weights``, the post-softmax weights ``[B, H, N, M]``
+            (before attention dropout, part of the autograd graph), else ``None``. A query with
+            no allowed key gets zero output and zero weights.
         """
-        rope = (positions, context_positions)
-        out, weights = self._attend(x, context, attn_mask, key_padding_mask, is_causal, head_mask, kv_cache, rope, True)
-        assert weights is not None  # asked for: the explicit kernel ran
-        return out, weights
-
-    def _attend(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None,
-        attn_mask: torch.Tensor | None,
-        key_padding_mask: torch.Tensor | None,
-        is_causal: bool,
-        head_mask: torch.Tensor | None,
-        kv_cache: KVCache | None,
-        rope: tuple[torch.Tensor | None, torch.Tensor | None],
-        return_attention: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The output and, when ``return_attention``, the weights (else ``None``)."""
-        self._check_input(x, "x")
-        if context is not None:
-            self._check_input(context, "context")
-            if kv_cache is not None:
-                raise ValueError("kv_cache is for self-attention decoding; it cannot be combined with context.")
-        batch, num_queries = x.shape[:2]
-        if self.num_heads == 0:  # every head pruned: the branch contributes nothing
-            num_keys = (x if context is None else context).shape[1] + (len(kv_cache) if kv_cache else 0)
-            weights = x.new_zeros(batch, 0, num_queries, num_keys) if return_attention else None
-            return x.new_zeros(batch, num_queries, self.dim), weights
-
-        q, k, v = self._project(x, context)
-        q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self._rotate(q, k, *rope, cross=context is not None)  # before caching: the cache holds rotated keys
-        if kv_cache is not None:
-            k, v = kv_cache.extend(k, v)
-        shape = (batch, self.num_heads, num_queries, k.shape[-2])
+        batch, _, num_queries, _ = q.shape
         scale: float = self.scale
         if self.temperature is not None:
             # Each head's temperature multiplies its queries, so both kernels take it unchanged.
             q, scale = q * self.temperature.to(q.dtype).view(-1, 1, 1), 1.0
-            if context is None and kv_cache is None:
-                attn_mask = _without_diagonal(attn_mask, num_queries, x.device)
-        allowed, row_has_key = split_empty_rows(
-            build_allowed_mask(shape, x.device, attn_mask, key_padding_mask, is_causal)
-        )
+        shape = (batch, self.num_heads, num_queries, k.shape[-2])
+        bias, row_has_key = prepare_bias(attn_bias, shape, q)
         dropout_p = self.attn_drop if self.training else 0.0
         impl = choose_attn_impl(
-            self.kernel_policy, q, return_attention, k=k, masked=allowed is not None, dropout_p=dropout_p, scale=scale
+            self.attn_impl, q, need_weights, k=k, masked=bias is not None, dropout_p=dropout_p, scale=scale
         )
         weights = None
         if impl == "sdpa":
-            out = sdpa_attention(q, k, v, allowed, dropout_p, scale)
+            out = sdpa_attention(q, k, v, bias, dropout_p, scale)
         else:
-            out, weights = explicit_attention(q, k, v, allowed, dropout_p, scale)
+            out, weights = explicit_attention(q, k, v, bias, dropout_p, scale)
         if row_has_key is not None:
             out = out * row_has_key
             weights = None if weights is None else weights * row_has_key
-        if head_mask is not None:
-            out = out * self._gates(head_mask, batch).to(out.dtype)
+        if head_gates is not None:
+            out = out * self._gates(head_gates, batch).to(out.dtype)
         return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)"))), weights
 
-    def _gates(self, head_mask: torch.Tensor, batch: int) -> torch.Tensor:
-        """``head_mask`` ``[H]`` or ``[B, H]`` as ``[1 or B, H, 1, 1]``."""
-        if head_mask.dim() not in (1, 2) or head_mask.shape[-1] != self.num_heads or (
-            head_mask.dim() == 2 and head_mask.shape[0] not in (1, batch)
+    def no_heads(self, x: torch.Tensor, num_keys: int, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every head pruned: the branch contributes zeros ``[B, N, D]`` (weights ``[B, 0, N, M]``)."""
+        batch, num_queries = x.shape[:2]
+        weights = x.new_zeros(batch, 0, num_queries, num_keys) if need_weights else None
+        return x.new_zeros(batch, num_queries, self.dim), weights
+
+    def _gates(self, head_gates: torch.Tensor, batch: int) -> torch.Tensor:
+        """``head_gates`` ``[H]`` or ``[B, H]`` as ``[1 or B, H, 1, 1]``."""
+        if head_gates.dim() not in (1, 2) or head_gates.shape[-1] != self.num_heads or (
+            head_gates.dim() == 2 and head_gates.shape[0] not in (1, batch)
         ):
             raise ValueError(
-                f"head_mask must have shape [H] or [B, H] with H = {self.num_heads}, B = {batch}; "
-                f"got {tuple(head_mask.shape)}."
+                f"head_gates must have shape [H] or [B, H] with H = {self.num_heads}, B = {batch}; "
+                f"got {tuple(head_gates.shape)}."
             )
-        return head_mask.reshape(-1, self.num_heads, 1, 1)
+        return head_gates.reshape(-1, self.num_heads, 1, 1)
 
     @torch.no_grad()
     def prune_heads(self, heads: Iterable[int]) -> None:
@@ -413,3 +316,64 @@ class MultiHeadSelfAttention(nn.Module):
             self.temperature = nn.Parameter(self.temperature.index_select(0, index))
         if self.rope is not None:
             self.rope.select_heads(index)
+
+
+@register_attention("self_attention")
+class MultiHeadSelfAttention(AttentionBase):
+    """Multi-head self-attention over token sequences, a ViT block's attention.
+
+    Construction as :class:`AttentionBase`. Beyond timm's ``Attention`` it returns the attention
+    weights on request, takes a boolean mask or an additive bias (``attn_bias``), gates heads
+    (ablations, head importance), prunes heads physically, and rotates queries and keys by 2-D
+    RoPE from the tokens' positions.
+    """
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., rope: TokenPositions | None = ...,
+        head_gates: torch.Tensor | None = ..., need_weights: Literal[False] = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., rope: TokenPositions | None = ...,
+        head_gates: torch.Tensor | None = ..., need_weights: Literal[True],
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        attn_bias: torch.Tensor | None = None,
+        rope: TokenPositions | None = None,
+        head_gates: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from every token of ``x`` to every token of ``x``.
+
+        Args:
+            x: tokens ``[B, N, D]``.
+            attn_bias: boolean mask (True = may attend) or additive float bias, broadcastable to
+                ``[B, H, N, N]`` (:mod:`.attention_masks`: :func:`~.attention_masks.padding_mask`,
+                :func:`~.attention_masks.causal_mask`).
+            rope: the tokens' positions (:class:`~vitkit.layers.TokenPositions`), by which RoPE
+                rotates queries and keys; ignored without RoPE.
+            head_gates: ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
+            need_weights: also return the post-softmax weights (the explicit kernel runs).
+
+        Returns:
+            ``[B, N, D]``; with ``need_weights`` the pair (output, weights ``[B, H, N, N]``, before
+            attention dropout, part of the autograd graph).
+        """
+        self.check_tokens(x)
+        if self.num_heads == 0:
+            out, weights = self.no_heads(x, x.shape[1], need_weights)
+        else:
+            q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads).unbind(0)
+            q, k = self.rotate([self.q_norm(q), self.k_norm(k)], rope)
+            if self.locality:  # LSA: no token attends to itself
+                attn_bias = without_diagonal(attn_bias, x.shape[1], x.device)
+            out, weights = self.attend(q, k, v, attn_bias, head_gates, need_weights)
+        return (out, weights) if need_weights else out  # type: ignore[return-value]
+
+

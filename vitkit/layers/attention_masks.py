@@ -1,11 +1,16 @@
-"""Turn the user-facing mask arguments of attention into one boolean "allowed" mask.
+"""The one mask contract of vitkit's attention layers: ``attn_bias``.
 
-Conventions: ``attn_mask`` True = may attend, as in
-:func:`torch.nn.functional.scaled_dot_product_attention`; ``key_padding_mask`` True = padding (may
-not be attended), as in :class:`torch.nn.MultiheadAttention`. ``is_causal`` differs from SDPA's
-when there are more keys than queries: here the mask is aligned bottom-right (the last query sees
-every key, right for decoding with a KV cache), while SDPA's ``is_causal`` is aligned top-left
-(query ``i`` sees keys ``0..i``). With as many keys as queries the two agree.
+``attn_bias`` is either a **boolean mask** (True = may attend, as in
+:func:`torch.nn.functional.scaled_dot_product_attention`) or an **additive float bias** added to
+the scaled scores before the softmax (``-inf`` forbids a key; token merging's log-size term,
+ALiBi-like distance biases), broadcastable to ``[B, H, N, M]``: ``[N, M]``, ``[B, 1, N, M]`` or
+``[B, H, N, M]``. A query with no allowed key gets zero output and zero weights, never NaN.
+
+Helpers build the usual masks: :func:`padding_mask` from a key-padding mask (True = padding, as
+:class:`torch.nn.MultiheadAttention`), :func:`causal_mask`; combine boolean masks with ``&`` and a
+boolean mask with a bias by ``bias.masked_fill(~mask, float("-inf"))``. :func:`causal_mask` is
+aligned bottom-right when there are more keys than queries (the last query sees every key, right
+for decoding with a KV cache), while SDPA's ``is_causal`` is aligned top-left.
 """
 
 from __future__ import annotations
@@ -21,12 +26,12 @@ def _check_broadcast(mask: torch.Tensor, target: tuple[int, ...], name: str) -> 
     if shape != target:
         raise ValueError(
             f"{name} of shape {tuple(mask.shape)} does not broadcast to the attention shape "
-            f"[B, H, N, M] = {list(target)}; give a boolean mask of shape [N, M], [B, 1, N, M] "
-            "or [B, H, N, M] (True = may attend)."
+            f"[B, H, N, M] = {list(target)}; give a boolean mask (True = may attend) or a float bias "
+            "of shape [N, M], [B, 1, N, M] or [B, H, N, M]."
         )
 
 
-def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Boolean ``[N, M]`` mask where query ``i`` sees keys ``j <= i + (M - N)``.
 
     With ``M == N`` this is the usual lower-triangular mask; with ``M > N`` the queries are the
@@ -38,62 +43,64 @@ def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.
     return cols <= rows + offset
 
 
-def build_allowed_mask(
-    shape: tuple[int, int, int, int],
-    device: torch.device,
-    attn_mask: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-) -> torch.Tensor | None:
-    """Combine the mask arguments into one boolean mask broadcastable to ``shape``.
-
-    Args:
-        shape: the attention shape ``(B, H, N, M)``.
-        attn_mask: boolean, broadcastable to ``[B, H, N, M]``, True = may attend.
-        key_padding_mask: boolean ``[B, M]``, True = padding.
-        is_causal: add the causal constraint of :func:`causal_mask`.
-
-    Returns:
-        ``None`` when nothing is masked, else a boolean tensor broadcastable to ``shape``.
-    """
-    batch, _, num_queries, num_keys = shape
-    allowed = None
-    if attn_mask is not None:
-        if attn_mask.dtype != torch.bool:
-            raise ValueError(
-                f"attn_mask must be boolean (True = may attend), got dtype {attn_mask.dtype}; "
-                "convert an additive float mask with `mask == 0`."
-            )
-        _check_broadcast(attn_mask, shape, "attn_mask")
-        allowed = attn_mask.to(device)
-    if key_padding_mask is not None:
-        if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (batch, num_keys):
-            raise ValueError(
-                f"key_padding_mask must be a boolean tensor of shape [B, M] = [{batch}, {num_keys}] "
-                f"(True = padding), got {key_padding_mask.dtype} of shape {tuple(key_padding_mask.shape)}."
-            )
-        keep = ~key_padding_mask.to(device)[:, None, None, :]
-        allowed = keep if allowed is None else allowed & keep
-    if is_causal:
-        causal = causal_mask(num_queries, num_keys, device)
-        allowed = causal if allowed is None else allowed & causal
-    return allowed
+def padding_mask(key_padding: torch.Tensor) -> torch.Tensor:
+    """A key-padding mask ``[B, M]`` (True = padding) as an ``attn_bias`` ``[B, 1, 1, M]``
+    (True = may attend)."""
+    if key_padding.dtype != torch.bool or key_padding.dim() != 2:
+        raise ValueError(
+            f"key_padding must be a boolean tensor [B, M] (True = padding), got {key_padding.dtype} "
+            f"of shape {tuple(key_padding.shape)}."
+        )
+    return ~key_padding[:, None, None, :]
 
 
-def split_empty_rows(allowed: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Make every query row attend to something, and remember which rows had no allowed key.
+def without_diagonal(attn_bias: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """``attn_bias`` with every token's attention to itself forbidden (Locality Self-Attention)."""
+    diagonal = torch.eye(num_tokens, dtype=torch.bool, device=device)
+    if attn_bias is None:
+        return ~diagonal
+    if attn_bias.dtype == torch.bool:
+        return attn_bias & ~diagonal
+    return attn_bias.masked_fill(diagonal, float("-inf"))
+
+
+def prepare_bias(
+    attn_bias: torch.Tensor | None, shape: tuple[int, int, int, int], like: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Check ``attn_bias`` against the attention ``shape`` ``(B, H, N, M)`` and make every query
+    row attend to something.
 
     A row with no allowed key gives NaN in a softmax over ``-inf``; such rows are opened to all
     keys (so neither kernel sees an empty row, forward or backward) and their output is zeroed
     afterwards with the returned ``row_has_key`` mask.
 
+    Args:
+        attn_bias: boolean mask or float bias broadcastable to ``shape``, or ``None``.
+        shape: ``(B, H, N, M)``.
+        like: the queries; a float bias is cast to their dtype and moved to their device.
+
     Returns:
-        ``(safe_allowed, row_has_key)``: ``row_has_key`` (``[..., N, 1]`` boolean) is ``None``
-        when every row already has a key.
+        ``(bias, row_has_key)``: the mask or bias for the kernels (``None``: nothing masked) and
+        ``[..., N, 1]`` booleans, ``None`` when every row has a key.
     """
-    if allowed is None:
+    if attn_bias is None:
         return None, None
+    if attn_bias.dtype != torch.bool and not attn_bias.is_floating_point():
+        raise ValueError(
+            f"attn_bias must be boolean (True = may attend) or a float bias, got dtype {attn_bias.dtype}."
+        )
+    _check_broadcast(attn_bias, shape, "attn_bias")
+    attn_bias = attn_bias.to(like.device)
+    if attn_bias.dtype == torch.bool:
+        row_has_key = attn_bias.any(dim=-1, keepdim=True)
+        if bool(row_has_key.all()):
+            return attn_bias, None
+        return attn_bias | ~row_has_key, row_has_key
+    if bool(torch.isnan(attn_bias).any()) or bool((attn_bias == float("inf")).any()):
+        raise ValueError("attn_bias holds NaN or +inf; use -inf to forbid a key and finite values otherwise.")
+    attn_bias = attn_bias.to(like.dtype)
+    allowed = attn_bias > float("-inf")
     row_has_key = allowed.any(dim=-1, keepdim=True)
     if bool(row_has_key.all()):
-        return allowed, None
-    return allowed | ~row_has_key, row_has_key
+        return attn_bias, None
+    return attn_bias.masked_fill(~row_has_key, 0.0), row_has_key

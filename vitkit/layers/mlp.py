@@ -9,12 +9,14 @@ from timm.layers import get_act_layer
 from torch import nn
 
 from .init_rules import xavier
+from .parts import register_mlp
 
 #: The MLP activations, by timm's names: exact GELU, CLIP's ``x * sigmoid(1.702 x)`` (OpenAI's
 #: original CLIP models) and the tanh approximation of GELU (big_vision, SigLIP).
 ActLayer = Literal["gelu", "quick_gelu", "gelu_tanh"]
 
 
+@register_mlp("mlp")
 class Mlp(nn.Module):
     """``Linear(D, hidden) -> activation -> Dropout -> Linear(hidden, D) -> Dropout``.
 

@@ -44,13 +44,15 @@ def patch_coords(
     return torch.stack([x, y], dim=-1).reshape(-1, 2)
 
 
-def rotate_tokens(x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
-    """Rotate the last ``n`` tokens of ``x`` ``[B, H, N, d]`` by ``embedding`` ``[..., n, 2d]``
-    (:meth:`Rope2d.forward`); the ``N - n`` tokens before them (class token, registers) stay as
-    they are. Returns ``[B, H, N, d]`` in ``x``'s dtype."""
-    num_prefix = x.shape[-2] - embedding.shape[-2]
-    if num_prefix < 0:
-        raise ValueError(f"positions name {embedding.shape[-2]} tokens but the sequence holds {x.shape[-2]}.")
+def rotate_tokens(x: torch.Tensor, embedding: torch.Tensor, num_prefix: int) -> torch.Tensor:
+    """Rotate the tokens of ``x`` ``[B, H, N, d]`` after its ``num_prefix`` prefix tokens (class
+    token, registers: never rotated) by ``embedding`` ``[..., N - num_prefix, 2d]``
+    (:meth:`Rope2d.forward` of their positions). Returns ``[B, H, N, d]`` in ``x``'s dtype."""
+    if num_prefix < 0 or x.shape[-2] != num_prefix + embedding.shape[-2]:
+        raise ValueError(
+            f"the positions name {embedding.shape[-2]} patch tokens after {num_prefix} prefix tokens, but the "
+            f"sequence holds {x.shape[-2]} tokens; keep the positions with the tokens (TokenPositions.select)."
+        )
     rotated = apply_rot_embed_cat(x[..., num_prefix:, :], embedding)
     return torch.cat([x[..., :num_prefix, :], rotated], dim=-2) if num_prefix else rotated
 
@@ -123,6 +125,11 @@ class Rope2d(nn.Module):
         """Keep the frequencies of the heads ``index`` (head pruning); axial ones are shared."""
         if self.freqs is not None:
             self.freqs = nn.Parameter(self.freqs.index_select(1, index.to(self.freqs.device)))
+
+    @property
+    def learnable(self) -> bool:
+        """Mixed RoPE learns its frequencies per layer; axial angles depend on the positions only."""
+        return self.freqs is not None
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         """Positions ``[..., n, 2]`` (``x, y``) to ``sin ‖ cos`` of every channel's angle,

@@ -10,6 +10,7 @@ from typing import Literal
 from ..kernels import AttnImpl
 from ..layers.attention import AttentionOptions
 from ..layers.mlp import ActLayer
+from ..layers.parts import PART_FIELDS, get_part
 from ..layers.patch_embed import conv_stem_reaches
 from ..layers.rope import RopeAxes, RopeKind
 from ..schema import MAX_IMG_SIDE, Channels, Config, FieldError, bounds
@@ -64,6 +65,9 @@ class ViTConfig(Config):
     ``conv`` stem (stride-2 3x3 convolutions with BatchNorm/ReLU, then a 1x1; arXiv:2106.14881),
     whose patch size must be a square power of two; timm's ``VisionTransformer`` has neither SPT
     nor this stem.
+    ``block``, ``attn_layer`` and ``mlp_layer`` name the classes the blocks are built from, as
+    registered in :mod:`vitkit.layers.parts` (timm's ``block_fn``, ``attn_layer``, ``mlp_layer``);
+    a model file records them, so a custom block round-trips once its module is imported.
     ``init`` names the weight initialisation scheme (:mod:`vitkit.models.init`): ``'vitkit'``
     (Xavier-uniform, scaled-down ``W_o``), ``'timm'`` or ``'jax'``.
     Each field's allowed range is in its metadata (``MAX_*`` above); :meth:`validate` adds the
@@ -108,9 +112,14 @@ class ViTConfig(Config):
     fc_norm: bool | None = None
     act_layer: ActLayer = "gelu"
     distilled: bool = False
+    block: str = "encoder"
+    attn_layer: str = "self_attention"
+    mlp_layer: str = "mlp"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first inconsistent hyper-parameter."""
+        for kind in ("block", "attention", "mlp"):
+            get_part(kind, getattr(self, PART_FIELDS[kind]))
         heads = self.heads_per_layer()
         if isinstance(self.num_heads, int) and self.num_heads < 1:
             raise FieldError("num_heads", f"is out of range: got {self.num_heads}, must be >= 1 and <= {MAX_HEADS}.")

@@ -220,6 +220,11 @@ def timm_twin_lacks(config: ViTConfig) -> list[TwinGap]:
         TwinGap(f"per-layer or narrow heads (timm needs the same full head count in every layer; this model has "
                 f"{heads} of width {config.resolved_head_dim()})")
         if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim else None,
+        *(
+            TwinGap(f"a custom {name}={getattr(config, name)!r} (timm's blocks are its own)", {name: default})
+            for name, default in (("block", "encoder"), ("attn_layer", "self_attention"), ("mlp_layer", "mlp"))
+            if getattr(config, name) != default
+        ),
     ]
     if config.rope != "none":  # timm's RoPE ViTs are its Eva class
         gaps += [

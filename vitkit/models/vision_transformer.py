@@ -17,18 +17,19 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from einops import rearrange
 from timm.layers import AttentionPoolLatent, get_act_layer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import ConvPatchEmbed, EncoderBlock, PatchEmbed, patch_coords, resample_pos_embed, sincos_2d_pos_embed
+from ..layers import ConvPatchEmbed, PatchEmbed, TokenPositions, get_part, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
 from ..layers.patch_embed import conv_stem_widths
 from .config import ViTConfig
 from .init import init_parts
 
-HeadMask = torch.Tensor | Sequence[torch.Tensor | None] | None
+#: Per-block head gates: ``None``, or one ``None`` / ``[H_l]`` / ``[B, H_l]`` entry per block (a
+#: ``[depth, H]`` tensor works when all layers have ``H`` heads).
+HeadGates = torch.Tensor | Sequence[torch.Tensor | None] | None
 
 
 @dataclass
@@ -78,7 +79,11 @@ class VisionTransformer(nn.Module):
     ``[B, N, D]`` tokens, ``forward_head(feats, pre_logits=False)``, ``forward_intermediates(x,``
     ``indices, ..., return_attention=False)`` for chosen blocks' tokens and attention weights
     (an :class:`Intermediates`), ``set_grad_checkpointing``, ``reset_classifier``,
-    ``no_weight_decay``, ``group_matcher``. Every forward takes ``head_mask`` (per-block head gates).
+    ``no_weight_decay``, ``group_matcher``. Every forward takes ``head_gates`` (per-block head gates).
+
+    The blocks are ``config.block`` (a registered name, :mod:`vitkit.layers.parts`) built with
+    ``config.attn_layer`` and ``config.mlp_layer``; ``block_fn`` overrides the block class for
+    this instance (timm's ``block_fn``), but only a registered one is recorded in a model file.
 
     ``device`` and ``dtype`` are torch's factory keywords. To build a large model without memory
     or init cost, build it on the meta device, then ``model.to_empty(device=...)`` and
@@ -89,6 +94,7 @@ class VisionTransformer(nn.Module):
         self,
         config: ViTConfig | None = None,
         *,
+        block_fn: type[nn.Module] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         **kwargs: Any,
@@ -127,16 +133,19 @@ class VisionTransformer(nn.Module):
         self.norm_pre = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if config.pre_norm else nn.Identity()
 
         rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
-        attn = config.attention_options()
+        options = config.attention_options()
+        block_cls = block_fn if block_fn is not None else get_part("block", config.block)
         self.blocks = nn.ModuleList(
-            EncoderBlock(
+            block_cls(
                 dim,
                 heads,
-                attn,
+                options,
                 mlp_ratio=config.mlp_ratio,
                 drop_path=rate,
                 init_values=config.init_values,
                 act_layer=config.act_layer,
+                attn_layer=config.attn_layer,
+                mlp_layer=config.mlp_layer,
                 **factory,
             )
             for heads, rate in zip(config.heads_per_layer(), rates)
@@ -309,34 +318,33 @@ class VisionTransformer(nn.Module):
             tokens = torch.cat([*prefix, tokens], dim=1) + positions
         return self.norm_pre(self.pos_drop(tokens))
 
-    def rope_positions(self, images: torch.Tensor) -> torch.Tensor | None:
-        """``(x, y)`` of the patch tokens of ``images`` ``[B, C, H, W]``, ``[gh*gw, 2]``, which every
-        block's RoPE rotates by (the prefix tokens are not rotated); ``None`` without RoPE."""
-        if self.config.rope == "none":
-            return None
-        return patch_coords(self.patch_embed.grid_size(images.shape[2], images.shape[3]), device=images.device)
+    def token_positions(self, images: torch.Tensor) -> TokenPositions:
+        """The positions of the tokens of ``images`` ``[B, C, H, W]``: every patch cell of its grid,
+        row-major, after the prefix tokens. Built once per forward and carried through the blocks
+        (RoPE rotates by them; read-outs put patches back on the grid by them)."""
+        grid = self.patch_embed.grid_size(images.shape[2], images.shape[3])
+        return TokenPositions.of_grid(grid, self.num_prefix_tokens, device=images.device)
 
-    def _layer_head_masks(self, head_mask: HeadMask) -> list[torch.Tensor | None]:
-        if head_mask is None:
+    def _layer_head_gates(self, head_gates: HeadGates) -> list[torch.Tensor | None]:
+        if head_gates is None:
             return [None] * len(self.blocks)
-        if len(head_mask) != len(self.blocks):
-            raise ValueError(f"head_mask needs one entry per block ({len(self.blocks)}), got {len(head_mask)}.")
-        return list(head_mask)
+        if len(head_gates) != len(self.blocks):
+            raise ValueError(f"head_gates needs one entry per block ({len(self.blocks)}), got {len(head_gates)}.")
+        return list(head_gates)
 
     def _run_block(
         self,
         block: nn.Module,
         x: torch.Tensor,
         gates: torch.Tensor | None,
-        return_attention: bool,
-        positions: torch.Tensor | None = None,
+        need_weights: bool,
+        positions: TokenPositions,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One block on ``x`` (checkpointed when enabled); its weights only when asked for, so the
-        fused kernel runs otherwise. ``positions``: RoPE's patch coordinates (:meth:`rope_positions`)."""
-        run = block.forward_with_attention if return_attention else block
-        kwargs = {"head_mask": gates, "positions": positions}
-        out = checkpoint(run, x, use_reentrant=False, **kwargs) if self._checkpointing() else run(x, **kwargs)
-        return out if return_attention else (out, None)
+        fused kernel runs otherwise."""
+        kwargs = {"head_gates": gates, "rope": positions, "need_weights": need_weights}
+        out = checkpoint(block, x, use_reentrant=False, **kwargs) if self._checkpointing() else block(x, **kwargs)
+        return out if need_weights else (out, None)
 
     def _checkpointing(self) -> bool:
         return self.grad_checkpointing and torch.is_grad_enabled()
@@ -352,7 +360,7 @@ class VisionTransformer(nn.Module):
         output_fmt: Literal["NCHW", "NLC"] = "NCHW",
         intermediates_only: bool = False,
         return_attention: bool = False,
-        head_mask: HeadMask = None,
+        head_gates: HeadGates = None,
     ) -> Intermediates:
         """Tokens of chosen blocks and, with ``return_attention``, their attention weights.
 
@@ -370,7 +378,7 @@ class VisionTransformer(nn.Module):
             intermediates_only: skip the final norm: ``features`` is ``None``.
             return_attention: keep each chosen block's post-softmax weights ``[B, H_l, N, N]``,
                 part of the autograd graph (the explicit kernel runs in those blocks).
-            head_mask: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
+            head_gates: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
                 tensor works when all layers have ``H`` heads).
         """
         if output_fmt not in ("NCHW", "NLC"):
@@ -378,11 +386,10 @@ class VisionTransformer(nn.Module):
         take = _take_indices(len(self.blocks), indices)
         last = take[-1] if take else -1
         tokens = self._embed_checked(x)
-        grid = self.patch_embed.grid_size(x.shape[2], x.shape[3])
-        positions = self.rope_positions(x)
+        positions = self.token_positions(x)
         kept: list[torch.Tensor] = []
         attentions: list[torch.Tensor] = []
-        gates = self._layer_head_masks(head_mask)
+        gates = self._layer_head_gates(head_gates)
         for index, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
             wanted = index in take
             tokens, weights = self._run_block(block, tokens, gates[index], return_attention and wanted, positions)
@@ -393,7 +400,7 @@ class VisionTransformer(nn.Module):
         prefix = self.num_prefix_tokens
         patches = [y[:, prefix:] for y in kept]
         if output_fmt == "NCHW":
-            patches = [rearrange(y, "b (h w) d -> b d h w", h=grid[0], w=grid[1]) for y in patches]
+            patches = [positions.to_grid(y) for y in patches]
         ran_every_block = not stop_early or last == len(self.blocks) - 1
         return Intermediates(
             features=self.norm(tokens) if ran_every_block and not intermediates_only else None,
@@ -408,17 +415,17 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"expected images [B, C, H, W], got shape {tuple(images.shape)}.")
         return self.embed(images)
 
-    def forward_features(self, images: torch.Tensor, *, head_mask: HeadMask = None) -> torch.Tensor:
+    def forward_features(self, images: torch.Tensor, *, head_gates: HeadGates = None) -> torch.Tensor:
         """Tokens after the last block and the final norm, ``[B, N, D]``.
 
         Args:
             images: ``[B, C, H, W]``.
-            head_mask: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
+            head_gates: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
                 tensor works when all layers have ``H`` heads).
         """
         x = self._embed_checked(images)
-        positions = self.rope_positions(images)
-        for block, gates in zip(self.blocks, self._layer_head_masks(head_mask)):
+        positions = self.token_positions(images)
+        for block, gates in zip(self.blocks, self._layer_head_gates(head_gates)):
             x = self._run_block(block, x, gates, False, positions)[0]
         return self.norm(x)
 
@@ -456,9 +463,9 @@ class VisionTransformer(nn.Module):
             return cls, dist
         return (cls + dist) / 2
 
-    def forward(self, images: torch.Tensor, *, head_mask: HeadMask = None) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, *, head_gates: HeadGates = None) -> torch.Tensor:
         """``[B, C, H, W]`` images to ``[B, num_classes]`` logits (see :meth:`forward_features`)."""
-        return self.forward_head(self.forward_features(images, head_mask=head_mask))
+        return self.forward_head(self.forward_features(images, head_gates=head_gates))
 
 
 def count_parameters(model: nn.Module) -> int:

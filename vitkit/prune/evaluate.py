@@ -53,8 +53,8 @@ def evaluate_accuracy(
     progress: bool = False,
 ) -> float:
     """Top-1 accuracy in percent of ``model`` over ``loader``: :func:`vitkit.evaluation.evaluate_model`
-    with the head ``gates`` (per block ``[H_l]``) as its ``head_mask``."""
-    return evaluate_model(model, loader, head_mask=gates, max_batches=max_batches, progress=progress).top1
+    with the head ``gates`` (per block ``[H_l]``) as its ``head_gates``."""
+    return evaluate_model(model, loader, head_gates=gates, max_batches=max_batches, progress=progress).top1
 
 
 @torch.inference_mode()

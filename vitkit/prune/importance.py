@@ -72,7 +72,7 @@ def head_importance(
         for images, labels in batches(dataloader, max_batches, "head importance", progress):
             batch = len(labels)
             xi = [g.to(device).expand(batch, -1).clone().requires_grad_(True) for g in gates]
-            loss = F.cross_entropy(model(images.to(device), head_mask=xi), labels.to(device), reduction="sum")
+            loss = F.cross_entropy(model(images.to(device), head_gates=xi), labels.to(device), reduction="sum")
             # A layer with no heads left never uses its gate: allow_unused gives None for it.
             grads = torch.autograd.grad(loss, xi, allow_unused=True)
             for total, grad in zip(totals, grads):
@@ -113,13 +113,13 @@ def attention_entropy(
     """
     gates = check_gates(model, full_gates(model) if gates is None else gates)
     device = model_device(model)
-    head_mask = [g.to(device) for g in gates]
+    head_gates = [g.to(device) for g in gates]
     totals = [torch.zeros(len(g)) for g in gates]
     examples = 0
     with eval_mode(model):
         for images, _ in batches(dataloader, max_batches, "attention entropy", progress):
             run = model.forward_intermediates(
-                images.to(device), intermediates_only=True, return_attention=True, head_mask=head_mask
+                images.to(device), intermediates_only=True, return_attention=True, head_gates=head_gates
             )
             for total, weights in zip(totals, run.attentions):
                 total += row_entropy(weights).mean(-1).sum(0).cpu()  # [B, H, N] nats, mean over queries

@@ -2,13 +2,13 @@
 
 A *gate set* holds one ``[H_l]`` tensor of 0/1 gates per block (``model.heads_per_layer()``
 decides ``H_l``, which may differ between blocks once heads are pruned); it is what
-``model(x, head_mask=gates)`` takes. :func:`prune_heads` removes heads for good: the qkv rows and
+``model(x, head_gates=gates)`` takes. :func:`prune_heads` removes heads for good: the qkv rows and
 ``W_o`` columns go, parameters and FLOPs shrink, and the config records the per-layer head counts
 so that :func:`vitkit.save_model` / :func:`vitkit.load_model` round-trip the pruned model.
 
 Gating and pruning agree exactly (up to float rounding) except in one case: when *every* head
 of a block is gated off, the gated block still adds ``W_o``'s bias to the residual stream, while
-a block whose heads are all pruned adds nothing (``MultiHeadSelfAttention`` returns zeros). A
+a block whose heads are all pruned adds nothing (its attention returns zeros). A
 constant added before ``norm2`` cannot be folded into another layer, so the two models differ
 there; :func:`pruned_copy` is what the accuracy curves of :mod:`vitkit.prune.iterative` measure,
 so they always describe the model you would deploy.

@@ -38,7 +38,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ..layers import MultiHeadSelfAttention
+from ..layers import AttentionBase
 
 KERNELS = ("sdpa", "explicit")
 #: Timed A/B pairs per measurement round: even, half AB and half BA, so that an order effect cancels.
@@ -277,12 +277,12 @@ class TrainingKernelChooser(Callback):
         self.clock = clock
         self.watch_drift = watch_drift
         self.trial = KernelTrial()
-        self.modules: list[MultiHeadSelfAttention] = []
+        self.modules: list[AttentionBase] = []
         self.ranks: list[dict[str, Any]] = []
         self._step: _Step | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.modules = [m for m in pl_module.modules() if isinstance(m, MultiHeadSelfAttention) and m.kernel_policy == "auto"]
+        self.modules = [m for m in pl_module.modules() if isinstance(m, AttentionBase) and m.attn_impl == "auto"]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.trial.watch_drift = _device(pl_module).type == "cpu" if self.watch_drift is None else self.watch_drift
@@ -293,7 +293,7 @@ class TrainingKernelChooser(Callback):
         key, step = step_key(batch), trainer.global_step
         kernel = self.trial.kernel_for(key, step)
         for module in self.modules:
-            module.kernel_policy = kernel
+            module.attn_impl = kernel
         timing = self.trial.timing(key)
         if timing == "synchronized":
             _synchronize(pl_module)
@@ -310,7 +310,7 @@ class TrainingKernelChooser(Callback):
         if timing:
             self.trial.record(key, kernel, self.clock() - started, step, agree=lambda value: trainer.strategy.broadcast(value, src=0))
         for module in self.modules:
-            module.kernel_policy = "auto"
+            module.attn_impl = "auto"
         self._step = None
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
