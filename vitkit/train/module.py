@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -67,14 +67,16 @@ class ViTClassifier(L.LightningModule):
         if self.distill_loss is not None and hasattr(self.model, "set_distilled_training"):
             self.model.set_distilled_training(True)  # a distillation token's head gets the teacher's term
         self.teacher: nn.Module | None = None
-        self.ema = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
+        # The EMA copy is updated in place, never by gradients. Kept out of the module's children
+        # (as the teacher), DDP and FSDP neither wrap nor shard it, the optimiser and clipping never
+        # see it; it follows the module's device, dtype and train/eval mode (:meth:`_apply`,
+        # :meth:`train`) and is saved under the same ``ema.module.*`` keys as when it was a child.
+        self.__dict__["ema"] = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
         if self.ema is not None:
-            # timm leaves the copy in eval mode; Lightning switches every module to eval for
-            # validation anyway, and warns at fit start about modules left in eval mode.
-            self.ema.train()
-            # The copy is updated in place, never by gradients; left requiring grad, DDP counts its
-            # parameters as unused by the loss and stops the run.
+            self.ema.train(self.training)  # timm leaves the copy in eval mode
             self.ema.requires_grad_(False)
+            self.register_state_dict_post_hook(_save_ema)
+            self.register_load_state_dict_pre_hook(_load_ema)
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
 
     def attach_teacher(self, teacher: nn.Module) -> None:
@@ -87,6 +89,18 @@ class ViTClassifier(L.LightningModule):
             if self.teacher is None:
                 raise RuntimeError("distillation is configured but no teacher was attached (attach_teacher).")
             self.teacher.to(self.device)
+
+    def train(self, mode: bool = True) -> ViTClassifier:
+        """Train (or, ``mode=False``, eval) mode for the module and its EMA copy."""
+        if self.ema is not None:
+            self.ema.train(mode)
+        return super().train(mode)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> ViTClassifier:
+        # .to(device), .cpu(), .to(dtype) (Lightning's device placement, precision plugins) reach the EMA copy
+        if self.ema is not None:
+            self.ema._apply(fn, recurse)
+        return super()._apply(fn, recurse)
 
     @property
     def inference_model(self) -> nn.Module:
@@ -194,6 +208,31 @@ class ViTClassifier(L.LightningModule):
                 f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
                 f"last {len(self._recent_losses)} losses: [{history}]."
             )
+
+
+def _save_ema(module: ViTClassifier, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
+    """State-dict post-hook: the EMA copy's tensors under ``ema.module.*``, where they were when the
+    copy was a child of the module (checkpoints of either layout load into the other)."""
+    module.ema.state_dict(destination=state_dict, prefix=f"{prefix}ema.")
+
+
+def _load_ema(
+    module: ViTClassifier,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: dict[str, Any],
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Load-state-dict pre-hook: the ``ema.module.*`` entries taken out of ``state_dict`` into the
+    EMA copy; missing or unexpected ones are reported as the module's own would be."""
+    head = f"{prefix}ema."
+    ema_state = {key[len(head):]: state_dict.pop(key) for key in [key for key in state_dict if key.startswith(head)]}
+    result = module.ema.load_state_dict(ema_state, strict=False)
+    missing_keys.extend(head + key for key in result.missing_keys)
+    unexpected_keys.extend(head + key for key in result.unexpected_keys)
 
 
 def non_finite_tensors(checkpoint: dict[str, Any]) -> list[str]:
