@@ -23,6 +23,7 @@ from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
 from .config import OptimConfig, RecipeConfig
 from .distill import DistillationLoss
+from .distributed import clip_grad_norm, is_sharded, load_gathered
 from .optim import build_optimizer, warmup_cosine
 
 #: How many recent losses a non-finite-loss error reports.
@@ -71,6 +72,8 @@ class ViTClassifier(L.LightningModule):
         # (as the teacher), DDP and FSDP neither wrap nor shard it, the optimiser and clipping never
         # see it; it follows the module's device, dtype and train/eval mode (:meth:`_apply`,
         # :meth:`train`) and is saved under the same ``ema.module.*`` keys as when it was a child.
+        # The training-kernel chooser no longer sets its attention modules during training steps,
+        # which never run it: it runs in evaluation, where every module is back to "auto" anyway.
         self.__dict__["ema"] = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
         if self.ema is not None:
             self.ema.train(self.training)  # timm leaves the copy in eval mode
@@ -78,6 +81,13 @@ class ViTClassifier(L.LightningModule):
             self.register_state_dict_post_hook(_save_ema)
             self.register_load_state_dict_pre_hook(_load_ema)
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
+        #: Under FSDP, an unsharded CPU copy of the model taken before sharding, which
+        #: :meth:`export_model` fills with the gathered weights (outside the children, as the EMA).
+        self.__dict__["unsharded"] = None
+
+    def configure_model(self) -> None:
+        if self.unsharded is None and is_sharded(self.trainer.strategy):  # Lightning calls this before it shards
+            self.__dict__["unsharded"] = copy.deepcopy(self.model).cpu()
 
     def attach_teacher(self, teacher: nn.Module) -> None:
         """Distil from ``teacher`` (frozen, see :func:`~vitkit.train.distill.freeze`). It is kept
@@ -111,6 +121,8 @@ class ViTClassifier(L.LightningModule):
         """:attr:`inference_model` as a plain vitkit model on the CPU in eval mode (LoRA adapters
         merged, a timm reference converted, so every tool takes it)."""
         model = self.inference_model
+        if self.unsharded is not None:  # this rank holds shards: every rank gathers the whole model
+            model = load_gathered(self.unsharded, self.trainer.model, prefix="model.")
         if has_lora(model):  # a plain model for every tool: the adapters folded into the weights
             model = merge_lora(copy.deepcopy(model))
         if not isinstance(model, VisionTransformer):
@@ -170,7 +182,12 @@ class ViTClassifier(L.LightningModule):
     ) -> None:
         """Clip by norm. Lightning's mixed-precision plugin refuses to clip for a fused optimizer
         (it assumes the step unscales float16 gradients itself); under bf16 and float32 there is no
-        scaler, so the gradients are clipped here as they are."""
+        scaler, so the gradients are clipped here as they are. Its FSDP plugin refuses to clip by
+        norm: under FSDP the gradients are clipped by the global norm of every rank's shards."""
+        if is_sharded(self.trainer.strategy):
+            if gradient_clip_val:
+                clip_grad_norm(self.parameters(), gradient_clip_val, sharded=True)
+            return
         if optimizer.defaults.get("fused") and gradient_clip_val:
             torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)  # the trainer's algorithm is "norm"
             return
