@@ -45,6 +45,7 @@ from .artifacts import (
     CONFIG_FILE,
     RUN_DIR_ENV,
     adopted_run_dir,
+    is_global_rank_zero,
     merge_metrics,
     point_latest,
     resolve_run_dir,
@@ -410,7 +411,9 @@ def _own_run_dir(run_dir: Path, adopted: bool) -> Iterator[None]:
     """Hold ``run_dir``'s lock for the run (the process that claimed or adopted it; the processes it
     launches share it). A resumed run then removes the temporary files a killed save left there:
     with the lock held, no other process can be writing them."""
-    if RUN_DIR_ENV in os.environ or not run_dir.is_dir():  # launched by rank 0, or a rank that writes nothing
+    # launched by rank 0, or another rank of an externally launched job (torchrun, srun): those write
+    # nothing there, and on a shared file system rank 0 may already hold the directory they name
+    if RUN_DIR_ENV in os.environ or not is_global_rank_zero() or not run_dir.is_dir():
         yield
         return
     with hold(run_dir):
