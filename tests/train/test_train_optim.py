@@ -81,7 +81,8 @@ def test_a_fused_optimizer_gets_its_gradients_clipped_by_norm_and_float16_scalin
         p.grad = torch.full_like(p, 3.0)
     fused = build_optimizer(model, OptimConfig())
     # Lightning's bf16 plugin would raise here; vitkit clips the (unscaled) gradients itself
-    ViTClassifier.configure_gradient_clipping(SimpleNamespace(parameters=model.parameters), fused, 0.5, "norm")
+    module = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy="auto"))
+    ViTClassifier.configure_gradient_clipping(module, fused, 0.5, "norm")
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
     assert norm.item() == pytest.approx(0.5, rel=1e-4)
     assert not any(group["fused"] for group in build_optimizer(model, OptimConfig(), allow_fused=False).param_groups)

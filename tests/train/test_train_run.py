@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from tiny_runs import ROOT, SHORT, run_tool, tiny_recipe, tool_env, write_tiny_recipe
+from torch.utils.data import DataLoader, DistributedSampler
 
 import vitkit
 from vitkit.data import DataConfig, build_datasets
@@ -25,9 +26,11 @@ from vitkit.train import (
     UnsafeCheckpointError,
     load_checkpoint,
     load_for_inference,
+    load_recipe,
     train,
 )
 from vitkit.train import module as module_lib
+from vitkit.train.datamodule import ViTDataModule
 from vitkit.train.kernel_trial import MIN_PAIRS, STEPS_TO_CHOOSE
 
 pytestmark = pytest.mark.slow
@@ -243,11 +246,13 @@ def test_sigkilled_run_resumes_from_its_step_checkpoint(tmp_path: Path) -> None:
     assert (run_dir / "model.safetensors").is_file()
 
 
-def test_ddp_on_two_cpu_processes_with_a_weight_ema_and_one_attention_kernel(tmp_path: Path) -> None:
+def test_ddp_on_two_cpu_processes_with_a_weight_ema_and_one_attention_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     steps = STEPS_TO_CHOOSE + 2  # the kernel is chosen, then two steps run it
     recipe = write_tiny_recipe(tmp_path, strategy="ddp", devices=2, **{**SHORT, "limit_train_batches": steps})
-    # the EMA copy is a child of the module: DDP refused its parameters as unused until they stopped requiring grad
-    done = run_tool("tools/train.py", str(recipe), "optim.ema=true")
+    # a child EMA copy made DDP refuse its parameters as unused; the copy now lives outside the module
+    done = run_tool("tools/train.py", str(recipe), "optim.ema=true", "optim.ema_decay=0.5")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("test accuracy") == 1  # rank 0 reports the run, rank 1 stays quiet
     summary = json.loads(next((tmp_path / "runs").glob("tiny/*/summary.json")).read_text())
@@ -261,3 +266,32 @@ def test_ddp_on_two_cpu_processes_with_a_weight_ema_and_one_attention_kernel(tmp
     run_dirs = [p for p in (tmp_path / "runs" / "tiny").iterdir() if not p.is_symlink()]
     assert len(run_dirs) == 1  # both ranks shared one run directory
     assert (tmp_path / "runs" / "tiny" / "latest").resolve() == run_dirs[0].resolve()
+
+    # the exported model is the EMA of the best (here: the last) step, kept under the checkpoint's ema.module.* keys
+    exported, _ = load_model_and_extra(run_dirs[0] / "model.safetensors")
+    saved = load_checkpoint(run_dirs[0] / "checkpoints" / "best.ckpt")
+    assert saved["global_step"] == steps
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(tensor, saved["state_dict"]["ema.module." + name]), name
+    assert not torch.equal(exported.head.weight, saved["state_dict"]["model.head.weight"])  # the average, not the weights
+
+    # One process with the same global batch (2 x 32) in DDP's order (DistributedSampler's permutation
+    # with one replica) reaches the same weights and loss: DDP averages the two halves' gradients.
+    def ddp_order(self: ViTDataModule) -> DataLoader:
+        sampler = DistributedSampler(self.bundle.train, num_replicas=1, rank=0, shuffle=True, seed=0)
+        return DataLoader(self.bundle.train, batch_size=self.batch_size, sampler=sampler, drop_last=True)
+
+    monkeypatch.setattr(ViTDataModule, "train_dataloader", ddp_order)
+    single = tiny_recipe(tmp_path / "single", **{**SHORT, "limit_train_batches": steps, "batch_size": 64})
+    single["optim"].update(ema=True, ema_decay=0.5)
+    reference = train(single)
+    expected = load_checkpoint(reference.run_dir / "checkpoints" / "best.ckpt")["state_dict"]
+    # tolerance: both kernels are exact; what differs is the order of float32 sums (DDP's all-reduce
+    # of two half-batch means against one mean) and AdamW's division by small second moments
+    for name in ("model.head.weight", "model.blocks.1.mlp.fc2.weight", "ema.module.head.weight"):
+        torch.testing.assert_close(saved["state_dict"][name], expected[name], rtol=0, atol=2e-4)
+    images, labels = next(iter(DataLoader(ViTDataModule(load_recipe(single).data, 64).bundle.test, batch_size=4096)))
+    with torch.no_grad():
+        ddp_loss = torch.nn.functional.cross_entropy(exported(images), labels)
+        single_loss = torch.nn.functional.cross_entropy(reference.model(images), labels)
+    torch.testing.assert_close(ddp_loss, single_loss, rtol=1e-4, atol=0)

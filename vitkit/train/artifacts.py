@@ -53,9 +53,15 @@ def resolve_run_dir(config: RecipeConfig, resume: str | os.PathLike | None) -> P
     base = Path(config.output.dir) / config.name
     check_latest_link(base)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    if rank_zero_only.rank != 0 or int(os.environ.get("NODE_RANK", "0")) != 0:
+    if not is_global_rank_zero():
         return base / stamp
     return claim_run_dir(base, stamp)
+
+
+def is_global_rank_zero() -> bool:
+    """Whether this process is the job's global rank 0, as its launcher's environment says
+    (``RANK``/``SLURM_PROCID``, read by Lightning, and ``NODE_RANK``), before any process group exists."""
+    return rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
 
 
 def adopted_run_dir(resume: str | os.PathLike | None) -> Path | None:

@@ -394,7 +394,7 @@ class RecipeConfig(Config):
 
     def validate(self) -> None:
         """The name is one folder name (runs stay inside ``output.dir``); Mixup pairs need an even
-        batch; mirrored test views need a model trained on mirrored images."""
+        batch; mirrored test views need a model trained on mirrored images; no weight EMA under FSDP."""
         if not self.name or self.name in (".", "..") or "/" in self.name or "\\" in self.name:
             raise FieldError(
                 "name", f"must be a single folder name (the run goes to output.dir/<name>/), got {describe(self.name)}."
@@ -406,6 +406,13 @@ class RecipeConfig(Config):
             )
         for key in ("tta", "val_tta"):
             self._check_tta_was_trained(key, getattr(self.trainer, key))
+        if self.optim.ema and self.trainer.strategy.startswith("fsdp"):
+            raise FieldError(
+                "optim.ema",
+                f"cannot be used with trainer.strategy={self.trainer.strategy}: the average would be a whole, "
+                "unsharded copy of the model on every rank, which FSDP is there to avoid; train with "
+                "trainer.strategy=ddp to keep the EMA, or set optim.ema=false.",
+            )
 
     def _check_tta_was_trained(self, key: str, tta: TestTimeAugmentation | None) -> None:
         """``trainer.<key>`` scores only views the recipe's augmentation trains on.

@@ -261,7 +261,8 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights |
         add_lora(model, config.model.lora)
     else:
         freeze(model, config.model.freeze)
-    model.set_grad_checkpointing(config.model.grad_checkpointing)
+    # under FSDP the strategy checkpoints the blocks (vitkit.train.distributed.fsdp_strategy)
+    model.set_grad_checkpointing(config.model.grad_checkpointing and config.trainer.strategy != "fsdp")
     return model, vit_config
 
 

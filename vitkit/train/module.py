@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -23,6 +23,7 @@ from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
 from .config import OptimConfig, RecipeConfig
 from .distill import DistillationLoss
+from .distributed import clip_grad_norm, is_sharded, load_gathered
 from .optim import build_optimizer, warmup_cosine
 
 #: How many recent losses a non-finite-loss error reports.
@@ -67,15 +68,26 @@ class ViTClassifier(L.LightningModule):
         if self.distill_loss is not None and hasattr(self.model, "set_distilled_training"):
             self.model.set_distilled_training(True)  # a distillation token's head gets the teacher's term
         self.teacher: nn.Module | None = None
-        self.ema = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
+        # The EMA copy is updated in place, never by gradients. Kept out of the module's children
+        # (as the teacher), DDP and FSDP neither wrap nor shard it, the optimiser and clipping never
+        # see it; it follows the module's device, dtype and train/eval mode (:meth:`_apply`,
+        # :meth:`train`) and is saved under the same ``ema.module.*`` keys as when it was a child.
+        # The training-kernel chooser no longer sets its attention modules during training steps,
+        # which never run it: it runs in evaluation, where every module is back to "auto" anyway.
+        self.__dict__["ema"] = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
         if self.ema is not None:
-            # timm leaves the copy in eval mode; Lightning switches every module to eval for
-            # validation anyway, and warns at fit start about modules left in eval mode.
-            self.ema.train()
-            # The copy is updated in place, never by gradients; left requiring grad, DDP counts its
-            # parameters as unused by the loss and stops the run.
+            self.ema.train(self.training)  # timm leaves the copy in eval mode
             self.ema.requires_grad_(False)
+            self.register_state_dict_post_hook(_save_ema)
+            self.register_load_state_dict_pre_hook(_load_ema)
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
+        #: Under FSDP, an unsharded CPU copy of the model taken before sharding, which
+        #: :meth:`export_model` fills with the gathered weights (outside the children, as the EMA).
+        self.__dict__["unsharded"] = None
+
+    def configure_model(self) -> None:
+        if self.unsharded is None and is_sharded(self.trainer.strategy):  # Lightning calls this before it shards
+            self.__dict__["unsharded"] = copy.deepcopy(self.model).cpu()
 
     def attach_teacher(self, teacher: nn.Module) -> None:
         """Distil from ``teacher`` (frozen, see :func:`~vitkit.train.distill.freeze`). It is kept
@@ -88,6 +100,18 @@ class ViTClassifier(L.LightningModule):
                 raise RuntimeError("distillation is configured but no teacher was attached (attach_teacher).")
             self.teacher.to(self.device)
 
+    def train(self, mode: bool = True) -> ViTClassifier:
+        """Train (or, ``mode=False``, eval) mode for the module and its EMA copy."""
+        if self.ema is not None:
+            self.ema.train(mode)
+        return super().train(mode)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> ViTClassifier:
+        # .to(device), .cpu(), .to(dtype) (Lightning's device placement, precision plugins) reach the EMA copy
+        if self.ema is not None:
+            self.ema._apply(fn, recurse)
+        return super()._apply(fn, recurse)
+
     @property
     def inference_model(self) -> nn.Module:
         """The weights to evaluate and export: the EMA when enabled, else the trained ones."""
@@ -97,6 +121,8 @@ class ViTClassifier(L.LightningModule):
         """:attr:`inference_model` as a plain vitkit model on the CPU in eval mode (LoRA adapters
         merged, a timm reference converted, so every tool takes it)."""
         model = self.inference_model
+        if self.unsharded is not None:  # this rank holds shards: every rank gathers the whole model
+            model = load_gathered(self.unsharded, self.trainer.model, prefix="model.")
         if has_lora(model):  # a plain model for every tool: the adapters folded into the weights
             model = merge_lora(copy.deepcopy(model))
         if not isinstance(model, VisionTransformer):
@@ -156,7 +182,12 @@ class ViTClassifier(L.LightningModule):
     ) -> None:
         """Clip by norm. Lightning's mixed-precision plugin refuses to clip for a fused optimizer
         (it assumes the step unscales float16 gradients itself); under bf16 and float32 there is no
-        scaler, so the gradients are clipped here as they are."""
+        scaler, so the gradients are clipped here as they are. Its FSDP plugin refuses to clip by
+        norm: under FSDP the gradients are clipped by the global norm of every rank's shards."""
+        if is_sharded(self.trainer.strategy):
+            if gradient_clip_val:
+                clip_grad_norm(self.parameters(), gradient_clip_val, sharded=True)
+            return
         if optimizer.defaults.get("fused") and gradient_clip_val:
             torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)  # the trainer's algorithm is "norm"
             return
@@ -194,6 +225,31 @@ class ViTClassifier(L.LightningModule):
                 f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
                 f"last {len(self._recent_losses)} losses: [{history}]."
             )
+
+
+def _save_ema(module: ViTClassifier, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
+    """State-dict post-hook: the EMA copy's tensors under ``ema.module.*``, where they were when the
+    copy was a child of the module (checkpoints of either layout load into the other)."""
+    module.ema.state_dict(destination=state_dict, prefix=f"{prefix}ema.")
+
+
+def _load_ema(
+    module: ViTClassifier,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: dict[str, Any],
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Load-state-dict pre-hook: the ``ema.module.*`` entries taken out of ``state_dict`` into the
+    EMA copy; missing or unexpected ones are reported as the module's own would be."""
+    head = f"{prefix}ema."
+    ema_state = {key[len(head):]: state_dict.pop(key) for key in [key for key in state_dict if key.startswith(head)]}
+    result = module.ema.load_state_dict(ema_state, strict=False)
+    missing_keys.extend(head + key for key in result.missing_keys)
+    unexpected_keys.extend(head + key for key in result.unexpected_keys)
 
 
 def non_finite_tensors(checkpoint: dict[str, Any]) -> list[str]:

@@ -30,6 +30,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
@@ -44,6 +45,7 @@ from .artifacts import (
     CONFIG_FILE,
     RUN_DIR_ENV,
     adopted_run_dir,
+    is_global_rank_zero,
     merge_metrics,
     point_latest,
     resolve_run_dir,
@@ -60,6 +62,7 @@ from .checkpoint import (
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
+from .distributed import fsdp_strategy
 from .kernel_trial import TrainingKernelChooser
 from .model_builder import StartingWeights, build_model, load_starting_weights, pretrained_data
 from .module import NonFiniteLossError, ViTClassifier
@@ -166,7 +169,9 @@ def _fit(
     monitor_lr = LearningRateMonitor(logging_interval="step")
     kernels = TrainingKernelChooser()  # first, so that its step timing ends before other callbacks' batch-end work
     ctrl_c = CtrlCStops()
-    trainer = build_trainer(config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *callbacks])
+    trainer = build_trainer(
+        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *callbacks], model=module.model
+    )
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
 
@@ -293,26 +298,40 @@ def _first_sentence(error: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callback]) -> L.Trainer:
-    """A Lightning ``Trainer`` from the recipe's ``trainer`` and ``optim`` sections: atomic,
-    ``weights_only`` checkpoint IO; CSV logs (TensorBoard too when installed)."""
+def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callback], model: nn.Module) -> L.Trainer:
+    """A Lightning ``Trainer`` for ``model`` from the recipe's ``trainer`` and ``optim`` sections:
+    atomic, ``weights_only`` checkpoint IO; CSV logs (TensorBoard too when installed)."""
     options = config.trainer
     loggers: list[Logger] = [CSVLogger(run_dir, name="logs")]
     if importlib.util.find_spec("tensorboard") is not None:
         loggers.append(TensorBoardLogger(run_dir, name="tensorboard"))
     with _without_lightning_tips():
-        return _trainer(config, options, run_dir, callbacks, loggers)
+        return _trainer(config, options, run_dir, callbacks, loggers, training_strategy(config, model))
+
+
+def training_strategy(config: RecipeConfig, model: nn.Module) -> str | Strategy:
+    """``trainer.strategy`` for Lightning: ``fsdp`` as :func:`fsdp_strategy` builds it for
+    ``model`` (one FSDP unit per block; ``model.grad_checkpointing`` through the strategy), any
+    other by its name in Lightning's registry."""
+    if config.trainer.strategy == "fsdp":
+        return fsdp_strategy(model, checkpoint_blocks=config.model.grad_checkpointing)
+    return config.trainer.strategy
 
 
 def _trainer(
-    config: RecipeConfig, options: TrainerConfig, run_dir: Path, callbacks: list[L.Callback], loggers: list[Logger]
+    config: RecipeConfig,
+    options: TrainerConfig,
+    run_dir: Path,
+    callbacks: list[L.Callback],
+    loggers: list[Logger],
+    strategy: str | Strategy,
 ) -> L.Trainer:
     """:func:`build_trainer`'s ``Trainer`` (built while Lightning's tips are filtered out)."""
     return L.Trainer(
         accelerator=options.accelerator,
         devices=options.devices,
         num_nodes=options.num_nodes,
-        strategy=options.strategy,
+        strategy=strategy,
         precision=options.precision,
         max_epochs=options.max_epochs,
         max_time=timedelta(minutes=options.max_time_minutes) if options.max_time_minutes else None,
@@ -392,7 +411,9 @@ def _own_run_dir(run_dir: Path, adopted: bool) -> Iterator[None]:
     """Hold ``run_dir``'s lock for the run (the process that claimed or adopted it; the processes it
     launches share it). A resumed run then removes the temporary files a killed save left there:
     with the lock held, no other process can be writing them."""
-    if RUN_DIR_ENV in os.environ or not run_dir.is_dir():  # launched by rank 0, or a rank that writes nothing
+    # launched by rank 0, or another rank of an externally launched job (torchrun, srun): those write
+    # nothing there, and on a shared file system rank 0 may already hold the directory they name
+    if RUN_DIR_ENV in os.environ or not is_global_rank_zero() or not run_dir.is_dir():
         yield
         return
     with hold(run_dir):

@@ -1,0 +1,97 @@
+"""Run by tests under ``torchrun --nproc-per-node=2`` (gloo, CPU): the tiny recipe's LightningModule
+sharded with FSDP2's ``fully_shard`` (per encoder block, then the whole) and an unsharded copy of
+its model train one step on the same global batch (each rank half of it); the ranks write what
+vitkit's clipping and export gave beside the copy's values, computed with torch alone, to
+``<folder>/rank<r>.json``."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
+from tiny_runs import tiny_recipe
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from vitkit.train import load_recipe
+from vitkit.train.datamodule import ViTDataModule
+from vitkit.train.distributed import clip_grad_norm
+from vitkit.train.run import build_module
+
+MAX_NORM = 0.05
+
+
+def flat_shards(grads: list[torch.Tensor], rank: int, world: int) -> list[nn.Parameter]:
+    """Rank ``rank``'s contiguous part of each flattened gradient, as parameters holding them."""
+    shards = []
+    for grad in grads:
+        part = grad.flatten().tensor_split(world)[rank]
+        shard = nn.Parameter(torch.zeros_like(part))
+        shard.grad = part.clone()
+        shards.append(shard)
+    return shards
+
+
+def main(folder: Path) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    config = load_recipe(tiny_recipe(folder))
+    info = ViTDataModule(config.data, config.trainer.batch_size).info
+    module = build_module(config, info)  # the LightningModule, as FSDP shards it in a run
+    module.trainer = SimpleNamespace(strategy=FSDPStrategy(), model=module)
+    module.configure_model()  # Lightning's hook before sharding: the unsharded copy the export fills
+    with torch.no_grad():  # that copy starts from other weights: only the gathering can make them equal
+        for param in module.unsharded.parameters():
+            param.zero_()
+    model = module.model
+    reference = copy.deepcopy(model)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(module)
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(8, info.in_chans, *info.img_size, generator=generator)
+    labels = torch.randint(0, info.num_classes, (8,), generator=generator)
+    half = len(images) // world
+    mine = slice(rank * half, (rank + 1) * half)
+    F.cross_entropy(module(images[mine]), labels[mine]).backward()  # FSDP2 averages the ranks' gradients
+    F.cross_entropy(reference(images), labels).backward()
+    unclipped = [param.grad.clone() for param in reference.parameters()]
+
+    local_norm = torch.stack([p.grad.to_local().float().square().sum() for p in model.parameters()]).sum().sqrt()
+    norm = clip_grad_norm(model.parameters(), MAX_NORM)
+    reference_norm = nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM)
+    grad_error = max((p.grad.full_tensor() - q.grad).abs().max().item()
+                     for p, q in zip(model.parameters(), reference.parameters()))
+
+    # FSDP1's layout: each rank holds a contiguous part of every flattened gradient, as a plain tensor
+    flat_norm = clip_grad_norm(flat_shards(unclipped, rank, world), MAX_NORM, sharded=True)
+    flat_local_norm = clip_grad_norm(flat_shards(unclipped, rank, world), MAX_NORM, sharded=False)
+
+    for net in (model, reference):
+        torch.optim.SGD(net.parameters(), lr=1.0).step()
+    exported = module.export_model()
+    expected = reference.state_dict()
+    assert exported.state_dict().keys() == expected.keys()
+    weight_error = max((value - expected[name]).abs().max().item() for name, value in exported.state_dict().items())
+    with torch.no_grad():
+        output_error = (exported(images) - reference.eval()(images)).abs().max().item()
+    result = {
+        "norm": norm.item(), "reference_norm": reference_norm.item(), "local_norm": local_norm.item(),
+        "flat_norm": flat_norm.item(), "flat_local_norm": flat_local_norm.item(), "grad_error": grad_error,
+        "weight_error": weight_error, "output_error": output_error, "sharded_numel": sum(p.to_local().numel() for p in model.parameters()),
+        "numel": sum(p.numel() for p in reference.parameters()),
+    }
+    (folder / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
