@@ -33,7 +33,7 @@ CONFIG_KEY = "vitkit_config"
 EXTRA_KEY = "vitkit_extra"
 #: The model-file format: "1" before ``pos_drop_rate`` and RoPE's patch-only absolute embedding,
 #: "2" since. Files and checkpoints of an older format are upgraded as they are read (:func:`upgrade`).
-FORMAT_VERSION = "2"
+FORMAT_VERSION = "3"
 #: State-dict prefixes of the trained weights and of their EMA inside a training checkpoint.
 MODEL_PREFIX = "model."
 EMA_PREFIX = "ema.module."
@@ -88,11 +88,11 @@ def read_model_file(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any],
             metadata = handle.metadata() or {}
             values, extra = _read_metadata(metadata, path)
             shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-            values = upgrade(values, metadata.get(FORMAT_KEY, "1"))
-            config = _config(values, f"the metadata of model file {path}", ModelFileError)
+            version = metadata.get(FORMAT_KEY, "1")
+            config = _config(upgrade(values, version), f"the metadata of model file {path}", ModelFileError)
             extra = check_extra(extra, config, f"the metadata of model file {path}", ModelFileError)
-            check_tensor_shapes(config, upgraded_shapes(shapes, config), f"model file {path}", ModelFileError)
-            state = upgrade_state({key: handle.get_tensor(key) for key in handle.keys()}, config)
+            check_tensor_shapes(config, upgraded_shapes(shapes, config, version), f"model file {path}", ModelFileError)
+            state = upgrade_state({key: handle.get_tensor(key) for key in handle.keys()}, config, version)
     except ModelFileError:
         raise
     except (SafetensorError, OSError, ValueError) as error:
@@ -120,61 +120,142 @@ def _config(values: dict[str, Any], source: str, error: type[ConfigError]) -> Vi
 
 
 #: Every format :func:`upgrade` reads, oldest first.
-FORMAT_VERSIONS = ("1", FORMAT_VERSION)
+FORMAT_VERSIONS = ("1", "2", FORMAT_VERSION)
+
+
+def _older_than(version: str, than: str) -> bool:
+    return FORMAT_VERSIONS.index(version) < FORMAT_VERSIONS.index(than)
 
 
 def upgrade(values: Any, version: str) -> Any:
-    """The config dict of a model file or checkpoint of format ``version`` in today's meaning
-    (format :data:`FORMAT_VERSION`), so that the model is rebuilt as it was trained.
+    """The config dict of a model file or checkpoint of format ``version`` in today's layout
+    (format :data:`FORMAT_VERSION`), so that the model is rebuilt as it was trained. The one place
+    that knows old layouts: the model code reads today's only.
 
     Format 1 to 2: ``drop_rate`` also dropped the position-embedded tokens (now ``pos_drop_rate``);
     ``pos_embed`` was always explicit, and with RoPE a ``learn`` table had rows for the prefix
     tokens (now folded into the tokens by :func:`upgrade_state`); options that did nothing
     (``rope_axes`` of mixed RoPE, ``rope_theta`` without RoPE, ``no_embed_class`` without an
     absolute table) are removed, which changes no output.
+    Format 2 to 3: ``locality_attention`` is named ``locality``.
 
     Args:
         values: the config as written (anything else is returned as is, for the validation to refuse).
-        version: the file's format.
+        version: the file's format (one of :data:`FORMAT_VERSIONS`).
     """
-    if not isinstance(values, dict) or version != "1":
+    if not isinstance(values, dict) or version == FORMAT_VERSION:
         return values
     values = dict(values)
-    values.setdefault("pos_drop_rate", values.get("drop_rate", 0.0))
-    values.setdefault("pos_embed", "learn")
-    rope = values.get("rope", "none")
-    if rope == "none":
-        values.pop("rope_theta", None)
-    if rope != "axial":
-        values.pop("rope_axes", None)
-    if values["pos_embed"] == "none" or rope != "none":
-        values.pop("no_embed_class", None)  # without a table it did nothing; with RoPE it is implied
+    if version == "1":
+        values.setdefault("pos_drop_rate", values.get("drop_rate", 0.0))
+        values.setdefault("pos_embed", "learn")
+        rope = values.get("rope", "none")
+        if rope == "none":
+            values.pop("rope_theta", None)
+        if rope != "axial":
+            values.pop("rope_axes", None)
+        if values["pos_embed"] == "none" or rope != "none":
+            values.pop("no_embed_class", None)  # without a table it did nothing; with RoPE it is implied
+    if "locality_attention" in values:
+        values["locality"] = values.pop("locality_attention")
     return values
 
 
-def upgraded_shapes(shapes: dict[str, tuple[int, ...]], config: ViTConfig) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes :func:`upgrade_state` turns ``shapes`` into (worked out on the meta device)."""
+def upgraded_shapes(shapes: dict[str, tuple[int, ...]], config: ViTConfig, version: str) -> dict[str, tuple[int, ...]]:
+    """The tensor names and shapes :func:`upgrade_state` turns ``shapes`` into (worked out on the
+    meta device, so nothing is allocated)."""
     meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items() if "not a tensor" not in shape}
-    upgraded = upgrade_state(meta, config)
-    return {name: tuple(upgraded[name].shape) if name in upgraded else shape for name, shape in shapes.items()}
+    upgraded = upgrade_state(meta, config, version)
+    kept = {name: shape for name, shape in shapes.items() if name not in meta}  # refused by the shape check
+    return {**kept, **{name: tuple(tensor.shape) for name, tensor in upgraded.items()}}
 
 
-def upgrade_state(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
-    """``state`` (weights of a model file or checkpoint) in the layout of ``config``'s model: a
-    RoPE model's learned ``pos_embed`` with prefix-token rows (format 1) has them added to the
-    tokens they belong to, which is the same model (a token and its constant embedding are
-    summed before the first block)."""
+def upgrade_state(state: dict[str, torch.Tensor], config: ViTConfig, version: str) -> dict[str, torch.Tensor]:
+    """``state`` (weights of a model file or checkpoint of format ``version``) in the layout of
+    ``config``'s model.
+
+    Format 1: a RoPE model's learned ``pos_embed`` with prefix-token rows has them added to the
+    tokens they belong to, which is the same model (a token and its constant embedding are summed
+    before the first block).
+    Formats 1 and 2: Locality Self-Attention kept one per-layer scalar ``attn.log_scale`` (log
+    space); today's per-head ``attn.temperature [H]`` holding ``exp(log_scale)`` on every head is
+    the same function.
+    """
+    if version == FORMAT_VERSION:
+        return state
+    state = dict(state)
+    for name in [name for name in state if name.endswith(".attn.log_scale") and state[name].dim() == 0]:
+        heads = config.heads_per_layer()[int(name.split(".")[1])] if name.startswith("blocks.") else 0
+        state[name.removesuffix("log_scale") + "temperature"] = state.pop(name).exp().expand(heads).clone()
     table = state.get("pos_embed")
     prefix = config.num_prefix_tokens
     if config.rope == "none" or table is None or table.shape[1] != prefix + config.num_patches or not prefix:
         return state
-    state = dict(state, pos_embed=table[:, prefix:])
+    state["pos_embed"] = table[:, prefix:]
     rows = iter(table[:, :prefix].split(1, dim=1))
     for name, count in (("cls_token", int(config.class_token)), ("dist_token", int(config.distilled)),
                         ("reg_token", config.reg_tokens)):
         if count:
             state[name] = state[name] + torch.cat([next(rows) for _ in range(count)], dim=1)
     return state
+
+
+def upgrade_checkpoint(checkpoint: Any) -> Any:
+    """A Lightning training checkpoint of an older format in today's layout, so that it resumes:
+    its model config (:func:`upgrade`), the weights of the model and of its EMA copy
+    (:func:`upgrade_state`) and, before format 3, the optimizer's two weight-decay groups, which
+    vitkit kept in its own order (decayed first) where today's follow timm's (decayed second).
+    A checkpoint of today's format, or one that is no vitkit checkpoint, is returned as is."""
+    hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    if not isinstance(hparams, dict) or not isinstance(hparams.get("vit_config"), dict):
+        return checkpoint
+    version = str(hparams.get(FORMAT_KEY, "1"))
+    if version not in FORMAT_VERSIONS or version == FORMAT_VERSION:
+        return checkpoint
+    values = upgrade(hparams["vit_config"], version)
+    config = _config(values, "the hyper-parameters of a checkpoint", CheckpointError)
+    checkpoint = {**checkpoint, "hyper_parameters": {**hparams, "vit_config": values, FORMAT_KEY: FORMAT_VERSION}}
+    weights = checkpoint.get("state_dict")
+    if isinstance(weights, dict):
+        upgraded = dict(weights)
+        for prefix in (MODEL_PREFIX, EMA_PREFIX):
+            part = {k[len(prefix):]: v for k, v in weights.items() if isinstance(k, str) and k.startswith(prefix)}
+            for key in part:
+                del upgraded[prefix + key]
+            upgraded.update({prefix + k: v for k, v in upgrade_state(part, config, version).items()})
+        checkpoint["state_dict"] = upgraded
+    if _older_than(version, "3"):
+        checkpoint["optimizer_states"] = [_timm_group_order(state) for state in checkpoint.get("optimizer_states", [])]
+        checkpoint["lr_schedulers"] = [_timm_group_order_of_schedule(s) for s in checkpoint.get("lr_schedulers", [])]
+    return checkpoint
+
+
+def _decayed_first(groups: list[dict[str, Any]]) -> bool:
+    """Two weight-decay groups in vitkit's former order: decayed, then undecayed."""
+    return len(groups) == 2 and groups[0].get("weight_decay", 0) > 0 and groups[1].get("weight_decay", 0) == 0
+
+
+def _timm_group_order(state: Any) -> Any:
+    """An AdamW ``state_dict`` whose two groups are swapped into timm's order, its per-parameter
+    state renumbered to match (torch numbers the parameters group by group)."""
+    if not isinstance(state, dict) or not _decayed_first(state.get("param_groups", [])):
+        return state
+    first, second = state["param_groups"]
+    order = [*second["params"], *first["params"]]
+    renumber = {old: new for new, old in enumerate(order)}
+    groups = [
+        {**second, "params": [renumber[p] for p in second["params"]]},
+        {**first, "params": [renumber[p] for p in first["params"]]},
+    ]
+    return {**state, "param_groups": groups, "state": {renumber[p]: v for p, v in state.get("state", {}).items()}}
+
+
+def _timm_group_order_of_schedule(state: Any) -> Any:
+    """A learning-rate scheduler's ``state_dict`` with its per-group lists swapped alike."""
+    if not isinstance(state, dict):
+        return state
+    return {key: value[::-1] if key in ("base_lrs", "_last_lr") and isinstance(value, list) and len(value) == 2
+            else value for key, value in state.items()}
 
 
 #: The ``extra`` metadata vitkit writes and reads back, with the type each must have (other keys
@@ -271,23 +352,12 @@ def check_tensor_shapes(
         expected = {name: tuple(t.shape) for name, t in VisionTransformer(config).state_dict().items()}
     if config.resolved_pos_embed == "sincos":
         shapes = {name: shape for name, shape in shapes.items() if name != "pos_embed"}
-    renamed = {name: _lsa_upgraded(name, shape, expected) for name, shape in shapes.items()}
-    shapes = {new: expected[new] if new != name else shapes[name] for name, new in renamed.items()}
     shown = shape_mismatches(expected, shapes)
     if shown:
         raise error(
             f"the tensors of {source} do not match its model config: {shown}. The file is damaged or its "
             "weights and config come from different models."
         )
-
-
-def _lsa_upgraded(name: str, shape: tuple[int, ...], expected: dict[str, tuple[int, ...]]) -> str:
-    """``name``, or ``...attn.temperature`` for the scalar ``...attn.log_scale`` of a file from before
-    LSA's per-head temperature, which the attention loads as that temperature on every head."""
-    if name.endswith(".attn.log_scale") and shape == ():
-        upgraded = name.removesuffix("log_scale") + "temperature"
-        return upgraded if upgraded in expected else name
-    return name
 
 
 def _json_object(text: str, key: str, path: Path) -> dict[str, Any]:
@@ -455,5 +525,5 @@ def read_training_checkpoint(path: str | os.PathLike) -> tuple[ViTConfig, dict[s
     shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) else ("not a tensor",) for key, value in state.items()}
     config = _config(upgrade(hparams["vit_config"], version), source, CheckpointError)
     extra = check_extra(hparams.get("extra", {}), config, source, CheckpointError)
-    check_tensor_shapes(config, upgraded_shapes(shapes, config), f"checkpoint {path}", CheckpointError)
-    return config, upgrade_state(state, config), extra
+    check_tensor_shapes(config, upgraded_shapes(shapes, config, version), f"checkpoint {path}", CheckpointError)
+    return config, upgrade_state(state, config, version), extra

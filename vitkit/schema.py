@@ -183,6 +183,12 @@ def build(
         raise error(f"invalid {where} in {where_from}: {problem}") from None
 
 
+#: Keys renamed since an earlier release, with their new names: a recipe, override or argument that
+#: still uses the old name is refused with a hint (never aliased); model files and checkpoints that
+#: hold it are migrated by :func:`vitkit.io.upgrade`.
+RENAMED_KEYS: dict[str, str] = {"locality_attention": "locality"}
+
+
 def reject_unknown_keys(
     cls: type,
     keys: Iterable[str],
@@ -200,6 +206,8 @@ def reject_unknown_keys(
         if key not in fields:
             dotted = f"{path}{key}"
             origin = "a command-line override" if dotted in override_keys else source
+            if RENAMED_KEYS.get(key) in fields:
+                raise error(f"key {dotted!r} in {origin} was renamed to {path + RENAMED_KEYS[key]!r}; use the new name.")
             close = closest_key(dotted, all_keys if all_keys is not None else dotted_keys(cls, prefix=path))
             hint = f" Did you mean {close!r}?" if close else f" Valid keys here: {', '.join(sorted(fields))}."
             raise error(f"unknown key {describe(dotted, with_type=False)} in {origin}.{hint}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -587,7 +586,7 @@ def lsa_reference(msa: MultiHeadSelfAttention, x: torch.Tensor) -> tuple[torch.T
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "explicit"])
-def test_locality_attention_masks_the_diagonal_and_uses_one_temperature_per_head(impl: str) -> None:
+def test_locality_masks_the_diagonal_and_uses_one_temperature_per_head(impl: str) -> None:
     msa = MultiHeadSelfAttention(32, 4, locality=True, attn_impl=impl)
     assert torch.equal(msa.temperature, torch.full((4,), 8**-0.5))  # each head starts at 1/sqrt(d)
     with torch.no_grad():
@@ -625,17 +624,6 @@ def test_pruning_heads_prunes_their_temperatures() -> None:
     torch.testing.assert_close(msa(x), gated, atol=1e-6, rtol=1e-5)
 
 
-def test_model_files_with_the_old_per_layer_log_scale_load_as_equal_per_head_temperatures() -> None:
-    msa = MultiHeadSelfAttention(32, 4, locality=True)
-    old = {k: v for k, v in msa.state_dict().items() if k != "temperature"}
-    old["log_scale"] = torch.tensor(0.7).log()  # the former parameterisation: exp(log_scale) on every head
-    msa.load_state_dict(old)
-    assert torch.allclose(msa.temperature.detach(), torch.full((4,), 0.7))
-    plain = MultiHeadSelfAttention(32, 4)
-    with pytest.raises(RuntimeError, match="Unexpected key.*log_scale"):
-        plain.load_state_dict({**plain.state_dict(), "log_scale": torch.tensor(0.0)})
-
-
 def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks() -> None:
     msa = MultiHeadSelfAttention(16, 2, locality=True)
     x, context = torch.randn(1, 3, 16), torch.randn(1, 3, 16)
@@ -645,30 +633,3 @@ def test_locality_keeps_the_diagonal_for_cross_attention_and_combines_with_masks
     # Causal without the diagonal: query 0 has no key left (zeros, not NaN); query i sees 0..i-1.
     assert causal[0, :, 0].abs().max() == 0 and torch.isfinite(causal).all()
     torch.testing.assert_close(causal[0, :, 1, 0], torch.ones(2))
-
-
-def test_a_model_file_from_before_per_head_temperatures_loads_with_the_same_outputs(tmp_path: Path) -> None:
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
-    from vitkit.io import load_model, save_model
-    from vitkit.models import VisionTransformer, ViTConfig
-
-    config = ViTConfig(img_size=8, patch_size=4, num_classes=3, embed_dim=16, depth=2, num_heads=2,
-                       locality_attention=True)
-    model = VisionTransformer(config).eval()
-    with torch.no_grad():
-        for block, value in zip(model.blocks, (0.5, 0.9)):
-            block.attn.temperature.fill_(value)  # what a per-layer scalar could express
-    path = save_model(model, tmp_path / "new.safetensors")
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata()
-    state = load_file(path)
-    for index, value in enumerate((0.5, 0.9)):  # rewrite as the former file layout
-        del state[f"blocks.{index}.attn.temperature"]
-        state[f"blocks.{index}.attn.log_scale"] = torch.tensor(value).log()
-    save_file(state, tmp_path / "old.safetensors", metadata=metadata)
-    old = load_model(tmp_path / "old.safetensors").eval()
-    torch.testing.assert_close(old.blocks[1].attn.temperature.detach(), torch.full((2,), 0.9))
-    images = torch.randn(2, 3, 8, 8)
-    torch.testing.assert_close(old(images), model(images), atol=1e-6, rtol=1e-5)

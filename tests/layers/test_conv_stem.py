@@ -105,4 +105,4 @@ def test_recipe_key_model_patch_embed_reaches_the_model_and_timm_reference_is_re
     assert vit.patch_embed == "conv"
     with pytest.raises(RecipeError, match="also set model.patch_embed=linear"):
         load_recipe("recipes/fashion_mnist.yaml", ["model.impl=timm", "model.patch_embed=conv", "model.patch_size=4",
-                                                  "model.shifted_patches=false", "model.locality_attention=false"])
+                                                  "model.shifted_patches=false", "model.locality=false"])

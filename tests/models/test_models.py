@@ -482,7 +482,7 @@ def test_config_from_dict_rejects_unknown_fields_and_round_trips() -> None:
 def test_every_attention_option_of_the_config_reaches_every_block() -> None:
     model = tiny(
         head_dim=4, qkv_bias=False, qk_norm=True, attn_drop_rate=0.25, proj_drop_rate=0.125,
-        attn_impl="explicit", out_init_scale=0.3, norm_eps=1e-5, locality_attention=True,
+        attn_impl="explicit", out_init_scale=0.3, norm_eps=1e-5, locality=True,
     )
     for block in model.blocks:
         attn = block.attn

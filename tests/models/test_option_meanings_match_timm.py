@@ -161,7 +161,7 @@ def test_an_old_files_drop_rate_still_drops_the_tokens_and_new_files_record_the_
 
     path = save_model(model, tmp_path / "new.safetensors")
     with safe_open(str(path), framework="pt") as handle:
-        assert handle.metadata()[FORMAT_KEY] == FORMAT_VERSION == "2"
+        assert handle.metadata()[FORMAT_KEY] == FORMAT_VERSION == "3"
     assert isinstance(load_model(path).pos_drop, torch.nn.Identity)
 
 
@@ -188,7 +188,7 @@ def test_an_old_rope_file_with_a_class_row_keeps_its_logits(tmp_path: Path) -> N
 # ------------------------------------------------------------------------------- 5. vit_flops
 @pytest.mark.parametrize("values", [
     {}, dict(patch_embed="conv"), dict(reg_tokens=2), dict(distilled=True), dict(global_pool="map", class_token=False),
-    dict(rope="axial"), dict(rope="mixed"), dict(shifted_patches=True, locality_attention=True),
+    dict(rope="axial"), dict(rope="mixed"), dict(shifted_patches=True, locality=True),
     dict(global_pool="avg", class_token=False, num_classes=0), dict(img_size=(32, 32), patch_embed="conv", patch_size=(8, 8)),
 ])
 def test_vit_flops_counts_every_layer_within_one_percent_of_torchs_counter(values: dict[str, Any]) -> None:

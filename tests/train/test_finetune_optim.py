@@ -89,10 +89,14 @@ def test_layer_decay_keeps_the_weight_decay_rule() -> None:
     assert decayed == {n for n, p in model.named_parameters() if p.ndim > 1 and n not in model.no_weight_decay()}
 
 
-def test_without_layer_decay_the_groups_are_the_two_of_before() -> None:
+def test_without_layer_decay_the_groups_are_timm_s_two_in_timm_s_order() -> None:
+    from timm.optim import param_groups_weight_decay
+
     model = tiny()
-    decay, no_decay = param_groups(model, 0.05)
-    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0) and "lr_scale" not in decay
+    no_decay, decay = param_groups(model, 0.05)
+    assert (no_decay["weight_decay"], decay["weight_decay"]) == (0.0, 0.05) and "lr_scale" not in decay
+    timm_groups = param_groups_weight_decay(model, 0.05, no_weight_decay_list=model.no_weight_decay())
+    assert [[id(p) for p in g["params"]] for g in timm_groups] == [[id(p) for p in g["params"]] for g in (no_decay, decay)]
     assert all(group["lr"] == 0.01 for group in build_optimizer(model, OptimConfig(lr=0.01)).param_groups)
 
 

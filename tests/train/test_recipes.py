@@ -34,7 +34,7 @@ def test_fashion_mnist_fast_recipe_is_the_plain_recipe_with_a_conv_stem_on_a_4x4
     plain_vit = plain.vit_config(img_size=plain.data.resolved_img_size(), in_chans=1, num_classes=10)
     # 32 px through three stride-2 convolutions: a 4x4 grid, as many tokens as 7x7 patches of 28 px
     assert (vit.patch_embed, vit.grid_size, vit.num_tokens) == ("conv", (4, 4), plain_vit.num_tokens)
-    assert vit.locality_attention and not vit.shifted_patches and plain_vit.shifted_patches
+    assert vit.locality and not vit.shifted_patches and plain_vit.shifted_patches
     same = ("embed_dim", "depth", "num_heads", "mlp_ratio")
     assert [getattr(vit, key) for key in same] == [getattr(plain_vit, key) for key in same]
     assert (vit.drop_path_rate, plain_vit.drop_path_rate) == (0.0, 0.1)  # 20 epochs: no stochastic depth

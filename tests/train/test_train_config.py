@@ -128,7 +128,7 @@ def test_half_precision_on_cpu_is_refused_with_advice() -> None:
 
 def test_no_weight_decay_on_norms_biases_pos_embed_and_cls_token() -> None:
     model = vitkit.create_model("vit_cifar_tiny", depth=1, embed_dim=16, num_heads=2)
-    decay, no_decay = param_groups(model, weight_decay=0.05)
+    no_decay, decay = param_groups(model, weight_decay=0.05)  # timm's order
     names = {id(p): n for n, p in model.named_parameters()}
     no_decay_names = {names[id(p)] for p in no_decay["params"]}
     assert {"pos_embed", "cls_token", "norm.weight", "head.bias", "blocks.0.norm1.weight"} <= no_decay_names

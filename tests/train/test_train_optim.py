@@ -15,11 +15,11 @@ from vitkit.train.optim import build_optimizer, fused_supported, param_groups
 def test_exactly_the_weight_matrices_are_decayed_as_before_timms_function() -> None:
     # LayerScale gammas, the LSA temperature (0-d) and qk-norms are there to be excluded too.
     model = vitkit.create_model(
-        "vit_cifar_tiny", depth=2, embed_dim=16, num_heads=2, init_values=0.1, qk_norm=True, locality_attention=True
+        "vit_cifar_tiny", depth=2, embed_dim=16, num_heads=2, init_values=0.1, qk_norm=True, locality=True
     )
     # vitkit's rule before it called timm: 1-d (or 0-d) parameters and model.no_weight_decay() names
     expected_no_decay = {n for n, p in model.named_parameters() if p.ndim <= 1 or n in {"pos_embed", "cls_token"}}
-    decay, no_decay = param_groups(model, weight_decay=0.05)
+    no_decay, decay = param_groups(model, weight_decay=0.05)  # timm's order
     names = {id(p): n for n, p in model.named_parameters()}
     assert {names[id(p)] for p in no_decay["params"]} == expected_no_decay
     assert {names[id(p)] for p in decay["params"]} == set(names.values()) - expected_no_decay

@@ -157,7 +157,7 @@ def test_init_ablation_of_a_conv_stem_recipe_adds_the_plain_vit_and_trains_timm_
     assert built["vitkit default"].model.patch_embed == "conv" and built["timm scheme"].model.init == "timm"
     for label in ("plain ViT, vitkit default", "plain ViT, timm scheme", "timm VisionTransformer"):
         model = built[label].model  # loads: the timm reference is not refused
-        assert (model.patch_embed, model.locality_attention, model.shifted_patches) == ("linear", False, False)
+        assert (model.patch_embed, model.locality, model.shifted_patches) == ("linear", False, False)
     assert built["timm VisionTransformer"].model.impl == "timm"
 
 
@@ -216,7 +216,7 @@ def test_time_to_accuracy_adds_a_plain_vitkit_run_when_timm_cannot_match_the_rec
 def test_timm_reference_with_options_timm_lacks_is_refused_before_training() -> None:
     from vitkit.train import RecipeError
 
-    with pytest.raises(RecipeError, match="also set model.shifted_patches=false model.locality_attention=false"):
+    with pytest.raises(RecipeError, match="also set model.shifted_patches=false model.locality=false"):
         load_recipe("recipes/fashion_mnist.yaml", ["model.impl=timm"])
     load_recipe("recipes/fashion_mnist.yaml", ["model.impl=timm", "model.shifted_patches=false",
-                                              "model.locality_attention=false"])
+                                              "model.locality=false"])

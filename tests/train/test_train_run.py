@@ -25,7 +25,6 @@ from vitkit.train import (
     RunResult,
     UnsafeCheckpointError,
     load_checkpoint,
-    load_for_inference,
     load_recipe,
     train,
 )
@@ -126,13 +125,6 @@ def test_load_model_reads_a_model_file_and_a_training_checkpoint_without_lightni
     assert len(lines) == 2
     for line in lines:
         torch.testing.assert_close(torch.tensor(json.loads(line)), expected)
-
-
-def test_load_for_inference_is_a_deprecated_alias_of_load_model(fitted: RunResult) -> None:
-    path = fitted.run_dir / "checkpoints" / "best.ckpt"
-    with pytest.warns(DeprecationWarning, match="load_model"):
-        model, extra = load_for_inference(path)
-    assert not model.training and extra == load_model_and_extra(path)[1]
 
 
 def test_evaluate_tool_reports_accuracy_and_confusion_matrix(fitted: RunResult, tmp_path: Path) -> None:

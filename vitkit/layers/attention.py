@@ -185,16 +185,6 @@ class AttentionBase(nn.Module):
         if self.temperature is not None:
             nn.init.constant_(self.temperature, self.head_dim**-0.5)
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        # Model files from before the per-head temperature hold one per-layer scalar in log space;
-        # ``exp(log_scale)`` on every head is the same function, so they load exactly.
-        old = state_dict.pop(prefix + "log_scale", None)
-        if old is not None and self.temperature is not None and prefix + "temperature" not in state_dict:
-            state_dict[prefix + "temperature"] = old.exp().expand(self.num_heads).clone()
-        elif old is not None:
-            state_dict[prefix + "log_scale"] = old  # no LSA here: strict loading reports the key
-        super()._load_from_state_dict(state_dict, prefix, *args)
-
     def extra_repr(self) -> str:
         locality = ", locality=True" if self.locality else ""
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}{locality}"

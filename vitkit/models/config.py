@@ -32,7 +32,7 @@ MAX_PARAMETERS = 4_000_000_000
 
 #: The :class:`~vitkit.layers.AttentionOptions` whose ViTConfig field has another name; every
 #: other option is the ViTConfig field of its own name (:meth:`ViTConfig.attention_options`).
-ATTENTION_OPTION_FIELDS = {"attn_drop": "attn_drop_rate", "proj_drop": "proj_drop_rate", "locality": "locality_attention"}
+ATTENTION_OPTION_FIELDS = {"attn_drop": "attn_drop_rate", "proj_drop": "proj_drop_rate"}
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ViTConfig(Config):
     ``num_heads`` is an int (every layer) or one count per layer (pruned models); ``head_dim``
     defaults to ``embed_dim // num_heads`` and is recorded explicitly once heads are pruned.
     ``out_init_scale`` defaults to ``1/sqrt(2 * depth)``, GPT-2's residual-projection scaling.
-    ``shifted_patches`` and ``locality_attention`` are Lee et al. 2021's small-dataset techniques
+    ``shifted_patches`` and ``locality`` are Lee et al. 2021's small-dataset techniques
     (Shifted Patch Tokenization, Locality Self-Attention; arXiv:2112.13492); timm has no equal, so
     such models do not convert to timm.
     Token, pooling and norm options follow timm's ``VisionTransformer`` of the same names:
@@ -104,7 +104,7 @@ class ViTConfig(Config):
     init: InitScheme = "vitkit"
     patch_embed: Literal["linear", "conv"] = "linear"
     shifted_patches: bool = False
-    locality_attention: bool = False
+    locality: bool = False
     norm_eps: float = field(default=1e-6, metadata=bounds(gt=0, le=1))
     reg_tokens: int = field(default=0, metadata=bounds(ge=0, le=MAX_REG_TOKENS))
     no_embed_class: bool = False

@@ -215,7 +215,7 @@ def timm_twin_lacks(config: ViTConfig) -> list[TwinGap]:
     heads = config.heads_per_layer()
     gaps = [
         TwinGap("shifted patch tokenization", {"shifted_patches": False}) if config.shifted_patches else None,
-        TwinGap("locality self-attention", {"locality_attention": False}) if config.locality_attention else None,
+        TwinGap("locality self-attention", {"locality": False}) if config.locality else None,
         TwinGap("a convolutional stem", {"patch_embed": "linear"}) if config.patch_embed != "linear" else None,
         TwinGap(f"per-layer or narrow heads (timm needs the same full head count in every layer; this model has "
                 f"{heads} of width {config.resolved_head_dim()})")

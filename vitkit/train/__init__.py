@@ -3,11 +3,11 @@ checkpoints, run directories with metrics, curves and an exported model, and eva
 
 ``train(recipe, overrides, resume)`` runs a recipe; ``evaluate(path)`` measures a trained model's
 accuracy. ``vitkit.load_model(path)`` rebuilds a trained model from ``model.safetensors`` or a
-``.ckpt`` without Lightning (``load_for_inference`` is its deprecated alias).
+``.ckpt`` without Lightning.
 """
 
 from ..io import CheckpointError, UnsafeCheckpointError, load_checkpoint
-from .checkpoint import AtomicCheckpointIO, load_for_inference
+from .checkpoint import AtomicCheckpointIO
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
 from .evaluate import evaluate, write_evaluation
@@ -36,7 +36,6 @@ __all__ = [
     "ViTDataModule",
     "evaluate",
     "load_checkpoint",
-    "load_for_inference",
     "load_recipe",
     "train",
     "write_evaluation",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
 from ..files import atomic_write
-from ..io import FORMAT_KEY, CheckpointError, load_checkpoint, load_model_and_extra, upgrade
-from ..models import VisionTransformer, ViTConfig
+from ..io import CheckpointError, load_checkpoint, upgrade_checkpoint
+from ..models import ViTConfig
 from .module import ViTClassifier, non_finite_tensors
 from .optim import build_optimizer
 
@@ -50,7 +49,7 @@ def check_resumable(path: str | os.PathLike, module: ViTClassifier, dataset: str
             f"--resume {path}: a .safetensors model file holds the weights only, without the optimiser and "
             "schedule state a run continues from; give the run's checkpoints/last.ckpt instead."
         )
-    checkpoint = load_checkpoint(path)
+    checkpoint = upgrade_checkpoint(load_checkpoint(path))
     is_dict = isinstance(checkpoint, dict)
     hparams = checkpoint.get("hyper_parameters", {}) if is_dict else {}
     extra = hparams.get("extra", {}) if isinstance(hparams, dict) else None
@@ -60,8 +59,7 @@ def check_resumable(path: str | os.PathLike, module: ViTClassifier, dataset: str
             f"--resume {path}: not a vitkit training checkpoint (no Lightning training state or model config); "
             "give the run's checkpoints/last.ckpt."
         )
-    saved_config = upgrade(hparams["vit_config"], str(hparams.get(FORMAT_KEY, "1")))
-    saved = {**_meaning(saved_config), "dataset": extra.get("dataset")}
+    saved = {**_meaning(hparams["vit_config"]), "dataset": extra.get("dataset")}
     wanted = {**_meaning(module.hparams["vit_config"]), "dataset": dataset}
     differences = [
         f"{key} (checkpoint {saved.get(key)!r}, recipe {wanted.get(key)!r})"
@@ -130,14 +128,15 @@ def _training_state_problem(checkpoint: dict[str, Any], module: ViTClassifier) -
 
 
 def _meaning(values: dict[str, Any]) -> dict[str, Any]:
-    """A model config as JSON would give it back (tuples as lists), with the position embedding an
-    unset ``pos_embed`` means, for comparison."""
+    """A model config as JSON would give it back (tuples as lists), with every field a config
+    written before that field existed leaves to its default, and the position embedding an unset
+    ``pos_embed`` means, for comparison."""
     plain = json.loads(json.dumps(values))
     try:
-        plain["pos_embed"] = ViTConfig.from_dict(plain).resolved_pos_embed
+        config = ViTConfig.from_dict(plain)
     except ValueError:  # an invalid config differs anyway; the comparison names it
-        pass
-    return plain
+        return plain
+    return {**config.to_dict(), "pos_embed": config.resolved_pos_embed}
 
 
 def remove_orphan_temp_files(folder: str | os.PathLike, pattern: str = ORPHAN_GLOB) -> list[Path]:
@@ -179,16 +178,4 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(
         self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        return load_checkpoint(path, map_location=map_location or "cpu")
-
-
-def load_for_inference(path: str | os.PathLike) -> tuple[VisionTransformer, dict[str, Any]]:
-    """Deprecated alias of :func:`vitkit.io.load_model_and_extra` (model in eval mode, ``extra``)."""
-    warnings.warn(
-        "vitkit.train.load_for_inference is deprecated; use vitkit.load_model (the model) or "
-        "vitkit.io.load_model_and_extra (the model and its metadata).",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    model, extra = load_model_and_extra(path)
-    return model.eval(), extra
+        return upgrade_checkpoint(load_checkpoint(path, map_location=map_location or "cpu"))

@@ -19,9 +19,9 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
 
     Without ``layer_decay``, timm's ``param_groups_weight_decay``: decayed weight matrices, and
     undecayed 1-d parameters (norm scales, biases, LayerScale) plus the names in
-    ``model.no_weight_decay()`` (``pos_embed``, ``cls_token``). The decayed group comes first, the
-    order of the checkpoints written before vitkit used timm's function (timm puts it second), so
-    those runs still resume. ``weight_decay=0`` gives one group.
+    ``model.no_weight_decay()`` (``pos_embed``, ``cls_token``), in timm's order (undecayed first;
+    :func:`vitkit.io.upgrade_checkpoint` reorders checkpoints written in vitkit's former order).
+    ``weight_decay=0`` gives one group.
 
     With ``layer_decay``, timm's ``param_groups_layer_decay`` over ``model.group_matcher()``: a
     decayed and an undecayed group per layer, in timm's order, each with ``lr_scale =
@@ -31,8 +31,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     skip = getattr(model, "no_weight_decay", set)()
     if layer_decay is not None:
         return param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
-    groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
-    return sorted(groups, key=lambda group: -group["weight_decay"])
+    return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
