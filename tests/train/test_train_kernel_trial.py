@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_runs import short_recipe
 
 import vitkit
 from vitkit.layers import MultiHeadSelfAttention
-from vitkit.train import kernel_trial
+from vitkit.train import kernel_trial, train
 from vitkit.train.kernel_trial import (
     DRIFT_WINDOW,
     MIN_PAIRS,
@@ -331,3 +333,35 @@ def test_ab_steps_compute_the_update_either_kernel_alone_would() -> None:
                 torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-5)
         optimizer.step()
     assert ran == {"sdpa", "explicit"}
+
+
+def test_a_deterministic_run_pins_sdpa_for_the_whole_run_and_never_reads_the_clock() -> None:
+    model = tiny_model().train()
+    clock = StepClock(model, {"sdpa": 0.03, "explicit": 0.02})  # explicit would win a measurement
+    chooser = TrainingKernelChooser(clock=clock, pin="sdpa")
+    chooser.setup(None, model, "fit")
+    chooser.on_train_start(None, model)
+    batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,)))
+    for step in range(STEPS_TO_CHOOSE + 5):
+        chooser.on_train_batch_start(fake_trainer(step), model, batch, step)
+        assert {block.attn.attn_impl for block in model.blocks} == {"sdpa"}
+        train_step(model, *batch)
+        chooser.on_train_batch_end(fake_trainer(step + 1), model, None, batch, step)
+        assert {block.attn.attn_impl for block in model.blocks} == {"sdpa"}  # evaluation too
+    assert clock.reads == 0 and "trainer.deterministic" in chooser.report()["pinned"]
+    with pytest.raises(ValueError, match="pin must be one of"):
+        TrainingKernelChooser(pin="flash")
+
+
+@pytest.mark.slow
+def test_a_seed_reproduces_with_trainer_deterministic_under_a_noisy_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A clock that jumps at random stands for a busy machine: a measuring run could choose and
+    # re-measure anything; a deterministic one must not look at it.
+    noise = random.Random(0)
+    monkeypatch.setattr(kernel_trial.time, "perf_counter", lambda: noise.random())
+    runs = [train(short_recipe(tmp_path / f"run{i}", deterministic=True, max_epochs=2)) for i in range(2)]
+    for (name, first), second in zip(runs[0].model.state_dict().items(), runs[1].model.state_dict().values()):
+        torch.testing.assert_close(first, second, rtol=0, atol=0, msg=name)
+    assert "pinned" in runs[0].summary["attention_kernels"]["training_steps"]

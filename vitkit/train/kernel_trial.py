@@ -267,14 +267,25 @@ class TrainingKernelChooser(Callback):
     (broadcast with ``trainer.strategy.broadcast``), and at the end of training every rank's steps
     per kernel are gathered into :meth:`report` (``ranks``).
 
+    A run that asked for determinism (``trainer.deterministic=true``) passes ``pin="sdpa"``: its
+    ``"auto"`` modules run SDPA for the whole run, training and evaluation alike, nothing is timed,
+    and a seed gives the same weights on the same machine whatever else runs on it (timings would
+    decide which steps each kernel trains, and the two kernels round differently).
+
     Args:
-        clock: seconds as a float (tests inject a fake clock).
+        clock: seconds as a float (default ``time.perf_counter``; tests inject a fake clock).
         watch_drift: see :class:`KernelTrial`; ``None``: on the CPU only (decided at the start of
             training, from the module's device).
+        pin: a kernel that every ``"auto"`` module runs for the whole run instead of a measured one.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, watch_drift: bool | None = None) -> None:
-        self.clock = clock
+    def __init__(
+        self, clock: Callable[[], float] | None = None, watch_drift: bool | None = None, pin: str | None = None
+    ) -> None:
+        if pin is not None and pin not in KERNELS:
+            raise ValueError(f"pin must be one of {KERNELS}, got {pin!r}.")
+        self.clock = clock if clock is not None else time.perf_counter
+        self.pin = pin
         self.watch_drift = watch_drift
         self.trial = KernelTrial()
         self.modules: list[AttentionBase] = []
@@ -283,6 +294,12 @@ class TrainingKernelChooser(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.modules = [m for m in pl_module.modules() if isinstance(m, AttentionBase) and m.attn_impl == "auto"]
+        if self.pin is not None:
+            ema = getattr(pl_module, "ema", None)  # kept outside the module's children (DDP), evaluated too
+            for module in [*self.modules, *(ema.modules() if isinstance(ema, torch.nn.Module) else ())]:
+                if isinstance(module, AttentionBase) and module.attn_impl == "auto":
+                    module.attn_impl = self.pin
+            self.modules = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.trial.watch_drift = _device(pl_module).type == "cpu" if self.watch_drift is None else self.watch_drift
@@ -323,6 +340,8 @@ class TrainingKernelChooser(Callback):
     def report(self) -> dict[str, Any]:
         """``{"pinned": ...}`` when no module was ``"auto"``, else ``{"keys": KernelTrial.report()}``,
         with ``"ranks"`` under DDP: the steps each rank ran with each kernel, per key."""
+        if self.pin is not None:
+            return {"pinned": f"{self.pin} for the whole run (trainer.deterministic: no kernel is timed)"}
         if not self.modules:
             return {"pinned": "every attention module has a fixed kernel (attn_impl or VITKIT_ATTN_IMPL)"}
         return {"keys": self.trial.report(), **({"ranks": self.ranks} if self.ranks else {})}

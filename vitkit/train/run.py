@@ -68,6 +68,7 @@ from .model_builder import StartingWeights, build_model, load_starting_weights, 
 from .module import NonFiniteLossError, ViTClassifier
 from .plots import plot_curves
 from .schema import RecipeError
+from .threads import other_load, thread_advice, usable_cores
 
 #: Exit status of a run stopped by SIGTERM (128 + the signal's number, as shells report it).
 SIGTERM_EXIT = 143
@@ -130,6 +131,10 @@ def train(
         raise FileNotFoundError(f"checkpoint to resume {resume} does not exist.")
     if config.trainer.num_threads is not None:
         torch.set_num_threads(config.trainer.num_threads)
+    if config.trainer.accelerator in ("cpu", "auto") and not torch.cuda.is_available():
+        advice = thread_advice(torch.get_num_threads(), usable_cores(), other_load())
+        if advice:
+            rank_zero_info(advice)
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
     weights = load_starting_weights(config.model, resume)
     if weights is not None:
@@ -167,7 +172,8 @@ def _fit(
         module.attach_teacher(teacher)
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
-    kernels = TrainingKernelChooser()  # first, so that its step timing ends before other callbacks' batch-end work
+    # First, so that its step timing ends before other callbacks' batch-end work; a deterministic run times nothing.
+    kernels = TrainingKernelChooser(pin="sdpa" if config.trainer.deterministic else None)
     ctrl_c = CtrlCStops()
     trainer = build_trainer(
         config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *callbacks], model=module.model

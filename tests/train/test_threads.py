@@ -1,0 +1,53 @@
+"""The note on CPU threads: more threads than usable cores, or other work on the cores, is said in
+one line before a run starts, with the setting that helps; an idle machine gets no note."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from tiny_runs import short_recipe
+
+from vitkit.train import run as run_module
+from vitkit.train import threads
+from vitkit.train.threads import thread_advice, usable_cores
+
+
+def test_usable_cores_follow_the_process_affinity_not_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cores() == 1
+
+
+@pytest.mark.parametrize(
+    ("threads_", "cores", "load", "expected"),
+    [
+        (4, 2, 0.0, "4 CPU threads on the 2 cores"),  # oversubscribed by the setting itself
+        (2, 2, 1.2, "other work keeps about 1.2 of the 2 usable cores busy"),  # a job beside the run
+        (2, 2, 0.1, None),  # idle
+        (1, 2, 3.0, None),  # one thread already
+        (2, 8, 2.0, None),  # room enough
+        (2, 2, None, None),  # no load average on this OS
+    ],
+)
+def test_thread_advice(threads_: int, cores: int, load: float | None, expected: str | None) -> None:
+    advice = thread_advice(threads_, cores, load)
+    if expected is None:
+        assert advice is None
+    else:
+        assert advice.startswith("note: ") and expected in advice and "trainer.num_threads=" in advice
+        assert "\n" not in advice
+
+
+@pytest.mark.slow
+def test_a_run_on_a_busy_machine_prints_the_note_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(run_module, "other_load", lambda: 3.0)
+    monkeypatch.setattr(run_module, "usable_cores", lambda: 2)
+    with caplog.at_level(logging.INFO):
+        run_module.train(short_recipe(tmp_path, num_threads=2))
+    assert any("note: other work keeps about 3.0 of the 2 usable cores busy" in r.getMessage() for r in caplog.records)
+    assert threads.BUSY_LOAD < 3.0
