@@ -270,11 +270,23 @@ def localization(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="folder for localization.csv / localization.md")
 
 
+#: ``vitkit prune --orders`` (vitkit.prune.plan.ORDERS, kept here so --help needs no torch).
+PRUNE_ORDERS = ("importance", "importance-l2", "random", "entropy")
+
+
 def prune_heads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="model.safetensors or a training .ckpt")
     data_arguments(parser)
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--max-drop", type=number_in(0), default=1.0, help="accuracy budget in percentage points")
+    parser.add_argument("--orders", nargs="+", choices=PRUNE_ORDERS, default=list(PRUNE_ORDERS),
+                        help="orders to trace (importance gives the pruned model; the others only feed the plot)")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--heads", type=int_at_least(0), metavar="N",
+                        help="one shot: keep the N most important heads (one scoring pass, no accuracy budget)")
+    target.add_argument("--ratio", type=number_in(0, 1, low_open=True, high_open=True), metavar="R",
+                        help="one shot: prune this share of the heads, the least important")
+    target.add_argument("--max-drop", type=number_in(0),
+                        help="iterative: accuracy budget in percentage points (default 1)")
     parser.add_argument("--step-fraction", type=number_in(0, 1, low_open=True), default=0.1,
                         help="share of remaining heads pruned per step")
     parser.add_argument("--random-seeds", type=positive_int, default=5, help="random orders to average")

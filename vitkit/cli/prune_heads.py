@@ -4,8 +4,14 @@
     vitkit prune --checkpoint best.ckpt --data root=/data/cifar num_workers=0 --max-drop 0.5 --out prune/
     vitkit prune --checkpoint runs/fashion/<timestamp>/model.safetensors --recover-epochs 2 --out prune/
 
-Orders, each iterative (every step gates off the lowest-scoring ~10% of the remaining heads,
-re-scored under the current gates): importance (Michel et al. 2019, E|dL/d gate|) on raw scores,
+One shot (--heads N keeps the N most important heads, --ratio R prunes that share of them): the
+heads are scored once, by importance on the unpruned model, and the lowest are removed together;
+no accuracy budget. With --orders importance alone this is one scoring pass: minutes on a ViT-S/16
+where the iterative orders take hours. Before any work the run prints its plan and an estimate of
+its length, from one batch timed on this machine, and then shows one progress bar.
+
+Orders (--orders, default all), each iterative (every step gates off the lowest-scoring ~10% of the
+remaining heads, re-scored under the current gates): importance (Michel et al. 2019, E|dL/d gate|) on raw scores,
 and with the paper's per-layer L2 normalisation (which spreads the pruning evenly over layers;
 raw scores rank across layers better when layers differ a lot, as in the quickstart ViT);
 random (several seeds, mean ± std band); attention entropy, highest first (a near-uniform head
@@ -54,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from vitkit import save_model
 from vitkit.data import build_datasets
@@ -68,6 +75,7 @@ from vitkit.prune import (
     entropy_scorer,
     importance_scorer,
     iterative_pruning,
+    one_shot_pruning,
     prune_heads,
     random_scorer,
     recover_steps,
@@ -75,6 +83,7 @@ from vitkit.prune import (
     within_budget,
 )
 from vitkit.prune.evaluate import eval_loaders
+from vitkit.prune.plan import BatchCost, estimate, format_duration, iterative_steps, measure_batch_cost
 from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
 from vitkit.train import load_recipe, train
 from vitkit.train.artifacts import CONFIG_FILE, write_json
@@ -82,6 +91,9 @@ from vitkit.train.evaluate import check_model_fits, data_config_for
 from vitkit.train.model_builder import build_model, load_starting_weights, pretrained_data
 
 from .main import run_command
+
+#: ``--max-drop`` of an iterative run that gives none (percentage points).
+DEFAULT_MAX_DROP = 1.0
 
 
 @dataclass
@@ -171,11 +183,46 @@ def plan_recovery(args: argparse.Namespace, out: Path, extra: dict[str, Any]) ->
     return plan
 
 
+def resolve_target(args: argparse.Namespace, model: VisionTransformer) -> None:
+    """Check the pruning target against the model and the orders, before any work: sets
+    ``args.target_pruned`` (heads a one-shot run removes, else ``None``) and the default ``--max-drop``."""
+    if "importance" not in args.orders:
+        raise UsageError("--orders must include importance: the pruned model follows the importance order; "
+                         "the other orders only feed the plot.")
+    total = sum(model.heads_per_layer())
+    if args.heads is not None and args.heads > total:
+        raise UsageError(f"--heads {args.heads} keeps more heads than the model has ({total}); give 0 to {total}.")
+    args.target_pruned = (total - args.heads if args.heads is not None
+                          else round(args.ratio * total) if args.ratio is not None else None)
+    if args.max_drop is None and args.target_pruned is None:
+        args.max_drop = DEFAULT_MAX_DROP
+
+
+def run_plan(args: argparse.Namespace, model: VisionTransformer) -> dict[str, int]:
+    """Scoring steps per order this run makes (``one-shot`` for ``--heads`` / ``--ratio``)."""
+    total = sum(model.heads_per_layer())
+    steps = iterative_steps(total, args.step_fraction)
+    plan = {"one-shot": 1} if args.target_pruned is not None else {"importance": steps}
+    for order in args.orders:
+        if order != "importance":
+            plan[order] = steps * (args.random_seeds if order == "random" else 1)
+    return plan
+
+
+def describe_plan(plan: dict[str, int], cost: BatchCost) -> str:
+    """One line: what the run does and its estimated length, from one timed batch."""
+    orders = ", ".join(f"{order} ({steps} step{'s' * (steps != 1)})" for order, steps in plan.items())
+    faster = "" if list(plan) == ["one-shot"] else "; --orders importance --heads N is the fastest path"
+    return (f"plan: {orders}; {cost.train_batches} scoring and {cost.eval_batches} evaluation batches per step; "
+            f"estimated {format_duration(estimate(plan, cost))} ({cost.train_s:.2f} s per scoring batch here){faster}")
+
+
 def prune(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     model, extra = load_model_and_extra(args.checkpoint)
     model.eval()
+    resolve_target(args, model)
     recovery = plan_recovery(args, Path(args.out), extra)
     out = claim_output_dir(args.out, "prune_heads")
     splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
@@ -185,23 +232,42 @@ def prune(args: argparse.Namespace) -> dict:
         print(f"note: {info.name!r} has no held-out test split; test accuracy is not reported (null), "
               "since the validation split already chose the pruning depth.", file=sys.stderr)
     timing_batch = next(iter(val))[0]
-    common = dict(eval_loader=val, step_fraction=args.step_fraction, max_batches=args.max_batches)
-    raw = importance_scorer(train_loader, normalize_layers=False, max_batches=args.max_batches)
-    importance = iterative_pruning(model, train_loader, scorer=raw, speed_batch=timing_batch, desc="importance",
-                                   **common)
-    curves = {"importance": [importance]}
-    michel = importance_scorer(train_loader, normalize_layers=True, max_batches=args.max_batches)
-    curves["importance, per-layer L2"] = [
-        iterative_pruning(model, train_loader, scorer=michel, desc="per-layer L2", **common)
-    ]
-    curves["random"] = [
-        iterative_pruning(model, train_loader, scorer=random_scorer(seed), desc=f"random, seed {seed}", **common)
-        for seed in range(args.random_seeds)
-    ]
-    entropy = entropy_scorer(train_loader, highest_first=args.entropy_order == "high", max_batches=args.max_batches)
-    label = f"entropy ({args.entropy_order}est first)"
-    curves[label] = [iterative_pruning(model, train_loader, scorer=entropy, desc=label, **common)]
-    chosen = within_budget(importance, args.max_drop)
+    common = dict(eval_loader=val, max_batches=args.max_batches)
+    plan = run_plan(args, model)
+    cost = measure_batch_cost(model, train_loader, val, args.max_batches)
+    print(describe_plan(plan, cost), file=sys.stderr)
+    curves: dict[str, list[list[PruningStep]]] = {}
+    total_heads = sum(model.heads_per_layer())
+    bar_total = sum(args.target_pruned if order == "one-shot" else total_heads * (args.random_seeds if order == "random"
+                    else 1) for order in plan)  # heads each order removes: one bar over the whole run
+    with tqdm(total=bar_total, desc="prune", unit="head") as bar:
+        common["progress"] = bar
+        raw = importance_scorer(train_loader, normalize_layers=False, max_batches=args.max_batches)
+        if "one-shot" in plan:
+            importance = one_shot_pruning(model, train_loader, args.target_pruned, scorer=raw, speed_batch=timing_batch,
+                                          desc="importance, one shot", **common)
+        else:
+            importance = iterative_pruning(model, train_loader, args.step_fraction, scorer=raw,
+                                           speed_batch=timing_batch, desc="importance", **common)
+        curves["importance"] = [importance]
+        iterative = dict(step_fraction=args.step_fraction, **common)
+        if "importance-l2" in plan:
+            michel = importance_scorer(train_loader, normalize_layers=True, max_batches=args.max_batches)
+            curves["importance, per-layer L2"] = [
+                iterative_pruning(model, train_loader, scorer=michel, desc="per-layer L2", **iterative)
+            ]
+        if "random" in plan:
+            curves["random"] = [
+                iterative_pruning(model, train_loader, scorer=random_scorer(seed), desc=f"random, seed {seed}",
+                                  **iterative)
+                for seed in range(args.random_seeds)
+            ]
+        if "entropy" in plan:
+            entropy = entropy_scorer(train_loader, highest_first=args.entropy_order == "high",
+                                     max_batches=args.max_batches)
+            label = f"entropy ({args.entropy_order}est first)"
+            curves[label] = [iterative_pruning(model, train_loader, scorer=entropy, desc=label, **iterative)]
+    chosen = importance[-1] if "one-shot" in plan else within_budget(importance, args.max_drop)
 
     recovered: list[RecoveredStep] | None = None
     if recovery is not None:  # after every curve: training reseeds the random generators
@@ -230,7 +296,8 @@ def prune(args: argparse.Namespace) -> dict:
         tests = [evaluate_model(m, splits.test, max_batches=args.max_batches) for m in (model, pruned)]
         test_acc, test_images = [t.top1 for t in tests], [tests[0].num_images, len(splits.test.dataset)]
     seconds_full, seconds_pruned = time_forward([model, pruned], timing_batch, rounds=args.rounds)
-    pruning = {"max_drop": args.max_drop, **pruning_record(str(args.checkpoint), chosen.pruned, pruned)}
+    pruning = {"max_drop": args.max_drop, "one_shot": "one-shot" in plan,
+               **pruning_record(str(args.checkpoint), chosen.pruned, pruned)}
     save_model(pruned, out / "pruned.safetensors", extra={**extra, "pruning": pruning})
     summary = {
         **pruning,
@@ -296,7 +363,8 @@ def run(args: argparse.Namespace) -> int:
     split, (acc_full, acc_kept) = ("test", summary["test_acc"]) if summary["test_acc"] else ("val", summary["val_acc"])
     if summary["test_images"] and summary["test_images"][0] < summary["test_images"][1]:
         split += f" ({summary['test_images'][0]:,} of {summary['test_images'][1]:,} images: --max-batches)"
-    print(f"pruned {full - kept}/{full} heads within {args.max_drop:g} pt (chosen on val): {split} accuracy "
+    how = "in one shot (importance)" if summary["one_shot"] else f"within {args.max_drop:g} pt (chosen on val)"
+    print(f"pruned {full - kept}/{full} heads {how}: {split} accuracy "
           f"{acc_full:.2f}% -> {acc_kept:.2f}%, parameters {summary['parameters'][0]:,} -> {summary['parameters'][1]:,}, "
           f"speed-up x{summary['speedup']:.2f} (batch {summary['timing_batch']}, median of {args.rounds} rounds)")
     if "recovery" in summary:

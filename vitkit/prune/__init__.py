@@ -17,6 +17,7 @@ from .iterative import (
     importance_scorer,
     iterative_pruning,
     least_scored,
+    one_shot_pruning,
     random_scorer,
     within_budget,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "head_importance",
     "importance_scorer",
     "iterative_pruning",
+    "one_shot_pruning",
     "least_scored",
     "prune_heads",
     "pruned_copy",

@@ -9,7 +9,8 @@ throughput. Orders: :func:`importance_scorer` (the paper's), :func:`random_score
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +129,7 @@ def iterative_pruning(
     min_heads: int = 0,
     speed_batch: torch.Tensor | None = None,
     max_batches: int | None = None,
-    progress: bool = True,
+    progress: bool | tqdm = True,
     desc: str = "pruning heads",
 ) -> list[PruningStep]:
     """Gate off the lowest-scoring ``step_fraction`` of the remaining heads, again and again.
@@ -154,7 +155,8 @@ def iterative_pruning(
         min_heads: stop when this many heads are left (0 = prune everything).
         speed_batch: images to time each pruned model on (``time_forward``); None skips timing.
         max_batches: cap on the batches of each scoring and evaluation pass.
-        progress: show a tqdm bar over the steps.
+        progress: show a tqdm bar over the steps, or advance the given bar (one bar over a whole
+            run of several orders) by the heads each step removes.
         desc: the bar's label (which order is running).
 
     Returns:
@@ -171,7 +173,7 @@ def iterative_pruning(
         return _measure(model, gates, step, total, eval_loader, speed_batch, max_batches)
 
     records = [measure(0)]
-    with tqdm(total=max(total - min_heads, 0), desc=desc, disable=not progress) as bar:
+    with _bar(progress, max(total - min_heads, 0), desc) as bar:
         while records[-1].heads_left > min_heads:
             heads_on = records[-1].heads_left
             count = min(max(1, round(step_fraction * heads_on)), heads_on - min_heads)
@@ -179,8 +181,54 @@ def iterative_pruning(
                 gates[layer][head] = 0.0
             records.append(measure(len(records)))
             bar.update(heads_on - records[-1].heads_left)
-            bar.set_postfix(acc=f"{records[-1].accuracy:.1f}")
+            bar.set_postfix(order=desc, acc=f"{records[-1].accuracy:.1f}")
     return records
+
+
+def one_shot_pruning(
+    model: VisionTransformer,
+    dataloader: Iterable[Batch],
+    heads_to_prune: int,
+    *,
+    eval_loader: Iterable[Batch],
+    scorer: Scorer | None = None,
+    speed_batch: torch.Tensor | None = None,
+    max_batches: int | None = None,
+    progress: bool | tqdm = True,
+    desc: str = "one-shot pruning",
+) -> list[PruningStep]:
+    """Score the heads once, on the unpruned model, and gate off the ``heads_to_prune`` lowest.
+
+    One scoring pass instead of one per step: on a ViT-S that is minutes instead of hours, and on
+    a Fashion-MNIST ViT one-shot importance pruning of 8 of 16 heads lost 3.4 points where the
+    iterative order lost 8.2 (issue 41). Arguments as :func:`iterative_pruning`.
+
+    Returns:
+        Two :class:`PruningStep` s: the unpruned model and the pruned one.
+    """
+    gates = check_gates(model, full_gates(model))
+    total = sum(len(g) for g in gates)
+    if not 0 <= heads_to_prune <= total:
+        raise ValueError(f"heads_to_prune must lie in [0, {total}] (the model's heads), got {heads_to_prune}.")
+    scorer = scorer or importance_scorer(dataloader, max_batches=max_batches)
+    records = [_measure(model, gates, 0, total, eval_loader, speed_batch, max_batches)]
+    with _bar(progress, heads_to_prune, desc) as bar:
+        for layer, head in least_scored(scorer(model, gates), gates, heads_to_prune):
+            gates[layer][head] = 0.0
+        records.append(_measure(model, gates, 1, total, eval_loader, speed_batch, max_batches))
+        bar.update(heads_to_prune)
+        bar.set_postfix(order=desc, acc=f"{records[-1].accuracy:.1f}")
+    return records
+
+
+@contextlib.contextmanager
+def _bar(progress: bool | tqdm, total: int, desc: str) -> Iterator[tqdm]:
+    """A tqdm bar of its own (``progress`` a bool) or the caller's bar, left open."""
+    if isinstance(progress, tqdm):
+        yield progress
+        return
+    with tqdm(total=total, desc=desc, disable=not progress) as bar:
+        yield bar
 
 
 def within_budget(records: Sequence[PruningStep], max_drop: float) -> PruningStep:
