@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -127,3 +128,10 @@ def test_help_and_a_bad_argument_answer_quickly(argv: list[str]) -> None:
 def test_an_unknown_command_suggests_the_closest(capsys: pytest.CaptureFixture) -> None:
     assert main(["predcit"]) == 2
     assert "did you mean 'predict'" in capsys.readouterr().err.lower()
+
+
+@pytest.mark.parametrize("command", sorted(MODULES))
+def test_help_shows_a_default_only_where_it_says_something(command: str) -> None:
+    text = " ".join(parsers.build(command, MODULES[command]).format_help().split())
+    assert "(default: None)" not in text and "(default: [])" not in text
+    assert not re.search(r"default[^()]*\) \(default:", text)  # never two defaults for one option

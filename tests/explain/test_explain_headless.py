@@ -4,6 +4,7 @@ target class are refused in one line, and ``vitkit maps`` draws rollout and head
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -109,3 +110,17 @@ def test_maps_of_headless_weights_refuse_a_class_in_one_line(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: {message}") and re.search(r"no classifier \(num_classes=0\)", line)
     assert not (tmp_path / "maps").exists()
+
+
+def test_explore_writes_a_page_for_headless_weights(
+    weights_and_image: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from vitkit.cli import explore
+
+    weights, image = weights_and_image
+    out = tmp_path / "dinov2.html"
+    assert explore.main(["--model", NAME, "--timm-weights", str(weights), str(image), "--out", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    payload = json.loads(re.search(r'<script type="application/json" id="vitkit-data">(.*?)</script>', page, re.S).group(1))
+    assert payload["headless"] and payload["images"][0]["top"] == [] and payload["prefixTokens"] == 5
+    assert payload["images"][0]["explanations"]["chefer"] == [] and len(payload["images"][0]["explanations"]["rollout"]) == 4

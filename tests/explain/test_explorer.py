@@ -509,3 +509,38 @@ def test_a_screenshot_of_the_explorer_is_not_blank(browser: Any, tmp_path: Path)
     assert pixels.shape[1] == 1400
     assert pixels.std() > 20  # panels, maps and text, not an empty page
     assert_quiet(browser)
+
+
+def test_a_headless_model_opens_with_attention_and_rollout_and_short_captions(browser: Any, tmp_path: Path) -> None:
+    import timm
+    from selenium.webdriver.common.by import By
+
+    torch.manual_seed(0)  # timm's DINOv2 with 4 registers, headless as timm builds it (num_classes=0)
+    dinov2 = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2, img_size=28,
+                               num_classes=0).eval()
+    model = vitkit.from_timm(dinov2).eval()
+    images = torch.randn(2, 3, 28, 28)
+    long_name = "/data/a/very/long/folder/of/photographs/taken/in/2024/cat.png"
+    page = explorer_html(model, images, names=[long_name, "dog.png"])
+    payload = payload_of(page)
+    assert payload["headless"] and all(record["top"] == [] for record in payload["images"])
+    open_page(browser, page, tmp_path)
+    assert api(browser, "info()")["views"] == ["attention", "rollout"]
+    api(browser, 'select({"view": "rollout", "image": 1})')
+    shown = np.array(api(browser, "currentMap()"))
+    # Abnar & Zuidema's rollout by hand, read out from the class token over the 2x2 patches (after 1 + 4 prefix tokens)
+    joint = None
+    for attention in capture_attention(model, images).attentions:
+        mixed = (attention[1].double().mean(dim=0) + torch.eye(attention.shape[-1], dtype=torch.float64)) / 2
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+        joint = mixed if joint is None else mixed @ joint
+    expected = joint[0, 5:] / joint[0, 5:].max()
+    np.testing.assert_allclose(shown.ravel(), expected.numpy(), atol=1e-4)
+    with pytest.raises(Exception, match="no classifier"):
+        api(browser, 'select({"target": 0})')
+    first = browser.find_elements(By.CSS_SELECTOR, "#images button")[0]
+    assert first.text.startswith("cat.png · no classifier") and first.get_attribute("title") == long_name
+    hidden = [e.get_attribute("value") for e in browser.find_elements(By.CSS_SELECTOR, "input[name=view]")
+              if not e.is_displayed()]
+    assert hidden == ["grad_rollout", "chefer"]
+    assert_quiet(browser)

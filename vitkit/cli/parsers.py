@@ -54,6 +54,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
 
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        """The help with ``(default: ...)`` added only where it says something: not for a required
+        option, an unset (``None``) or empty default, or a help that already states its default."""
+        text = action.help or ""
+        if action.required or action.default in (None, [], False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
 
 def summary(module: str) -> str:
     """What ``vitkit.cli.<module>`` does: its docstring's first paragraph, on one line, up to a colon."""

@@ -255,9 +255,7 @@ def explorer_payload(
     for what, given in (("names", names), ("labels", labels)):
         if given is not None and len(given) != len(images):
             raise ExplorerError(f"{what} has {len(given)} entries for {len(images)} images.")
-    num_classes = model.config.num_classes
-    if num_classes < 1:
-        raise ExplorerError("the model has no classifier head (num_classes=0): there is no class to explain.")
+    num_classes = model.config.num_classes  # 0: a headless model (DINOv2), explained by rollout and raw attention
     heads = model.heads_per_layer()
     kept = resolve_layers(layers, len(heads))
     top_k = min(top_k, num_classes)
@@ -287,6 +285,7 @@ def explorer_payload(
         "tokens": grid[0] * grid[1] + model.num_prefix_tokens,
         "prefixTokens": model.num_prefix_tokens,
         "pooling": config.global_pool,
+        "headless": num_classes == 0,
         "depth": len(heads),
         "layers": kept,
         "heads": heads,

@@ -7,7 +7,8 @@
   const PATCHES = GH * GW;
   const N = DATA.tokens;
   const PRE = DATA.prefixTokens;
-  const VIEWS = ["attention", "rollout", "grad_rollout", "chefer"];
+  // A headless model (no classifier) has no class to explain: attention and rollout only.
+  const VIEWS = DATA.headless ? ["attention", "rollout"] : ["attention", "rollout", "grad_rollout", "chefer"];
   const VIEW_NAMES = { attention: "attention", rollout: "rollout", grad_rollout: "grad rollout", chefer: "Chefer et al." };
   const $ = (id) => document.getElementById(id);
 
@@ -51,7 +52,7 @@
   if (lastWithHeads.length) state.layer = lastWithHeads[lastWithHeads.length - 1];
   // The class token when there is one, else the centre patch.
   state.token = PRE > 0 ? 0 : PRE + Math.floor(GH / 2) * GW + Math.floor(GW / 2);
-  state.target = DATA.images[0].top[0].index;
+  state.target = DATA.headless ? null : DATA.images[0].top[0].index;
 
   // Attention of `token` over the patches in (layer, head): its row (what it attends to) or its
   // column (which patches attend to it). Returns {patches: Float64Array, prefix: [...]} or null
@@ -187,6 +188,7 @@
       }
       return text + " Hover a patch to preview, click to select.";
     }
+    if (DATA.headless) return "Attention rollout of the model's read-out (it has no classifier: features only).";
     const name = record.top[rankOf(state.image, state.target)].name;
     return state.view === "rollout" ? "Attention rollout (class-agnostic), read out as the model pools."
       : `${VIEW_NAMES[state.view]} for class ${name}.`;
@@ -265,6 +267,11 @@
     const record = DATA.images[state.image];
     const list = $("top-classes");
     list.replaceChildren();
+    if (DATA.headless) {
+      const item = document.createElement("li");
+      item.textContent = "no classifier (num_classes=0): rollout and attention of the read-out";
+      list.appendChild(item);
+    }
     for (const entry of record.top) {
       const item = document.createElement("li");
       item.textContent = `${entry.name} · ${(100 * entry.probability).toFixed(1)}%`;
@@ -390,7 +397,7 @@
       if (unknown.length) throw new Error(`unknown selection keys: ${unknown.join(", ")} (known: ${known.join(", ")})`);
       if ("image" in given) {
         next.image = integer("image", given.image, 0, DATA.images.length - 1);
-        if (rankOf(next.image, next.target) < 0) next.target = DATA.images[next.image].top[0].index;
+        if (!DATA.headless && rankOf(next.image, next.target) < 0) next.target = DATA.images[next.image].top[0].index;
       }
       if ("layer" in given) {
         let layer = integer("layer", given.layer, -DATA.depth, DATA.depth - 1);
@@ -416,6 +423,7 @@
         next.view = given.view;
       }
       if ("target" in given) {
+        if (DATA.headless) throw new Error("this model has no classifier (num_classes=0): there is no target class to choose");
         if (rankOf(next.image, given.target) < 0) throw new Error(`target ${given.target} is not among this image's top classes (${DATA.images[next.image].top.map((e) => e.index).join(", ")})`);
         next.target = given.target;
       }
@@ -446,7 +454,10 @@
   $("head").addEventListener("change", (e) => api.select({ head: e.target.value === "mean" ? "mean" : Number(e.target.value) }));
   for (const input of document.querySelectorAll("input[name=direction]")) input.addEventListener("change", (e) => api.select({ direction: e.target.value }));
   for (const input of document.querySelectorAll("input[name=normalization]")) input.addEventListener("change", (e) => api.select({ normalization: e.target.value }));
-  for (const input of document.querySelectorAll("input[name=view]")) input.addEventListener("change", (e) => api.select({ view: e.target.value }));
+  for (const input of document.querySelectorAll("input[name=view]")) {
+    if (!VIEWS.includes(input.value)) input.parentElement.hidden = true;
+    input.addEventListener("change", (e) => api.select({ view: e.target.value }));
+  }
   $("opacity").addEventListener("input", (e) => api.select({ opacity: Number(e.target.value) }));
   $("prefix-token").addEventListener("click", () => api.select({ token: 0, view: "attention" }));
   $("metric").addEventListener("change", drawStats);
@@ -458,8 +469,10 @@
     thumb.src = record.png;
     thumb.alt = record.name;
     const label = document.createElement("span");
-    const predicted = record.top[0].name;
-    label.textContent = `${record.name} · predicted ${predicted}${record.labelName === null ? "" : ` · true ${record.labelName}`}`;
+    const shortName = record.name.split(/[\\/]/).pop();  // the file name; the full path on hover
+    const predicted = DATA.headless ? "no classifier" : `predicted ${record.top[0].name}`;
+    label.textContent = `${shortName} · ${predicted}${record.labelName === null ? "" : ` · true ${record.labelName}`}`;
+    button.title = record.name;
     button.append(thumb, label);
     button.addEventListener("click", () => api.select({ image: i }));
     $("images").appendChild(button);
