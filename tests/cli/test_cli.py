@@ -71,7 +71,7 @@ def test_a_non_editable_install_gives_the_vitkit_command_with_every_subcommand(t
     assert found.returncode == 0 and found.stdout.split() == ["digits", "digits"], found.stderr
 
 
-def test_help_of_every_subcommand_lists_each_option_with_its_default_and_debug() -> None:
+def test_help_of_every_subcommand_lists_each_option_with_its_set_default_and_debug() -> None:
     for command, module in MODULES.items():
         parser = parsers.build(command, module)
         text = " ".join(parser.format_help().split())
@@ -79,7 +79,8 @@ def test_help_of_every_subcommand_lists_each_option_with_its_default_and_debug()
         packed = "".join(text.split())  # argparse breaks a default longer than the help column mid-word
         for action in parser._actions:
             if action.option_strings and action.help != argparse.SUPPRESS and action.dest != "help":
-                shown = f"{action.help.replace('%%', '%')} (default: {action.default})"
+                unset = action.required or action.default in (None, [], False) or "default" in action.help
+                shown = action.help.replace("%%", "%") + ("" if unset else f" (default: {action.default})")
                 assert "".join(shown.split()) in packed, f"vitkit {command} {action.option_strings[0]}: {shown}"
 
 
