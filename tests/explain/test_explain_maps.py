@@ -174,3 +174,14 @@ def test_tie_aware_check_catches_a_wrong_cut() -> None:
     shifted.view(-1)[fused.view(-1).argmax()] = -1.0  # the largest entry becomes the smallest
     with pytest.raises(AssertionError, match="away from the cut"):
         kept_entries_agree_away_from_the_cut(fused, shifted, discard_ratio=0.5)
+
+
+def test_a_near_uniform_map_is_labelled_flat_and_a_peaked_one_is_not() -> None:
+    from vitkit.explain.render import flat_note
+
+    flat = torch.full((4, 4), 0.5)
+    flat[0, 0] = 0.52  # scaled to its own maximum this would paint the whole image hot
+    assert flat_note(flat) == " (flat: min 0.96 of max)"
+    peaked = torch.zeros(4, 4)
+    peaked[1, 2] = 1.0
+    assert flat_note(peaked) == "" and flat_note(torch.zeros(4, 4)) == " (flat: min 1.00 of max)"

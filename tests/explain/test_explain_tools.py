@@ -133,6 +133,20 @@ def test_attention_report_writes_csv_and_heatmaps_and_warns_of_collapse(
     printed = capsys.readouterr().out
     assert "warning: layer 1, heads [0, 2]: these heads attend alike" in printed
     assert (out / "warnings.txt").read_text().count("attend alike") == 1
+    assert printed.index("information, not warnings") < printed.index("warning: layer 1")
+
+
+@pytest.mark.slow
+def test_attention_report_without_warnings_writes_no_warnings_file_and_says_so_last(
+    seed: int, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    checkpoint = save_tiny(tiny_shapes_model(), tmp_path / "model.safetensors")
+    out = tmp_path / "report"
+    thresholds = ["--uniform-entropy", "1.01", "--self-attention", "1.01", "--cls-sink", "1.01", "--collapse-similarity", "1.01"]
+    assert tool_main("attention_report")(["--checkpoint", str(checkpoint), "--out", str(out), "--num-images", "4",
+                                          *thresholds]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert not (out / "warnings.txt").exists() and printed[-1].startswith("no warnings")
 
 
 @pytest.mark.slow
@@ -150,7 +164,7 @@ def test_localization_tool_prints_trained_and_random_rows(checkpoint: Path, tmp_
 
 
 def test_attention_maps_tool_works_on_a_model_whose_last_block_lost_every_head(
-    mixed_folder: Path, tmp_path: Path
+    mixed_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     model = tiny_shapes_model()
     model.blocks[-1].attn.prune_heads(list(range(model.blocks[-1].attn.num_heads)))
@@ -160,5 +174,6 @@ def test_attention_maps_tool_works_on_a_model_whose_last_block_lost_every_head(
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out)]) == 0
     with Image.open(out / "rgb.png") as figure:  # one row: image, rollout, grad rollout, Chefer; no heads
         assert figure.width == 4 * (128 + 6) + 6 and figure.height < 2 * 128
+    assert "note: every head of layer 1 was pruned: the figures have no per-head grid" in capsys.readouterr().out
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out), "--layer", "0",
                                         "--method", "heads"]) == 0

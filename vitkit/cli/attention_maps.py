@@ -167,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     if clashes:
         raise UsageError(f"{'; '.join(clashes)}.")
     claim_output_dir(out, "attention_maps")
+    if args.method == "all" and model.heads_per_layer()[args.layer] == 0:
+        print(f"note: every head of layer {args.layer % len(model.blocks)} was pruned: the figures have no per-head grid; "
+              "pick another --layer to see one.")
     if args.method == "all" and info.num_classes == 0:
         print(f"note: the model has no classifier (num_classes=0): no {' or '.join(GRADIENT_METHODS)} maps, which explain a class.")
     note = ConversionNote(info)

@@ -61,15 +61,19 @@ def run(args: argparse.Namespace) -> int:
         metrics["reg_share"] = (stats.reg_share, "attention to the register tokens")
     for name, (values, title) in metrics.items():
         head_grid_figure(values, title, out / f"{name}.png")
-    (out / "warnings.txt").write_text("".join(f"{w}\n" for w in warnings))
+    if warnings:  # no file at all when there is nothing to warn of
+        (out / "warnings.txt").write_text("".join(f"{w}\n" for w in warnings))
 
     print(f"head statistics of {len(rows)} heads over {stats.num_images} images written to {out}")
     cls_share, reg_share = stats.sink_shares()
+    sinks = []
     for layer, (to_cls, to_reg) in enumerate(zip(cls_share.tolist(), reg_share.tolist())):
         shares = [f"{label} {share:.1%}" for label, share in (("class token", to_cls), ("registers", to_reg))
                   if share == share]  # NaN: the model has no such token
         if shares:
-            print(f"layer {layer} attention sink: {', '.join(shares)}")
+            sinks.append(f"  layer {layer}: {', '.join(shares)}")
+    if sinks:
+        print("attention to the prefix tokens (sinks; information, not warnings):", *sinks, sep="\n")
     for warning in warnings:
         print(f"warning: {warning}")
     if not warnings:

@@ -38,6 +38,19 @@ def overlay(image: np.ndarray, heat: torch.Tensor, alpha: float = 0.5, cmap: str
     return (1 - alpha) * image + alpha * colored
 
 
+#: A map whose minimum is at least this share of its maximum is near-uniform: scaled to its own
+#: maximum it would look solidly hot, so its label says how flat it is.
+FLAT_RATIO = 0.9
+
+
+def flat_note(heat: torch.Tensor) -> str:
+    """`` (flat: min 0.97 of max)`` for a near-uniform ``[H, W]`` map (:data:`FLAT_RATIO`), else ``''``."""
+    values = heat.detach().float()
+    top = float(values.max())
+    ratio = float(values.min()) / top if top > 0 else 1.0
+    return f" (flat: min {ratio:.2f} of max)" if ratio >= FLAT_RATIO else ""
+
+
 def _save(figure: Figure, path: str | os.PathLike) -> None:
     FigureCanvasAgg(figure)
     figure.savefig(path, format="png", dpi=DPI)
@@ -73,9 +86,9 @@ def attention_figure(
         title: the figure's title (e.g. the predicted class, its probability, the true class).
         path: output ``.png``.
     """
-    tiles = [("image", image)] + [(label, overlay(image, heat)) for label, heat in panels]
+    tiles = [("image", image)] + [(label + flat_note(heat), overlay(image, heat)) for label, heat in panels]
     heads = 0 if head_maps is None else head_maps.shape[0]
-    head_tiles = [(f"head {h}", overlay(image, head_maps[h])) for h in range(heads)]
+    head_tiles = [(f"head {h}{flat_note(head_maps[h])}", overlay(image, head_maps[h])) for h in range(heads)]
     cols = max(len(tiles), min(heads, HEAD_COLUMNS))
     zoom = max(1, math.ceil(MIN_TILE_PX / min(image.shape[:2])))
     tile_size = (image.shape[1] * zoom, image.shape[0] * zoom)
