@@ -112,3 +112,12 @@ def test_an_old_checkpoint_s_optimizer_groups_are_put_in_timm_s_order_with_their
     assert upgraded["hyper_parameters"]["vit_config"] == {"locality": False}
     assert upgraded["hyper_parameters"][FORMAT_KEY] == FORMAT_VERSION
     assert upgrade_checkpoint(upgraded) is upgraded  # today's format: untouched
+
+
+def test_save_model_without_a_suffix_writes_safetensors_that_load_model_finds_by_either_name(tmp_path: Path) -> None:
+    model = lsa_model()
+    written = save_model(model, tmp_path / "pruned")
+    assert written == tmp_path / "pruned.safetensors" and written.is_file() and not (tmp_path / "pruned").exists()
+    images = torch.randn(1, 3, 8, 8)
+    for name in ("pruned", "pruned.safetensors"):
+        torch.testing.assert_close(load_model(tmp_path / name).eval()(images), model(images))

@@ -29,6 +29,8 @@ from .models.vision_transformer import VisionTransformer
 from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
 
 FORMAT_KEY = "vitkit_format"
+#: The suffix :func:`save_model` gives a path that has none.
+MODEL_SUFFIX = ".safetensors"
 CONFIG_KEY = "vitkit_config"
 EXTRA_KEY = "vitkit_extra"
 #: The model-file format: "1" before ``pos_drop_rate`` and RoPE's patch-only absolute embedding,
@@ -58,7 +60,12 @@ def save_model(model: VisionTransformer, path: str | os.PathLike, extra: dict[st
     (``model.pretrained_cfg``, recorded by :func:`vitkit.from_timm`) has it written too (mean,
     std, image size, channels, crop, interpolation, classes named by index); the keys of ``extra``
     win. LoRA adapters are merged into the written weights (``model`` keeps them), so the file
-    loads as a plain model."""
+    loads as a plain model. A ``path`` without a suffix gets ``.safetensors`` (``save_model(m,
+    "pruned")`` writes ``pruned.safetensors``, which :func:`load_model` finds by either name);
+    returns the path written."""
+    path = Path(path)
+    if not path.suffix:
+        path = path.with_name(path.name + MODEL_SUFFIX)
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in merge_lora_state_dict(model.state_dict()).items()}
     config = model.config.replace(num_heads=model.heads_per_layer(), head_dim=model.config.resolved_head_dim())
     cfg = getattr(model, "pretrained_cfg", None)
@@ -420,7 +427,10 @@ def check_finite(state: dict[str, torch.Tensor], source: str, error: type[Vitkit
 def load_model_and_extra(path: str | os.PathLike, **overrides: Any) -> tuple[VisionTransformer, dict[str, Any]]:
     """The model of :func:`load_model` and the ``extra`` metadata saved with it (normalisation,
     class names, image size, the training data options; ``DataInfo.from_extra(extra)`` gives the
-    preprocessing)."""
+    preprocessing). ``path`` may leave out the ``.safetensors`` that :func:`save_model` added."""
+    path = Path(path)
+    if not path.exists() and not path.suffix and path.with_name(path.name + MODEL_SUFFIX).is_file():
+        path = path.with_name(path.name + MODEL_SUFFIX)
     config, state, extra = read_model(path)
     model = VisionTransformer(config.replace(**overrides))
     model.load_weights(state, source_grid=config.grid_size)

@@ -10,7 +10,11 @@ knows a folder is its own:
   result files (``summary.json``, ``model.safetensors``, ...) without a marker; rerunning the same
   tool into its own folder replaces its results, as before;
 - :func:`hold` takes an exclusive ``flock`` on the marker for as long as a run uses its folder, so
-  two resumes of one run (or a resume of a run still training) cannot share it. The kernel releases
+  two resumes of one run (or a resume of a run still training) cannot share it; a tool's
+  :func:`claim_output_dir` takes the same lock until its command ends
+  (:func:`release_output_dirs`), so two tools writing into one folder at once cannot mix their
+  files, and the marker's ``state`` says ``running`` until the command finished, so a folder that a
+  killed command left half-written is named as such by the next run. The kernel releases
   the lock when the process ends, however it ends, so a killed run leaves no stale lock.
 
 A command's single output file (``explore --out page.html``, ``predict --csv out.csv``) has no
@@ -25,6 +29,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -107,13 +112,55 @@ def check_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterab
     return folder
 
 
+#: Folders claimed by the command running in this process, with their locked markers' descriptors.
+_CLAIMED: list[tuple[Path, int]] = []
+
+
 def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = ()) -> Path:
-    """``folder``, checked (:func:`check_output_dir`), created and marked as ``tool``'s.
+    """``folder``, checked (:func:`check_output_dir`), created, marked as ``tool``'s and locked
+    (``state: running``) until :func:`release_output_dirs` (the command's end).
 
     Raises:
-        OutputDirError: as :func:`check_output_dir`.
+        OutputDirError: as :func:`check_output_dir`, or another process is writing into ``folder``.
     """
-    return mark(check_output_dir(folder, tool, extra_results), tool)
+    folder = check_output_dir(folder, tool, extra_results)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / MARKER
+    fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OutputDirError(
+            f"--out {folder} is in use by another vitkit process{_holder(marker)} writing {tool}'s results; "
+            "wait for it to finish, or choose another folder."
+        ) from None
+    previous = _marker_values(marker)
+    marker.write_text(json.dumps({"written_by": tool, "state": "running", "pid": os.getpid()}) + "\n")
+    _CLAIMED.append((folder, fd))
+    if previous.get("state") == "running":
+        print(f"note: the previous {tool} run into {folder} did not finish (it was stopped); this run replaces "
+              "its files.", file=sys.stderr)
+    return folder
+
+
+def release_output_dirs(complete: bool) -> None:
+    """Unlock the folders this process claimed, marking them ``complete`` when the command
+    finished (``complete``); a failed or stopped command leaves ``running`` for the next run to see."""
+    for folder, fd in _CLAIMED:
+        if complete:
+            marker = folder / MARKER
+            marker.write_text(json.dumps({**_marker_values(marker), "state": "complete"}) + "\n")
+        os.close(fd)
+    _CLAIMED.clear()
+
+
+def _marker_values(marker: Path) -> dict:
+    try:
+        values = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return {}
+    return values if isinstance(values, dict) else {}
 
 
 def check_output_file(
@@ -194,10 +241,4 @@ def _holder(marker: Path) -> str:
 
 def _set_holder(marker: Path) -> None:
     """Record the lock holder's pid in the marker (for the message a second process gets)."""
-    try:
-        values = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        values = {}
-    if not isinstance(values, dict):
-        values = {}
-    marker.write_text(json.dumps({**values, "pid": os.getpid()}) + "\n")
+    marker.write_text(json.dumps({**_marker_values(marker), "pid": os.getpid()}) + "\n")

@@ -35,7 +35,7 @@ from vitkit.data.arrays import ResizeMemoryError, resize_images
 from vitkit.data.cifar import read_pickle
 from vitkit.data.mnist import IMAGES_MAGIC, IdxFileError, read_idx
 from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError, load_model_and_extra
-from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold
+from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold, mark, release_output_dirs
 from vitkit.prune import prune_heads
 from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_recipe, train
 from vitkit.train.artifacts import write_json
@@ -230,7 +230,7 @@ def test_a_second_resume_of_a_run_in_use_is_refused_and_changes_nothing(finished
 
 
 def test_the_lock_of_a_killed_run_is_not_stale(tmp_path: Path) -> None:
-    folder = claim_output_dir(tmp_path / "run", "train")
+    folder = mark(tmp_path / "run", "train")  # a run directory, as training marks it
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from vitkit.output_dirs import hold\n"
          f"with hold({str(folder)!r}):\n    print('held', flush=True); time.sleep(60)"],
@@ -278,7 +278,9 @@ def test_prune_heads_refuses_a_training_run_as_its_output(finished: RunResult, t
 
 def test_output_folders_are_refused_unless_their_own(tmp_path: Path) -> None:
     claim_output_dir(tmp_path / "a", "prune_heads")
+    release_output_dirs(complete=True)  # what the end of the command does
     claim_output_dir(tmp_path / "a", "prune_heads")  # a rerun replaces its own results
+    release_output_dirs(complete=True)
     with pytest.raises(OutputDirError, match="prune_heads's output folder"):
         claim_output_dir(tmp_path / "a", "evaluate")
     (tmp_path / "b").mkdir()
@@ -286,6 +288,31 @@ def test_output_folders_are_refused_unless_their_own(tmp_path: Path) -> None:
     with pytest.raises(OutputDirError, match="already holds summary.json"):
         claim_output_dir(tmp_path / "b", "prune_heads")
     assert not (tmp_path / "b" / MARKER).exists()
+
+
+def test_a_tool_folder_is_locked_while_its_command_runs_and_marked_complete_after(tmp_path: Path) -> None:
+    folder = tmp_path / "maps"
+    claim_output_dir(folder, "attention_maps")
+    assert json.loads((folder / MARKER).read_text())["state"] == "running"
+    holder = subprocess.Popen(  # a second maps command into the same folder, while the first runs
+        [sys.executable, "-c", "from vitkit.output_dirs import claim_output_dir\n"
+         f"claim_output_dir({str(folder)!r}, 'attention_maps')"],
+        stderr=subprocess.PIPE, text=True, env=tool_env(), cwd=ROOT,
+    )
+    _, err = holder.communicate(timeout=60)
+    assert holder.returncode != 0 and f"in use by another vitkit process (pid {os.getpid()})" in err
+    release_output_dirs(complete=True)
+    assert json.loads((folder / MARKER).read_text())["state"] == "complete"
+
+
+def test_a_folder_a_stopped_command_left_is_named_by_the_next_run(tmp_path: Path, capsys, load_tool) -> None:
+    folder = tmp_path / "prune"
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"written_by": "prune_heads", "state": "running", "pid": 1}))
+    claim_output_dir(folder, "prune_heads")
+    release_output_dirs(complete=False)  # stopped again: the state stays running
+    assert "the previous prune_heads run into" in capsys.readouterr().err
+    assert json.loads((folder / MARKER).read_text())["state"] == "running"
 
 
 # --- a CIFAR pickle memory bomb -------------------------------------------------------------

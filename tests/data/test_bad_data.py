@@ -344,3 +344,20 @@ def test_images_converted_for_a_grayscale_model_are_named_once(
     assert "2 image(s) RGBA -> grayscale: transparent pixels composited onto white, colour to luma" in note
     assert f"2 image(s) of another size (e.g. {images / 'scene0.png'}, 40x36) resized" in note
     assert "digit.png" not in note  # already the model's size and mode
+
+
+def test_a_photo_s_exif_orientation_is_applied_as_viewers_show_it(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from vitkit.data.images import load_image
+
+    pixels = np.zeros((20, 40, 3), dtype=np.uint8)  # 40 wide, 20 high as stored
+    pixels[:, :10] = 255  # the stored left edge is white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation 6: the camera was turned; viewers rotate 90 degrees clockwise
+    Image.fromarray(pixels).save(tmp_path / "photo.jpg", exif=exif.tobytes(), quality=95)
+    upright = np.asarray(load_image(tmp_path / "photo.jpg", 3))
+    assert upright.shape == (40, 20, 3)  # 20 wide, 40 high once upright
+    assert upright[:10].mean() > 200 and upright[-10:].mean() < 50  # the stored left edge is now the top
+    Image.fromarray(pixels).save(tmp_path / "plain.jpg", quality=95)
+    assert np.asarray(load_image(tmp_path / "plain.jpg", 3)).shape == (20, 40, 3)  # no tag: as stored

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -175,5 +176,6 @@ def test_attention_maps_tool_works_on_a_model_whose_last_block_lost_every_head(
     with Image.open(out / "rgb.png") as figure:  # one row: image, rollout, grad rollout, Chefer; no heads
         assert figure.width == 4 * (128 + 6) + 6 and figure.height < 2 * 128
     assert "note: every head of layer 1 was pruned: the figures have no per-head grid" in capsys.readouterr().out
+    assert json.loads((out / ".vitkit").read_text())["state"] == "complete"  # unlocked, finished
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out), "--layer", "0",
                                         "--method", "heads"]) == 0

@@ -168,6 +168,8 @@ def test_the_size_is_refused_before_anything_is_computed(monkeypatch: pytest.Mon
     with pytest.raises(ExplorerError, match=r"at most 2 image\(s\) fit.*--max-images.*--layers.*--max-bytes") as error:
         explorer_html(model, images, max_bytes=limit)
     assert "\n" not in str(error.value)
+    shown = f"{limit / 1e3:.1f} KB limit" if limit >= 1000 else f"{limit:,} bytes limit"  # never "0.0 MB"
+    assert shown in str(error.value) and "0.0 MB" not in str(error.value)
 
 
 def test_the_finished_page_is_checked_too_and_the_estimate_counts_its_bulk() -> None:

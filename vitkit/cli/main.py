@@ -48,7 +48,14 @@ def run_command(command: str, argv: Sequence[str] | None = None) -> int:
     a user's mistake becomes one ``error: ...`` line and exit status 2 (see :mod:`vitkit.cli.common`)."""
     module = MODULES[command]
     args = parsers.parse(command, module, sys.argv[1:] if argv is None else list(argv))
-    return cli_errors(lambda: importlib.import_module(f"{__package__}.{module}").run(args), debug=args.debug)
+    status = None
+    try:
+        status = cli_errors(lambda: importlib.import_module(f"{__package__}.{module}").run(args), debug=args.debug)
+        return status
+    finally:  # the command's --out folders: unlocked, and marked complete when it finished
+        from vitkit.output_dirs import release_output_dirs
+
+        release_output_dirs(complete=status in (0, 3))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from ..errors import VitkitError
 
@@ -51,7 +51,7 @@ class ImageReadError(VitkitError, OSError):
 
 
 def load_image(path: str | os.PathLike, in_chans: int | None = None) -> Image.Image:
-    """Decode ``path`` completely.
+    """Decode ``path`` completely, turned upright by its EXIF orientation (as photo viewers show it).
 
     Args:
         path: image file.
@@ -67,7 +67,9 @@ def load_image(path: str | os.PathLike, in_chans: int | None = None) -> Image.Im
             image.load()
             if image.mode == "I":
                 _check_16bit_range(image)
-            return image if in_chans is None else convert_channels(image, in_chans)
+            # A camera's EXIF orientation applied, as a viewer shows the photo (a no-op copy without the tag).
+            upright = ImageOps.exif_transpose(image)
+            return upright if in_chans is None else convert_channels(upright, in_chans)
     except _DECODE_ERRORS as err:
         raise ImageReadError(path, str(err) or type(err).__name__) from err
 

@@ -105,7 +105,7 @@ class ExplorerSize:
         images = f"at most {fit} image(s) fit with these layers" if fit else "not one image fits with these layers"
         raise ExplorerError(
             f"the explorer of {self.num_images} image(s) over {len(layers)} layer(s) would take "
-            f"{'' if actual is not None else 'about '}{size / 1e6:.1f} MB, over the {limit / 1e6:.1f} MB limit "
+            f"{'' if actual is not None else 'about '}{_bytes(size)}, over the {_bytes(limit)} limit "
             f"({images}); {_SIZE_HINT.format(example=example, needed=math.ceil(size * 1.05))}."
         )
 
@@ -137,6 +137,13 @@ def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
     if not layers:
         raise ExplorerError("layers is empty: name at least one block, or pass None for all of them.")
     return sorted({layer % depth for layer in layers})
+
+
+def _bytes(size: int) -> str:
+    """``12.3 MB``, ``45.6 KB`` or ``789 bytes``: never "0.0 MB" for a small size."""
+    if size >= 100_000:
+        return f"{size / 1e6:.1f} MB"
+    return f"{size / 1e3:.1f} KB" if size >= 1_000 else f"{size:,} bytes"
 
 
 def explorer_size(
