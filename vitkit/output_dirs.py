@@ -182,6 +182,9 @@ def check_output_file(
     path = Path(path)
     if path.is_dir():
         raise OutputDirError(f"{flag} {path} is a folder; give the file to write inside it.")
+    blocking = next((parent for parent in path.parents if parent.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise OutputDirError(f"{flag} {path}: {blocking} is a file, not a folder; choose another path.")
     real = path.resolve()
     if any(real == Path(source).resolve() for source in inputs):
         raise OutputDirError(f"{flag} {path} is one of this command's inputs; choose another file.")
@@ -195,9 +198,12 @@ def write_output_file(path: str | os.PathLike, flag: str, write: Callable[[str],
     disk leaves the previous file whole; without ``force``, a file that appeared since the check
     (a second command writing the same file) is not replaced.
 
+    Missing parent folders are created (checked by :func:`check_output_file` before the work).
+
     Raises:
         OutputDirError: ``force`` is false and ``path`` exists now.
     """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
         return atomic_write(path, write, replace=force)
     except FileExistsError:

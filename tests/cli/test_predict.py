@@ -171,6 +171,19 @@ def test_predict_csv_never_replaces_another_file_a_symlinks_target_or_its_inputs
     assert not link.is_symlink() and link.read_text().startswith("path,") and other.read_text() == "keep me"
 
 
+def test_predict_csv_into_a_missing_folder_creates_it_and_under_a_file_is_refused(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    image = tmp_path / "ok.png"
+    block_image(6).save(image)
+    assert predict_main([str(trained), str(image), "--csv", str(tmp_path / "new" / "deeper" / "p.csv")]) == 0
+    assert (tmp_path / "new" / "deeper" / "p.csv").read_text().startswith("path,")
+    (tmp_path / "plain").write_text("a file")
+    assert predict_main([str(trained), str(image), "--csv", str(tmp_path / "plain" / "p.csv")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: --csv") and "is a file, not a folder" in line
+
+
 def test_predict_csv_cells_cannot_be_spreadsheet_formulas(
     trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
