@@ -273,3 +273,20 @@ def test_an_output_folder_that_is_a_file_is_one_error_line(finished: RunResult, 
     code = load_tool("evaluate").main([str(finished.run_dir / "model.safetensors"), "--out", str(blocker)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and str(blocker) in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_resuming_with_an_edited_recipe_is_refused_naming_the_change_and_writes_nothing(tmp_path: Path) -> None:
+    from vitkit.train import train as train_run
+    from vitkit.train.schema import RecipeError
+
+    first = train_run(short_recipe(tmp_path / "runs"))
+    last = first.run_dir / "checkpoints" / "last.ckpt"
+    before = snapshot(first.run_dir)
+    edited = short_recipe(tmp_path / "runs")
+    edited["optim"]["lr"] = 1e-4  # the recipe file edited since the run started
+    with pytest.raises(RecipeError, match=r"optim.lr 0.005 -> 0.0001; resume with the run's own recipe") as error:
+        train_run(edited, resume=last)
+    assert "\n" not in str(error.value) and snapshot(first.run_dir) == before
+    extended = train_run(short_recipe(tmp_path / "runs", max_epochs=2), resume=last)  # more epochs may change
+    assert extended.run_dir == first.run_dir

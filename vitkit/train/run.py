@@ -146,11 +146,52 @@ def train(
     module = build_module(config, datamodule.info, weights)
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name)
+        check_recipe_unchanged(config, adopted_run_dir(resume))
     teacher = build_teacher(config.distill.teacher, datamodule.info) if config.distill.type != "none" else None
     check_hardware(config.trainer)
     run_dir = resolve_run_dir(config, resume)
     with _own_run_dir(run_dir, adopted=run_dir == adopted_run_dir(resume)):
         return _fit(config, datamodule, module, teacher, run_dir, resume, callbacks, started)
+
+
+#: Recipe keys a resumed run may change: how long and on what it runs, not what it learns.
+RESUME_MAY_CHANGE = frozenset({
+    "trainer.max_epochs", "trainer.enable_progress_bar", "trainer.num_threads", "trainer.log_every",
+    "trainer.devices", "trainer.accelerator", "trainer.num_nodes", "trainer.strategy", "data.num_workers",
+    "trainer.checkpoint_every_n_steps",
+})
+
+
+def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None) -> None:
+    """Refuse to continue in ``run_dir`` with a recipe that differs from the one it started with
+    (its ``config.yaml``) other than in :data:`RESUME_MAY_CHANGE`: an edited learning rate, batch
+    size or augmentation would otherwise be adopted silently and the run's record rewritten."""
+    saved_path = None if run_dir is None else run_dir / CONFIG_FILE
+    if saved_path is None or not saved_path.is_file():
+        return
+    saved, now = _dotted(load_recipe(saved_path).to_dict()), _dotted(config.to_dict())
+    # A key the recipe leaves unset (None) was filled in by the run (from pretrained weights): not a change.
+    changed = [key for key in sorted(set(saved) | set(now))
+               if saved.get(key) != now.get(key) and now.get(key) is not None
+               and key not in RESUME_MAY_CHANGE and not key.startswith("output.")]
+    if changed:
+        shown = "; ".join(f"{key} {saved.get(key)!r} -> {now.get(key)!r}" for key in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise RecipeError(
+            f"the recipe differs from the one {run_dir} started with: {shown}{more}; resume with the run's own "
+            f"recipe (vitkit train {saved_path} --resume CHECKPOINT, trainer.max_epochs=N to extend it), or start a "
+            "new run from the checkpoint with model.pretrained=CHECKPOINT."
+        )
+
+
+def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _fit(
