@@ -170,9 +170,9 @@ def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None) -> None:
     if saved_path is None or not saved_path.is_file():
         return
     saved, now = _dotted(load_recipe(saved_path).to_dict()), _dotted(config.to_dict())
-    # A key the recipe leaves unset (None) was filled in by the run (from pretrained weights): not a change.
+    # A key left unset (None) on one side is filled in from pretrained weights on the other: not a change.
     changed = [key for key in sorted(set(saved) | set(now))
-               if saved.get(key) != now.get(key) and now.get(key) is not None
+               if saved.get(key) != now.get(key) and None not in (saved.get(key), now.get(key))
                and key not in RESUME_MAY_CHANGE and not key.startswith("output.")]
     if changed:
         shown = "; ".join(f"{key} {saved.get(key)!r} -> {now.get(key)!r}" for key in changed[:3])
