@@ -228,6 +228,9 @@ def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
     }
     if compile_lever:
         levers["torch.compile (inductor), explicit kernel"] = variant(compiled=True)
+    # The baseline again, last in every round: its ratio to the first shows the order effect of the
+    # round (a shared machine, caches), which the levers' ratios carry too.
+    levers["baseline again (last in each round)"] = variant()
     times = interleaved_times(levers, repeats=repeats, warmup=2)
     baseline = next(iter(levers))
     rows = [f"Levers, {name} batch {batch_size}, bf16 training step: {flops / 1e9:.0f} GFLOP per step, "
