@@ -65,6 +65,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("cli", "vitkit/output_dirs.py", "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    except BlockingIOError:\n        os.close(fd)",
              "pass\n    except BlockingIOError:\n        os.close(fd)", ("tests/cli/test_hostile_input.py",),
              "a tool's output folder is not locked"),
+    Mutation("layers", "vitkit/layers/attention_masks.py", "graph = torch.compiler.is_compiling()", "graph = False",
+             ("tests/test_export.py",), "a data-dependent branch in a recorded graph (LSA does not export)"),
     Mutation("layers", "vitkit/layers/positions.py", "picked = xy.gather(1, keep", "picked = xy.gather(1, 0 * keep",
              ("tests/layers/test_positions.py",), "dropped tokens lose their positions"),
     Mutation("layers", "vitkit/layers/block.py",

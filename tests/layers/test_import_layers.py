@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("io",),
     ("data", "evaluation"),
-    ("train", "explain", "prune", "inference"),
+    ("train", "explain", "prune", "inference", "export"),
     ("",),  # vitkit/__init__.py: the public names, imported lazily
     ("cli",),
 )

@@ -31,6 +31,7 @@ MODULES = {
     "time-to-accuracy": "time_to_accuracy",
     "make-subset": "make_subset",
     "benchmark": "benchmark",
+    "export": "export",
 }
 
 

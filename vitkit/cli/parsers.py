@@ -192,6 +192,17 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
 
 
+def export(parser: argparse.ArgumentParser) -> None:
+    model_arguments(parser)
+    parser.add_argument("--format", choices=("onnx",), default="onnx", help="file format")
+    parser.add_argument("--out", required=True, help="the .onnx file to write")
+    force_argument(parser, "--out")
+    parser.add_argument("--opset", type=int_at_least(7), help="ONNX opset (None: the exporter's default)")
+    parser.add_argument("--dynamic-batch", action="store_true", help="any batch size (else the graph takes batch 1)")
+    parser.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"),
+                        help="input size (None: the model's; another needs a dynamic_img_size model)")
+
+
 def predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "inputs", nargs="+", metavar="[MODEL_FILE] IMAGE_OR_FOLDER",
@@ -390,6 +401,7 @@ OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "time_to_accuracy": time_to_accuracy,
     "make_subset": make_subset,
     "benchmark": benchmark,
+    "export": export,
 }
 #: Commands whose recipe overrides may follow their options.
 INTERMIXED = frozenset({"train", "ablate_heads", "init_ablation"})

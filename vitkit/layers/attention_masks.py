@@ -91,16 +91,19 @@ def prepare_bias(
         )
     _check_broadcast(attn_bias, shape, "attn_bias")
     attn_bias = attn_bias.to(like.device)
+    # While a graph is recorded (torch.compile, torch.export / ONNX), no Python branch on the data:
+    # the empty-row guard is always applied there (the same values, one multiply more).
+    graph = torch.compiler.is_compiling()
     if attn_bias.dtype == torch.bool:
         row_has_key = attn_bias.any(dim=-1, keepdim=True)
-        if bool(row_has_key.all()):
+        if not graph and bool(row_has_key.all()):
             return attn_bias, None
         return attn_bias | ~row_has_key, row_has_key
-    if bool(torch.isnan(attn_bias).any()) or bool((attn_bias == float("inf")).any()):
+    if not graph and (bool(torch.isnan(attn_bias).any()) or bool((attn_bias == float("inf")).any())):
         raise ValueError("attn_bias holds NaN or +inf; use -inf to forbid a key and finite values otherwise.")
     attn_bias = attn_bias.to(like.dtype)
     allowed = attn_bias > float("-inf")
     row_has_key = allowed.any(dim=-1, keepdim=True)
-    if bool(row_has_key.all()):
+    if not graph and bool(row_has_key.all()):
         return attn_bias, None
     return attn_bias.masked_fill(~row_has_key, 0.0), row_has_key

@@ -1,0 +1,125 @@
+"""ONNX export: onnxruntime's logits equal vitkit's float32 logits within 1e-4 for every
+architecture option and for timm families converted to vitkit, the preprocessing travels in the
+file's metadata, the batch size is symbolic with --dynamic-batch, and bad input is one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import vitkit
+from vitkit.export import ExportError, export_onnx, read_preprocessing
+from vitkit.output_dirs import OutputDirError
+from vitkit.prune import prune_heads
+
+ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (pip install -e '.[dev]')")
+pytestmark = pytest.mark.slow
+TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+
+
+def run_onnx(path: Path, images: torch.Tensor) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"images": images.numpy()})[0]
+
+
+def assert_parity(model: torch.nn.Module, path: Path, batch: int = 3, **export: Any) -> None:
+    model.eval()
+    export_onnx(model, path, **export)
+    images = torch.randn(batch if export.get("dynamic_batch", True) else 1, model.config.in_chans,
+                         *export.get("img_size", model.config.img_size))
+    with torch.no_grad():
+        expected = model(images).numpy()
+    np.testing.assert_allclose(run_onnx(path, images), expected, atol=1e-4, rtol=1e-4)
+
+
+def noisy(model: vitkit.VisionTransformer) -> vitkit.VisionTransformer:
+    with torch.no_grad():  # zero-initialised heads and biases would hide mistakes
+        for param in model.parameters():
+            param.add_(0.02 * torch.randn_like(param))
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"distilled": True},
+        {"global_pool": "map", "class_token": False},
+        {"reg_tokens": 2},
+        {"rope": "axial"},
+        {"rope": "mixed", "reg_tokens": 1},
+        {"patch_embed": "conv"},
+        {"shifted_patches": True, "locality": True},
+        {"qk_norm": True, "init_values": 0.1, "act_layer": "quick_gelu", "pre_norm": True},
+    ],
+    ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()) or "plain",
+)
+def test_onnxruntime_logits_equal_vitkit_s_for_each_architecture_option(options: dict, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    assert_parity(noisy(vitkit.VisionTransformer(**{**TINY, **options})), tmp_path / "m.onnx")
+
+
+def test_a_pruned_model_with_different_head_counts_per_layer_exports(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = prune_heads(noisy(vitkit.VisionTransformer(**TINY)), {0: [1, 3], 1: [0, 1, 2, 3]})
+    assert model.heads_per_layer() == [2, 0]
+    assert_parity(model, tmp_path / "pruned.onnx")
+
+
+@pytest.mark.parametrize("name", ["deit_small_distilled_patch16_224", "vit_small_patch14_reg4_dinov2",
+                                  "vit_base_patch16_siglip_224", "vit_base_patch16_clip_quickgelu_224",
+                                  "vit_small_patch16_rope_mixed_ape_224"])
+def test_timm_families_converted_to_vitkit_export_with_equal_logits(name: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        patch = timm.create_model(name, pretrained=False, depth=1).patch_embed.patch_size[0]
+    source = timm.create_model(name, pretrained=False, depth=2, img_size=2 * patch, num_classes=10)
+    assert_parity(noisy(vitkit.from_timm(source)), tmp_path / "family.onnx", batch=2)
+
+
+def test_the_batch_is_symbolic_only_with_dynamic_batch_and_the_preprocessing_is_in_the_metadata(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = noisy(vitkit.VisionTransformer(**TINY))
+    extra = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "class_names": list("abcde")}
+    fixed = export_onnx(model, tmp_path / "fixed.onnx", dynamic_batch=False, extra=extra)
+    assert read_preprocessing(fixed) == extra
+    with pytest.raises(Exception, match="(?i)dimension|shape|got"):
+        run_onnx(fixed, torch.randn(3, 3, 16, 16))
+    assert_parity(model, tmp_path / "dynamic.onnx", batch=5, dynamic_batch=True)
+
+
+def test_another_input_size_needs_dynamic_img_size_and_whole_patches(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    with pytest.raises(ExportError, match="no dynamic_img_size"):
+        export_onnx(vitkit.VisionTransformer(**TINY), tmp_path / "a.onnx", img_size=(24, 24))
+    flexible = noisy(vitkit.VisionTransformer(**TINY, dynamic_img_size=True))
+    with pytest.raises(ExportError, match="whole number of"):
+        export_onnx(flexible, tmp_path / "b.onnx", img_size=(18, 24))
+    assert_parity(flexible, tmp_path / "c.onnx", img_size=(24, 32))
+    assert not (tmp_path / "a.onnx").exists() and not (tmp_path / "b.onnx").exists()
+
+
+def test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from vitkit.cli import export
+
+    torch.manual_seed(0)
+    model = noisy(vitkit.VisionTransformer(**TINY))
+    checkpoint = vitkit.save_model(model, tmp_path / "model.safetensors", extra={"class_names": list("abcde")})
+    out = tmp_path / "model.onnx"
+    assert export.main(["--checkpoint", str(checkpoint), "--out", str(out), "--dynamic-batch"]) == 0
+    assert read_preprocessing(out)["class_names"] == list("abcde")
+    images = torch.randn(2, 3, 16, 16)
+    np.testing.assert_allclose(run_onnx(out, images), model(images).detach().numpy(), atol=1e-4, rtol=1e-4)
+    capsys.readouterr()
+    assert export.main(["--checkpoint", str(checkpoint), "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --out {out} already exists; add --force")
+    with pytest.raises(OutputDirError):
+        export_onnx(model, out)

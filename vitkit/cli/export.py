@@ -1,0 +1,40 @@
+"""Export a trained model to ONNX, with its preprocessing in the file's metadata.
+
+    vitkit export --checkpoint runs/quickstart/latest/model.safetensors --format onnx --out quickstart.onnx --dynamic-batch
+    vitkit export --model vit_small_patch16_224 --timm-weights vit_s.safetensors --out vit_s.onnx --opset 18
+
+The graph maps [B, C, H, W] images (normalised as for training) to [B, num_classes] logits; its
+metadata "vitkit_preprocessing" holds the model file's mean, std, image size, crop and class names.
+torch's dynamo exporter writes it (vitkit.export_onnx), attention through SDPA. --dynamic-batch makes
+the batch size symbolic (default: 1); --img-size exports another input size of a model built with
+dynamic_img_size. An existing --out file is refused unless --force; the file is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .explain_io import load_model_from_arguments
+from .main import run_command
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vitkit export`` in this process (tests)."""
+    return run_command("export", argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitkit.export import export_onnx
+    from vitkit.output_dirs import check_output_file
+
+    check_output_file(args.out, "--out", args.force)  # before the model is loaded
+    model, extra = load_model_from_arguments(args)
+    path = export_onnx(model, args.out, extra=extra, opset=args.opset, dynamic_batch=args.dynamic_batch,
+                       img_size=tuple(args.img_size) if args.img_size else None, force=args.force)
+    size = Path(path).stat().st_size
+    print(f"wrote {path} ({size / 1e6:.1f} MB, input images [{'B' if args.dynamic_batch else 1}, "
+          f"{model.config.in_chans}, {args.img_size[0] if args.img_size else model.config.img_size[0]}, "
+          f"{args.img_size[1] if args.img_size else model.config.img_size[1]}] -> logits)")
+    print(f"next: run it with onnxruntime: python -c \"import onnxruntime as ort; s = ort.InferenceSession('{path}')\"")
+    return 0
