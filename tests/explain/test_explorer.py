@@ -182,7 +182,7 @@ def test_the_finished_page_is_checked_too_and_the_estimate_counts_its_bulk() -> 
     assert all(len(r["png"]) <= estimate.image for r in payload["images"])
     actual = len(page.encode("utf-8"))
     assert estimate.total < actual < 1.5 * estimate.total  # the JSON around the bulk is not in the estimate
-    with pytest.raises(ExplorerError, match=r"would take [0-9.]+ MB, over the"):
+    with pytest.raises(ExplorerError, match=r"would take [0-9.]+ KB, over the [0-9.]+ KB limit"):
         explorer_html(model, images, max_bytes=actual - 1)
     assert len(explorer_html(model, images, max_bytes=actual)) == len(page)
 
