@@ -123,3 +123,34 @@ def test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_
     assert line.startswith(f"error: --out {out} already exists; add --force")
     with pytest.raises(OutputDirError):
         export_onnx(model, out)
+
+
+def test_predict_on_the_onnx_file_gives_the_model_file_s_output(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from PIL import Image
+
+    from vitkit.cli import export, predict
+
+    torch.manual_seed(0)
+    model = noisy(vitkit.VisionTransformer(**TINY))
+    extra = {"class_names": list("abcde"), "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3], "img_size": [16, 16],
+             "in_chans": 3, "crop_pct": 1.0}
+    checkpoint = vitkit.save_model(model, tmp_path / "model.safetensors", extra=extra)
+    images = []
+    for index in range(3):
+        path = tmp_path / f"img{index}.png"
+        Image.fromarray(np.random.default_rng(index).integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(path)
+        images.append(path)
+    for fixed in (False, True):  # a graph of batch 1 runs image by image
+        out = tmp_path / f"model{int(fixed)}.onnx"
+        assert export.main(["--checkpoint", str(checkpoint), "--out", str(out), *([] if fixed else ["--dynamic-batch"])]) == 0
+        from_onnx, from_file = vitkit.predict(out, images, top_k=3), vitkit.predict(checkpoint, images, top_k=3)
+        for a, b in zip(from_onnx, from_file):
+            assert a.indices == b.indices and a.classes == b.classes
+            np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-4)
+    capsys.readouterr()
+    assert predict.main([str(tmp_path / "model0.onnx"), *map(str, images), "--top-k", "2"]) == 0
+    onnx_lines = capsys.readouterr().out.splitlines()[:3]
+    assert predict.main([str(checkpoint), *map(str, images), "--top-k", "2"]) == 0
+    file_lines = capsys.readouterr().out.splitlines()[:3]
+    strip = [line.split(": ", 1)[1] for line in onnx_lines]
+    assert strip == [line.split(": ", 1)[1] for line in file_lines]  # same classes and rounded probabilities

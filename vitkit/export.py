@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import VitkitError
@@ -111,6 +112,32 @@ def read_preprocessing(path: str | os.PathLike) -> dict[str, Any]:
     proto = onnx.load(str(path), load_external_data=False)
     values = {entry.key: entry.value for entry in proto.metadata_props}
     return json.loads(values.get(PREPROCESSING_KEY, "{}"))
+
+
+class OnnxClassifier:
+    """An exported model run by onnxruntime (CPU): called like the model, ``[B, C, H, W]`` float32
+    images to ``[B, num_classes]`` logits; a graph of fixed batch 1 is run image by image.
+
+    Attributes:
+        extra: the preprocessing the file records (:func:`read_preprocessing`).
+        num_classes: the width of the graph's output.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        import onnxruntime
+
+        self.path = Path(path)
+        self.session = onnxruntime.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+        (graph_input,), (output,) = self.session.get_inputs(), self.session.get_outputs()
+        self.input_name = graph_input.name
+        self.fixed_batch = isinstance(graph_input.shape[0], int)
+        self.num_classes = int(output.shape[-1])
+        self.extra = read_preprocessing(self.path)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        batches = images.split(1) if self.fixed_batch else (images,)
+        outputs = [self.session.run(None, {self.input_name: b.float().contiguous().numpy()})[0] for b in batches]
+        return torch.from_numpy(np.concatenate(outputs))
 
 
 def _options(model: VisionTransformer) -> str:

@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,6 +21,7 @@ from .data.images import convert_channels
 from .errors import VitkitError
 from .evaluation import TestTimeAugmentation, black_level, recorded_tta
 from .evaluation import predict as predict_logits
+from .export import OnnxClassifier
 from .io import load_model_and_extra
 from .models import VisionTransformer
 
@@ -134,7 +136,8 @@ def predict(
 
     Args:
         model_or_path: a model file (``.safetensors`` or training ``.ckpt``, preprocessing from its
-            metadata) or a model (preprocessing from ``info``, else from the ``pretrained_cfg``
+            metadata), an exported ``.onnx`` file (run by onnxruntime, preprocessing from its
+            metadata; :class:`~vitkit.export.OnnxClassifier`) or a model (preprocessing from ``info``, else from the ``pretrained_cfg``
             that :func:`vitkit.from_timm` records).
         images: one image or a sequence of them: PIL images, file paths, or pixel tensors
             ``[C, H, W]`` (``uint8``, or float in ``[0, 1]``); a ``[B, C, H, W]`` tensor is ``B``
@@ -156,6 +159,16 @@ def predict(
     """
     if top_k < 1 or batch_size < 1:
         raise PredictionError(f"top_k and batch_size must be at least 1, got {top_k} and {batch_size}.")
+    if isinstance(model_or_path, (str, os.PathLike)) and Path(model_or_path).suffix == ".onnx":
+        model_or_path = OnnxClassifier(model_or_path)
+    if isinstance(model_or_path, OnnxClassifier):  # onnxruntime, with the preprocessing its metadata records
+        runner = model_or_path
+        source = str(runner.path)
+        if runner.num_classes == 0:
+            raise PredictionError(f"{source} has no classifier (an exported feature extractor): it gives features, not classes.")
+        saved = DataInfo.from_extra(runner.extra)
+        tta = recorded_tta(runner.extra, source) if tta is None else tta
+        return _predict_batches(runner, _as_list(images), info or saved, tta, top_k, batch_size)
     if isinstance(model_or_path, VisionTransformer):
         refuse_headless(model_or_path, "the model")
         model, info = model_or_path, info or preprocessing_of(model_or_path)
@@ -163,24 +176,37 @@ def predict(
     else:
         model, saved, tta = load_predictor(model_or_path, tta)
         info = info or saved
-    if isinstance(images, torch.Tensor) and images.ndim == 4:
-        images = list(images)
-    elif isinstance(images, (Image.Image, str, os.PathLike, torch.Tensor)):
-        images = [images]
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    predictions: list[Prediction] = []
-    fill = black_level(info.mean, info.std)  # the border of 'hflip_shift''s moved views
     try:
-        for first in range(0, len(images), batch_size):
-            batch = preprocess([as_image(item) for item in images[first : first + batch_size]], info)
-            probabilities = predict_logits(model, batch.to(device), tta, fill).float().softmax(dim=-1).cpu()
-            values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
-            predictions += [
-                Prediction(tuple(row.tolist()), tuple(info.class_names[i] for i in row.tolist()), tuple(p.tolist()))
-                for row, p in zip(indices, values)
-            ]
+        return _predict_batches(lambda batch: model(batch.to(device)), _as_list(images), info, tta, top_k, batch_size)
     finally:
         model.train(was_training)
+
+
+def _as_list(images: ImageInput | Sequence[ImageInput]) -> Sequence[ImageInput]:
+    if isinstance(images, torch.Tensor) and images.ndim == 4:
+        return list(images)
+    if isinstance(images, (Image.Image, str, os.PathLike, torch.Tensor)):
+        return [images]
+    return images
+
+
+def _predict_batches(
+    run: Callable[[torch.Tensor], torch.Tensor], images: Sequence[ImageInput], info: DataInfo,
+    tta: TestTimeAugmentation, top_k: int, batch_size: int,
+) -> list[Prediction]:
+    """:func:`predict`'s loop: preprocess each batch, ``run`` it (``[B, C, H, W]`` to logits, every
+    view of ``tta``) and take the ``top_k`` softmax probabilities."""
+    predictions: list[Prediction] = []
+    fill = black_level(info.mean, info.std)  # the border of 'hflip_shift''s moved views
+    for first in range(0, len(images), batch_size):
+        batch = preprocess([as_image(item) for item in images[first : first + batch_size]], info)
+        probabilities = predict_logits(run, batch, tta, fill).float().softmax(dim=-1).cpu()
+        values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
+        predictions += [
+            Prediction(tuple(row.tolist()), tuple(info.class_names[i] for i in row.tolist()), tuple(p.tolist()))
+            for row, p in zip(indices, values)
+        ]
     return predictions

@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("io",),
     ("data", "evaluation"),
-    ("train", "explain", "prune", "inference", "export"),
+    ("export",),  # ONNX export and the onnxruntime runner, below predict's inference
+    ("train", "explain", "prune", "inference"),
     ("",),  # vitkit/__init__.py: the public names, imported lazily
     ("cli",),
 )

@@ -3,9 +3,11 @@
     vitkit predict runs/quickstart/latest/model.safetensors digit.png
     vitkit predict runs/shapes/model.safetensors images/ --top-k 3 --csv predictions.csv
     vitkit predict --model vit_small_patch16_224.augreg_in21k_ft_in1k --timm-weights vit_s.safetensors cat.jpg
+    vitkit predict quickstart.onnx digit.png      # an exported model (vitkit export), run by onnxruntime
 
 Images are preprocessed as the model file records (size, channels, crop, mean/std), or for timm
-weights as timm's pretrained_cfg of --model says (as vitkit maps does). Folders are
+weights as timm's pretrained_cfg of --model says (as vitkit maps does); an .onnx file from vitkit
+export runs on onnxruntime with the preprocessing its metadata records, and gives the same output. Folders are
 read recursively (image suffixes only), in batches. Each line (and CSV row) gives the file, then
 the top-k classes, most probable first, with their probabilities. An unreadable file gets one
 error line naming it, and the rest are classified; the exit status then says that files were
@@ -23,11 +25,13 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+from pathlib import Path
 
 from tqdm import tqdm
 
-from vitkit.data import ImageReadError, load_image
+from vitkit.data import DataInfo, ImageReadError, load_image
 from vitkit.errors import UsageError
+from vitkit.evaluation import recorded_tta
 from vitkit.inference import predict, prediction_settings
 from vitkit.output_dirs import check_output_file, write_output_file
 
@@ -56,8 +60,14 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         model_file = args.checkpoint or args.timm_weights
         check_output_file(args.csv, "--csv", args.force, inputs=[model_file, *paths])
-    model, extra = load_model_from_arguments(args)
-    info, tta = prediction_settings(model, extra, args.checkpoint or args.model, args.tta)
+    if args.checkpoint is not None and Path(args.checkpoint).suffix == ".onnx":  # run by onnxruntime
+        from vitkit.export import OnnxClassifier
+
+        model = OnnxClassifier(args.checkpoint)
+        info, tta = DataInfo.from_extra(model.extra), args.tta or recorded_tta(model.extra, args.checkpoint)
+    else:
+        model, extra = load_model_from_arguments(args)
+        info, tta = prediction_settings(model, extra, args.checkpoint or args.model, args.tta)
     note = ConversionNote(info)
     rows: list[list[str]] = []
     failed: list[str] = []
