@@ -154,3 +154,24 @@ def test_predict_on_the_onnx_file_gives_the_model_file_s_output(tmp_path: Path, 
     file_lines = capsys.readouterr().out.splitlines()[:3]
     strip = [line.split(": ", 1)[1] for line in onnx_lines]
     assert strip == [line.split(": ", 1)[1] for line in file_lines]  # same classes and rounded probabilities
+
+
+def test_export_quantize_dynamic_writes_int8_linear_layers_close_to_float32(tmp_path: Path) -> None:
+    import onnx
+
+    from vitkit.cli import export
+
+    torch.manual_seed(0)
+    model = noisy(vitkit.VisionTransformer(**{**TINY, "embed_dim": 64}))
+    checkpoint = vitkit.save_model(model, tmp_path / "model.safetensors", extra={"class_names": list("abcde")})
+    float32, int8 = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    assert export.main(["--checkpoint", str(checkpoint), "--out", str(float32), "--dynamic-batch"]) == 0
+    assert export.main(["--checkpoint", str(checkpoint), "--out", str(int8), "--dynamic-batch", "--quantize", "dynamic"]) == 0
+    ops = {node.op_type for node in onnx.load(str(int8)).graph.node}
+    assert "DynamicQuantizeLinear" in ops and "MatMulInteger" in ops  # the linear layers run in int8
+    assert int8.stat().st_size < 0.6 * float32.stat().st_size and read_preprocessing(int8) == read_preprocessing(float32)
+    images = torch.randn(16, 3, 16, 16)
+    reference = model(images).detach().numpy()
+    quantised = run_onnx(int8, images)
+    assert np.abs(quantised - reference).max() < 0.1 * np.abs(reference).max()  # close, not equal: int8 weights
+    assert np.abs(run_onnx(float32, images) - reference).max() < 1e-4

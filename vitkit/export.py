@@ -105,6 +105,21 @@ def export_onnx(
     return write_output_file(path, "--out", lambda tmp: onnx.save(proto, tmp), force)
 
 
+def quantize_dynamic(source: str | os.PathLike, path: str | os.PathLike, *, force: bool = False) -> Path:
+    """onnxruntime's dynamic int8 quantisation of ``source``'s ``MatMul``/``Gemm`` weights (the
+    linear layers; activations are quantised per batch at run time) written to ``path``, atomically,
+    with the same preprocessing metadata."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as ort_quantize
+
+    path = check_output_file(path, "--out", force)
+    with tempfile.TemporaryDirectory(prefix="vitkit-int8-") as folder:
+        staged = Path(folder) / "int8.onnx"
+        ort_quantize(str(source), str(staged), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        data = staged.read_bytes()
+    return write_output_file(path, "--out", lambda tmp: Path(tmp).write_bytes(data), force)
+
+
 def read_preprocessing(path: str | os.PathLike) -> dict[str, Any]:
     """The preprocessing (:data:`PREPROCESSING_KEY`) an exported file records; ``{}`` without it."""
     import onnx

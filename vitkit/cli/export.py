@@ -7,7 +7,9 @@ The graph maps [B, C, H, W] images (normalised as for training) to [B, num_class
 metadata "vitkit_preprocessing" holds the model file's mean, std, image size, crop and class names.
 torch's dynamo exporter writes it (vitkit.export_onnx), attention through SDPA. --dynamic-batch makes
 the batch size symbolic (default: 1); --img-size exports another input size of a model built with
-dynamic_img_size. An existing --out file is refused unless --force; the file is written atomically.
+dynamic_img_size. --quantize dynamic writes int8 weights for the linear layers (onnxruntime's
+dynamic quantisation; docs/deploy.md has its accuracy and speed). An existing --out file is refused
+unless --force; the file is written atomically.
 """
 
 from __future__ import annotations
@@ -25,13 +27,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitkit.export import export_onnx
+    import tempfile
+
+    from vitkit.export import export_onnx, quantize_dynamic
     from vitkit.output_dirs import check_output_file
 
     check_output_file(args.out, "--out", args.force)  # before the model is loaded
     model, extra = load_model_from_arguments(args)
-    path = export_onnx(model, args.out, extra=extra, opset=args.opset, dynamic_batch=args.dynamic_batch,
-                       img_size=tuple(args.img_size) if args.img_size else None, force=args.force)
+    options = dict(extra=extra, opset=args.opset, dynamic_batch=args.dynamic_batch,
+                   img_size=tuple(args.img_size) if args.img_size else None)
+    if args.quantize == "dynamic":  # float32 graph first, then int8 weights for its linear layers
+        with tempfile.TemporaryDirectory(prefix="vitkit-export-") as folder:
+            float_graph = export_onnx(model, Path(folder) / "float32.onnx", **options)
+            path = quantize_dynamic(float_graph, args.out, force=args.force)
+    else:
+        path = export_onnx(model, args.out, force=args.force, **options)
     size = Path(path).stat().st_size
     print(f"wrote {path} ({size / 1e6:.1f} MB, input images [{'B' if args.dynamic_batch else 1}, "
           f"{model.config.in_chans}, {args.img_size[0] if args.img_size else model.config.img_size[0]}, "

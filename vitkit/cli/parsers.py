@@ -201,6 +201,8 @@ def export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dynamic-batch", action="store_true", help="any batch size (else the graph takes batch 1)")
     parser.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"),
                         help="input size (None: the model's; another needs a dynamic_img_size model)")
+    parser.add_argument("--quantize", choices=("dynamic",),
+                        help="int8: onnxruntime's dynamic quantisation of the linear layers (None: float32)")
 
 
 def predict(parser: argparse.ArgumentParser) -> None:
