@@ -13,6 +13,7 @@ import timm
 import torch
 
 import vitkit
+from vitkit.data import DataConfig, build_datasets
 from vitkit.export import ExportError, export_onnx, read_preprocessing
 from vitkit.output_dirs import OutputDirError
 from vitkit.prune import prune_heads
@@ -175,3 +176,29 @@ def test_export_quantize_dynamic_writes_int8_linear_layers_close_to_float32(tmp_
     quantised = run_onnx(int8, images)
     assert np.abs(quantised - reference).max() < 0.1 * np.abs(reference).max()  # close, not equal: int8 weights
     assert np.abs(run_onnx(float32, images) - reference).max() < 1e-4
+
+
+def test_the_onnx_benchmark_section_times_four_runtimes_and_scores_a_model_file(tmp_path: Path) -> None:
+    from vitkit.cli.benchmark import bench_onnx
+
+    tiny = {"tiny": dict(name="vit_cifar_tiny", **TINY)}
+    rows = bench_onnx(1, batches=(1, 2), models=tiny)
+    body = [row for row in rows if row.startswith("| tiny |")]
+    assert len(body) == 2 and all(float(cell.replace(",", "")) > 0 for row in body for cell in row.split("|")[3:7])
+    assert not any("test accuracy" in row for row in rows)  # speed only without a model file
+
+
+def test_the_onnx_benchmark_scores_a_model_file_on_its_test_split(tmp_path: Path) -> None:
+    from vitkit.cli.benchmark import bench_onnx
+
+    torch.manual_seed(0)
+    digits = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 0.1, "test_fraction": 0.1}
+    model = noisy(vitkit.create_model("vit_cifar_tiny", img_size=8, in_chans=1, patch_size=4, embed_dim=16, depth=2,
+                                      num_heads=2, num_classes=10))
+    path = vitkit.save_model(model, tmp_path / "digits.safetensors", extra={"dataset": "digits", "data_config": digits})
+    rows = bench_onnx(1, str(path), batches=(1,), models={"Fashion-MNIST stand-in": {}})
+    header, _, top1 = rows[-3:]
+    test_split = len(build_datasets(DataConfig.from_dict(digits)).test)
+    assert header.startswith(f"| test accuracy ({test_split} images) | vitkit fp32 | onnxruntime fp32 | onnxruntime int8 |")
+    fp32, ort_fp32, _ = (float(cell.strip(" %")) for cell in top1.split("|")[2:5])
+    assert fp32 == ort_fp32  # the float32 graph classifies exactly as the model

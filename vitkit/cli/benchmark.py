@@ -39,6 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.bench import interleaved_times, median_ratio
+from vitkit.io import load_model_and_extra
 from vitkit.kernels import (
     AUTOTUNER,
     IMPL_ENV,
@@ -481,6 +482,88 @@ def bench_folder_loaders(repeats: int, count: int = 192, img_size: int = 224, wo
     return rows
 
 
+#: The onnx section's models: the Fashion-MNIST fast recipe's architecture, and ViT-S/16 at 224 px.
+ONNX_MODELS = {
+    "Fashion-MNIST fast (conv stem, 4 blocks, 128 wide, 32 px)": dict(
+        name="vit_cifar_tiny", img_size=32, in_chans=1, num_classes=10, patch_size=8, patch_embed="conv",
+        embed_dim=128, depth=4, num_heads=4, locality=True),
+    "ViT-S/16 (224 px)": dict(name="vit_small_patch16_224", num_classes=1000),
+}
+
+
+def bench_onnx(repeats: int, model_file: str | None = None, batches: tuple[int, ...] = (1, 64),
+               models: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Images/s of vitkit eager (float32, bf16 autocast) and onnxruntime (float32, dynamic int8) at
+    each batch size, interleaved per model; with ``model_file`` (a trained model) its test-split
+    accuracy in float32, on onnxruntime and in int8 first."""
+    import tempfile
+
+    from vitkit.export import OnnxClassifier, export_onnx, quantize_dynamic
+
+    rows = [f"onnxruntime {_ort_version()}, {torch.get_num_threads()} threads", "",
+            "| model | batch | vitkit fp32 | vitkit bf16 | onnxruntime fp32 | onnxruntime int8 | int8 / vitkit fp32 |",
+            "|---|---|---|---|---|---|---|"]
+    accuracy_rows: list[str] = []
+    specs = dict(models if models is not None else ONNX_MODELS)
+    with tempfile.TemporaryDirectory(prefix="vitkit-onnx-bench-") as folder:
+        for label, spec in specs.items():
+            fields = dict(spec)
+            if model_file is not None and label.startswith("Fashion-MNIST"):
+                model, extra = load_model_and_extra(model_file)
+            else:
+                model, extra = vitkit.create_model(fields.pop("name"), **fields), {}
+            model.eval()
+            float_path = export_onnx(model, Path(folder) / f"{len(rows)}.onnx", extra=extra)
+            int8_path = quantize_dynamic(float_path, Path(folder) / f"{len(rows)}-int8.onnx")
+            runners = {"onnxruntime fp32": OnnxClassifier(float_path), "onnxruntime int8": OnnxClassifier(int8_path)}
+            for batch in batches:
+                images = torch.randn(batch, model.config.in_chans, *model.config.img_size)
+
+                calls = {"vitkit fp32": _eager(model, images, False), "vitkit bf16": _eager(model, images, True),
+                         **{name: (lambda r=runner, x=images: r(x)) for name, runner in runners.items()}}
+                times = interleaved_times(calls, repeats=repeats, warmup=1)
+                rate = {name: batch / statistics.median(seconds) for name, seconds in times.items()}
+                rows.append(f"| {label} | {batch} | " + " | ".join(f"{rate[name]:,.0f}" for name in calls)
+                            + f" | {rate['onnxruntime int8'] / rate['vitkit fp32']:.2f} |")
+            if model_file is not None and label.startswith("Fashion-MNIST"):
+                accuracy_rows = _onnx_accuracy(model, extra, runners)
+    return rows + ["", "images/s, median of interleaved rounds"] + accuracy_rows
+
+
+def _eager(model: nn.Module, images: torch.Tensor, bf16: bool) -> Callable[[], None]:
+    """One inference-mode forward of ``model`` on ``images``, float32 or under bf16 autocast."""
+    def step() -> None:
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            model(images)
+
+    return step
+
+
+def _onnx_accuracy(model: nn.Module, extra: dict[str, Any], runners: dict[str, Callable[[torch.Tensor], torch.Tensor]]
+                   ) -> list[str]:
+    """Top-1 on the test split the model file records: vitkit float32 and each onnxruntime graph."""
+    from vitkit.prune.evaluate import eval_loaders
+    from vitkit.train.evaluate import data_config_for
+
+    test = eval_loaders(data_config_for(extra, [], model), 256).test
+    correct = dict.fromkeys(["vitkit fp32", *runners], 0)
+    total = 0
+    with torch.inference_mode():
+        for images, labels in test:
+            for name, run in (("vitkit fp32", model), *runners.items()):
+                correct[name] += int((run(images).argmax(dim=-1) == labels).sum())
+            total += len(labels)
+    return ["", f"| test accuracy ({total:,} images) | " + " | ".join(correct) + " |",
+            "|---|" + "---|" * len(correct),
+            "| top-1 | " + " | ".join(f"{100 * c / total:.2f}%" for c in correct.values()) + " |"]
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
 def main(argv: list[str] | None = None) -> int:
     """``vitkit benchmark`` in this process (``tools/benchmark.py``, tests)."""
     return run_command("benchmark", argv)
@@ -505,6 +588,8 @@ def run(args: argparse.Namespace) -> None:
         print("\n".join(["Linear forward + backward, bf16 autocast (float32 weights) vs pure bf16 (medians):", ""] + bench_casts(args.repeats)) + "\n")
     if "memory" in args.sections:
         print("\n".join(bench_memory(args.memory_model, args.repeats)) + "\n")
+    if "onnx" in args.sections:
+        print("\n".join(bench_onnx(args.repeats, args.onnx_model)) + "\n")
     if "data" in args.sections:
         print("\n".join(bench_data(args.repeats)) + "\n")
         print("\n".join(bench_folder_loaders(args.repeats)))

@@ -42,7 +42,7 @@ LIBRARY_CONSTANTS = {
 
 #: ``vitkit benchmark``'s default models (NAME:BATCH).
 BENCHMARK_MODELS = ("vit_small_patch16_224:32", "vit_cifar_small:128")
-BENCHMARK_SECTIONS = ("kernels", "models", "casts", "memory", "data", "levers")
+BENCHMARK_SECTIONS = ("kernels", "models", "casts", "memory", "data", "levers", "onnx")
 #: ``vitkit time-to-accuracy``'s implementations.
 IMPLS = ("vitkit", "timm")
 
@@ -372,8 +372,8 @@ def make_subset(parser: argparse.ArgumentParser) -> None:
 
 
 def benchmark(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sections", nargs="+", default=list(BENCHMARK_SECTIONS[:-1]), choices=BENCHMARK_SECTIONS,
-                        help="what to measure (levers: slow, on request)")
+    parser.add_argument("--sections", nargs="+", default=list(BENCHMARK_SECTIONS[:-2]), choices=BENCHMARK_SECTIONS,
+                        help="what to measure (levers and onnx: slow, on request)")
     parser.add_argument("--levers-model", type=model_spec,
                         default="vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10",
                         help="NAME:BATCH[:overrides] for the levers section")
@@ -384,6 +384,8 @@ def benchmark(parser: argparse.ArgumentParser) -> None:
                         help="NAME:BATCH for the memory section")
     parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved pairs per cell (medians are reported)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (None: torch's choice)")
+    parser.add_argument("--onnx-model", help="onnx section: a trained model file, whose test split gives the accuracy "
+                        "of float32 and int8 (None: speed only, of random weights)")
     parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
 
 
