@@ -16,6 +16,7 @@ images as the model was trained.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -115,7 +116,11 @@ def quantize_dynamic(source: str | os.PathLike, path: str | os.PathLike, *, forc
     path = check_output_file(path, "--out", force)
     with tempfile.TemporaryDirectory(prefix="vitkit-int8-") as folder:
         staged = Path(folder) / "int8.onnx"
-        ort_quantize(str(source), str(staged), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        logging.disable(logging.WARNING)  # its advice to run shape inference first, printed for every model
+        try:
+            ort_quantize(str(source), str(staged), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        finally:
+            logging.disable(logging.NOTSET)
         data = staged.read_bytes()
     return write_output_file(path, "--out", lambda tmp: Path(tmp).write_bytes(data), force)
 
