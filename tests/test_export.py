@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from timm_families import FAMILIES, ROPE_FAMILIES
 
 import vitkit
 from vitkit.data import DataConfig, build_datasets
@@ -72,9 +73,7 @@ def test_a_pruned_model_with_different_head_counts_per_layer_exports(tmp_path: P
     assert_parity(model, tmp_path / "pruned.onnx")
 
 
-@pytest.mark.parametrize("name", ["deit_small_distilled_patch16_224", "vit_small_patch14_reg4_dinov2",
-                                  "vit_base_patch16_siglip_224", "vit_base_patch16_clip_quickgelu_224",
-                                  "vit_small_patch16_rope_mixed_ape_224"])
+@pytest.mark.parametrize("name", [*FAMILIES, *ROPE_FAMILIES])
 def test_timm_families_converted_to_vitkit_export_with_equal_logits(name: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     with torch.device("meta"):

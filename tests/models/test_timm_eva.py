@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import timm
 import torch
+from timm_families import ROPE_FAMILIES
 
 import vitkit.models.timm_interop as interop
 from vitkit import create_model, from_timm, to_timm_state_dict
@@ -39,16 +40,9 @@ def logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x)
 
 
-RoPE_FAMILIES = [
-    "vit_small_patch16_rope_224",  # axial, base 100, no absolute embedding
-    "vit_small_patch16_rope_mixed_224",  # mixed, learnable frequencies in every block
-    "vit_small_patch16_rope_mixed_ape_224",  # mixed + absolute embedding on the patches only
-    "vit_small_patch16_rope_ape_224",  # axial + absolute embedding on the patches only
-    "vit_base_patch16_rope_224",
-]
 
 
-@pytest.mark.parametrize("name", RoPE_FAMILIES)
+@pytest.mark.parametrize("name", ROPE_FAMILIES)
 def test_from_timm_rope_family_matches_timm_logits(name: str) -> None:
     source = eva(name)
     model = from_timm(source).eval()

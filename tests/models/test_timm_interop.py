@@ -9,6 +9,7 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import checkpoint_filter_fn
+from timm_families import FAMILIES
 
 from vitkit import create_model, from_timm, to_timm_state_dict
 from vitkit.models import model_config, timm_interop, to_timm
@@ -183,24 +184,6 @@ def test_pruned_model_has_no_timm_equivalent() -> None:
 
 #: timm ViT families vitkit converts exactly, each built at two layers on a 2x2 patch grid (the
 #: family's own width, heads, tokens, norms, pooling and activation) so the whole list runs fast.
-FAMILIES = [
-    "vit_small_patch16_224",
-    "vit_base_patch32_224",
-    "vit_small_patch8_224",
-    "vit_base_patch16_gap_224",
-    "vit_medium_patch16_gap_240",
-    "vit_base_patch16_clip_224",
-    "vit_base_patch16_clip_quickgelu_224",
-    "vit_base_patch16_siglip_224",
-    "vit_base_patch16_siglip_gap_224",
-    "vit_small_patch14_dinov2",
-    "vit_small_patch14_reg4_dinov2",
-    "vit_medium_patch16_reg4_gap_256",
-    "deit_small_patch16_224",
-    "deit_small_distilled_patch16_224",
-    "deit3_small_patch16_224",
-    "flexivit_small",
-]
 
 
 def small_family(name: str, **kwargs: Any) -> torch.nn.Module:
