@@ -92,7 +92,7 @@ def test_maps_of_headless_weights_draw_rollout_and_heads_and_say_why_there_is_no
     ((_, panels, heads, title),) = drawn
     assert panels == ["attention rollout"] and heads.shape == (6, 28, 28)
     assert title == f"{image}: no classifier, attention read out from the class token"
-    assert "note: the model has no classifier (num_classes=0): no grad_rollout or chefer maps" in capsys.readouterr().out
+    assert "note: the model has no classifier (num_classes=0): no grad_rollout, chefer or lrp maps" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -51,9 +51,9 @@ def test_attention_maps_on_mixed_folder_writes_figures_and_names_the_broken_file
     assert code == 3
     written = sorted(p.name for p in out.glob("*.png"))
     assert written == ["gray.png", "rgb.png", "rgba.png"]
-    # image + rollout + grad rollout + Chefer in the first row, 3 heads in the second: 32 px shown 4x
+    # image + rollout + grad rollout + Chefer + AttnLRP in the first row, 3 heads in the second: 32 px shown 4x
     with Image.open(out / "rgb.png") as figure:
-        assert figure.mode == "RGB" and figure.width == 4 * (128 + 6) + 6 and figure.height > 2 * 128
+        assert figure.mode == "RGB" and figure.width == 5 * (128 + 6) + 6 and figure.height > 2 * 128
     err = capsys.readouterr().err
     assert "broken.png" in err and "1 file(s) could not be read" in err
 
@@ -173,8 +173,8 @@ def test_attention_maps_tool_works_on_a_model_whose_last_block_lost_every_head(
     out = tmp_path / "maps"
     image = str(mixed_folder / "rgb.png")
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out)]) == 0
-    with Image.open(out / "rgb.png") as figure:  # one row: image, rollout, grad rollout, Chefer; no heads
-        assert figure.width == 4 * (128 + 6) + 6 and figure.height < 2 * 128
+    with Image.open(out / "rgb.png") as figure:  # one row: image, rollout, grad rollout, Chefer, AttnLRP; no heads
+        assert figure.width == 5 * (128 + 6) + 6 and figure.height < 2 * 128
     assert "note: every head of layer 1 was pruned: the figures have no per-head grid" in capsys.readouterr().out
     assert json.loads((out / ".vitkit").read_text())["state"] == "complete"  # unlocked, finished
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out), "--layer", "0",

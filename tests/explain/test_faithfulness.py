@@ -37,13 +37,19 @@ def test_the_curves_and_their_areas_equal_a_hand_computation_on_a_2x2_grid() -> 
     # deletion removes patches 1, 2, 3, 0 in turn: logits 10, 8, 5, 1, 0
     deletion = [sigmoid(v) for v in (10, 8, 5, 1, 0)]
     insertion = [sigmoid(v) for v in (0, 2, 5, 9, 10)]  # reveals 1, 2, 3, 0 on a zero baseline
-    negative = [sigmoid(v) for v in (10, 9, 5, 2, 0)]  # removes 0, 3, 2, 1 (least relevant first)
-    for got, expected in ((curves.deletion, deletion), (curves.insertion, insertion), (curves.negative, negative)):
-        torch.testing.assert_close(got[0], torch.tensor(expected), atol=1e-6, rtol=1e-6)
+    positive = [1, 1, 1, 1, 0]  # class 1 is predicted while its logit is > 0 (a tie goes to class 0)
+    negative = [1, 1, 1, 1, 0]  # removes 0, 3, 2, 1 (least relevant first): logits 10, 9, 5, 2, 0
+    for name, expected in (("deletion", deletion), ("insertion", insertion), ("positive", positive), ("negative", negative)):
+        torch.testing.assert_close(getattr(curves, name)[0], torch.tensor(expected, dtype=torch.float32), atol=1e-6, rtol=1e-6)
     areas = curves.auc()
     by_hand = sum((a + b) / 2 * 0.25 for a, b in zip(deletion, deletion[1:]))  # trapezoids of width 1/4
     assert areas["deletion"].item() == pytest.approx(by_hand, abs=1e-6)
-    assert areas["insertion"] > areas["deletion"] and areas["negative"] > areas["deletion"]
+    assert areas["positive"].item() == pytest.approx(100 * 0.25 * 3.5)  # percent: three full steps and a half
+    assert areas["insertion"] > areas["deletion"]
+    # against a reference class the model never predicts, the accuracy is 0 until class 0 wins the tie
+    wrong = perturbation_curves(model, image, maps, (2, 2), target=torch.tensor([1]), reference=torch.tensor([0]))
+    assert wrong.positive[0].tolist() == [0, 0, 0, 0, 1] and wrong.auc()["positive"].item() == pytest.approx(12.5)
+    torch.testing.assert_close(wrong.deletion, curves.deletion)  # the probability is the target's
 
 
 def test_a_map_that_finds_the_one_deciding_patch_drops_at_once_and_one_that_misses_it_does_not() -> None:

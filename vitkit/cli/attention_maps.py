@@ -5,14 +5,17 @@
     vitkit maps --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         cat.jpg dog.png --out maps/ --method all --layer -1 --discard-ratio 0.9
 
-Each PNG shows the image as the model saw it, the attention-rollout overlay, the gradient-rollout
-and Chefer et al. relevance overlays for the predicted (or ``--target``) class and the per-head
-attention of block ``--layer`` (left out when that block's heads were all pruned; layers and heads
+Each PNG shows the image as the model saw it, the attention-rollout overlay, the gradient-rollout,
+Chefer et al. relevance and AttnLRP overlays for the predicted (or ``--target``) class and the
+per-head attention of block ``--layer`` (left out when that block's heads were all pruned; layers and heads
 count from 0), with a colour bar. The title gives the predicted class and its probability, and the
-true class for --test-images. Maps are read out as the model pools (class token or average).
+true class for --test-images. Each map's title gives its deletion and insertion areas for this image
+(the class's probability as the map's most relevant patches are deleted, or revealed on the mean
+image, over --score-steps steps: low deletion and high insertion mean a faithful map; --no-scores
+leaves them out). Maps are read out as the model pools (class token or average).
 A model without a classifier (num_classes=0, e.g. timm's DINOv2) gets the rollout and per-head
-maps of its read-out, and no gradient maps: those explain a class (--method all leaves them out
-with a note; --method grad_rollout or chefer, and --target, are refused).
+maps of its read-out, and no gradient or LRP maps: those explain a class (--method all leaves them
+out with a note; --method grad_rollout, chefer or lrp, and --target, are refused).
 
 Figure names keep the images' folders: each figure mirrors its image's path below the images'
 deepest common folder, with the suffix .png (images/a/img.jpg and images/b/img.jpg give
@@ -37,7 +40,16 @@ import torch
 from vitkit import VisionTransformer
 from vitkit.data import DataInfo, display_image
 from vitkit.errors import UsageError
-from vitkit.explain import GRADIENT_METHODS, METHODS, capture_attention, maps_from_capture
+from vitkit.explain import (
+    CLASS_METHODS,
+    GRADIENT_METHODS,
+    METHODS,
+    AttentionCapture,
+    capture_attention,
+    maps_from_capture,
+    patch_maps,
+)
+from vitkit.explain.faithfulness import perturbation_curves
 from vitkit.explain.render import attention_figure
 from vitkit.output_dirs import claim_output_dir
 
@@ -72,7 +84,7 @@ def option_problems(args: argparse.Namespace, num_classes: int, depth: int) -> l
     """What is wrong with ``--method``, ``--target``, ``--layer`` or ``--discard-ratio`` (empty when nothing)."""
     problems = []
     if num_classes == 0:
-        if args.method in GRADIENT_METHODS:
+        if args.method in CLASS_METHODS:
             problems.append(
                 f"--method {args.method} explains a class and this model has no classifier (num_classes=0); "
                 "use --method rollout, heads or all"
@@ -94,14 +106,16 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
     if args.method == "all" and model.heads_per_layer()[args.layer] == 0:
         methods = tuple(m for m in methods if m != "heads")  # that block's heads were all pruned
     if args.method == "all" and info.num_classes == 0:
-        methods = tuple(m for m in methods if m not in GRADIENT_METHODS)  # no class to explain
+        methods = tuple(m for m in methods if m not in CLASS_METHODS)  # no class to explain
     images = torch.stack([sample.image for sample in batch])
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
         capture = capture_attention(
-            model, images, args.target, with_gradients=any(m in GRADIENT_METHODS for m in methods)
+            model, images, args.target, with_gradients=any(m in GRADIENT_METHODS for m in methods),
+            with_relevance="lrp" in methods,
         )
-    options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
-    maps = {method: maps_from_capture(capture, method, **options) for method in methods}
+        options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
+        maps = {method: maps_from_capture(capture, method, **options) for method in methods}
+        scores = {} if args.no_scores or info.num_classes == 0 else map_scores(model, images, capture, methods, args)
     probabilities = capture.logits.softmax(dim=-1)
     num_layers = len(capture.attentions)
     names = info.class_names
@@ -114,15 +128,38 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         if sample.label is not None:
             title += f", true {names[sample.label]}"
         panels = []
-        if "rollout" in maps:
-            panels.append(("attention rollout", maps["rollout"][index]))
-        for method, label in (("grad_rollout", "grad rollout"), ("chefer", "Chefer et al.")):
+        for method, label in (("rollout", "attention rollout"), ("grad_rollout", "grad rollout"),
+                              ("chefer", "Chefer et al."), ("lrp", "AttnLRP")):
             if method in maps:
-                panels.append((f"{label}: {names[int(capture.targets[index])]}", maps[method][index]))
+                if method != "rollout":
+                    label += f": {names[int(capture.targets[index])]}"
+                if method in scores:
+                    deletion, insertion = (float(scores[method][test][index]) for test in ("deletion", "insertion"))
+                    label += f" (del {deletion:.2f}, ins {insertion:.2f})"
+                panels.append((label, maps[method][index]))
         heads = maps["heads"][index] if "heads" in maps else None
         sample.figure.parent.mkdir(parents=True, exist_ok=True)
         picture = display_image(sample.image, info)
         attention_figure(picture, panels, heads, args.layer % num_layers, num_layers, title, sample.figure)
+
+
+def map_scores(
+    model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, methods: tuple[str, ...],
+    args: argparse.Namespace,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Each map's deletion and insertion areas ``[B]`` per image (the explained class's probability
+    as its most relevant patches are deleted or revealed on the mean image, ``--score-steps`` steps)."""
+    patches = capture.grid[0] * capture.grid[1]
+    patch_size = tuple(model.config.patch_size)
+    scores = {}
+    for method in methods:
+        if method == "heads":
+            continue
+        maps = patch_maps(capture, method, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
+        curves = perturbation_curves(model, images, maps.view(len(images), *capture.grid), patch_size, capture.targets,
+                                     steps=min(args.score_steps, patches))
+        scores[method] = curves.auc()
+    return scores
 
 
 def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
@@ -171,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: every head of layer {args.layer % len(model.blocks)} was pruned: the figures have no per-head grid; "
               "pick another --layer to see one.")
     if args.method == "all" and info.num_classes == 0:
-        print(f"note: the model has no classifier (num_classes=0): no {' or '.join(GRADIENT_METHODS)} maps, which explain a class.")
+        print(f"note: the model has no classifier (num_classes=0): no {', '.join(CLASS_METHODS[:-1])} or {CLASS_METHODS[-1]} maps, which explain a class.")
     note = ConversionNote(info)
     failed: list[str] = []
     written = 0

@@ -27,7 +27,7 @@ EXIT_STATUS_HELP = """exit status (every command):
 
 #: Written out from the library (they live beside torch code): explain's map methods and rollout
 #: head fusions, HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
-METHODS = ("rollout", "grad_rollout", "chefer", "heads")
+METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "heads")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
@@ -233,12 +233,17 @@ def attention_maps(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--discard-ratio", type=float, default=0.0, help="both rollouts: share of each layer's weakest entries zeroed"
     )
-    parser.add_argument("--target", type=int, default=None, help="class for gradient rollout (None: predicted)")
+    parser.add_argument("--target", type=int, default=None, help="class explained (None: the predicted one)")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="images per forward pass")
     parser.add_argument(
         "--precision", choices=("fp32", "bf16"), default="fp32",
         help="bf16: run the model under bfloat16 autocast (~2.5x faster on CPUs with AMX; maps still in float32)",
     )
+    parser.add_argument(
+        "--score-steps", type=positive_int, default=16,
+        help="deletion/insertion scores in the titles: patches perturbed in this many steps (at most one per patch)",
+    )
+    parser.add_argument("--no-scores", action="store_true", help="leave the deletion/insertion scores out of the titles")
 
 
 def explore(parser: argparse.ArgumentParser) -> None:

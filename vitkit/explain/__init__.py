@@ -1,16 +1,22 @@
 """Explaining ViT predictions: attention rollout, gradient rollout, Chefer et al. relevance,
-per-head maps, head diagnostics and localisation scores.
+AttnLRP, per-head maps, head diagnostics, localisation scores and faithfulness tests.
 
 Pure functions work on captured ``[B, H, N, N]`` attention tensors (:mod:`.rollout`,
 :mod:`.head_stats`, :mod:`.localization`); :mod:`.maps` runs a model to capture them and returns
-maps at image resolution; :mod:`.render` draws figures; :mod:`.explorer` writes one
+maps at image resolution; :mod:`.lrp` propagates relevance; :mod:`.faithfulness` perturbs patches
+in a map's order and :mod:`.faithfulness_report` measures methods side by side; :mod:`.render` draws figures; :mod:`.explorer` writes one
 self-contained HTML page to click through every layer, head and patch.
 """
 
 from .explorer import DEFAULT_MAX_BYTES, ExplorerError, ExplorerHTML, explorer_html, explorer_size
+from .faithfulness import TESTS, PerturbationCurves, perturbation_curves
+from .faithfulness_report import FaithfulnessReport, MethodResult, faithfulness
 from .head_stats import HeadStats, HeadThresholds, attention_statistics, head_warnings, model_head_stats
 from .localization import LocalizationScores, evaluate_localization, localization_scores
+from .lrp import LRPRules, Relevance, lrp_relevance, lrp_rules
+from .map_methods import BUILTIN_METHODS, MapMethod, map_method
 from .maps import (
+    CLASS_METHODS,
     GRADIENT_METHODS,
     METHODS,
     AttentionCapture,
@@ -18,6 +24,7 @@ from .maps import (
     capture_attention,
     explain,
     maps_from_capture,
+    patch_maps,
     to_image_grid,
 )
 from .rollout import (
@@ -31,6 +38,21 @@ from .rollout import (
 )
 
 __all__ = [
+    "BUILTIN_METHODS",
+    "CLASS_METHODS",
+    "TESTS",
+    "FaithfulnessReport",
+    "LRPRules",
+    "MapMethod",
+    "MethodResult",
+    "PerturbationCurves",
+    "Relevance",
+    "faithfulness",
+    "lrp_relevance",
+    "lrp_rules",
+    "map_method",
+    "patch_maps",
+    "perturbation_curves",
     "GRADIENT_METHODS",
     "HEAD_FUSIONS",
     "METHODS",

@@ -4,8 +4,9 @@ Deletion and insertion (Petsiuk et al. 2018, "RISE", arXiv 1806.07421): the patc
 first are replaced by a baseline (deletion) or revealed on the baseline (insertion), a fraction at
 a time, and the probability of the explained class is read after each step. A map that explains
 the prediction makes the deletion curve fall early (low area under it) and the insertion curve
-rise early (high area). Deleting the *least* relevant patches first is Chefer et al.'s negative
-perturbation test (arXiv 2012.09838, section 4: the probability should hold, high area).
+rise early (high area). Chefer et al.'s positive and negative perturbation tests (arXiv 2012.09838,
+section 4) read the accuracy instead, deleting the most relevant patches first (positive: it should
+fall early, low area) or the least relevant first (negative: it should hold, high area).
 
 The curves run on the model's own patch grid, so a map is ``[B, gh, gw]`` (one value per patch:
 :func:`vitkit.explain.maps_from_capture` before upsampling, or any attribution pooled per patch).
@@ -26,18 +27,30 @@ Baseline = Literal["mean", "blur"]
 
 @dataclass(frozen=True)
 class PerturbationCurves:
-    """The explained class's probability after each step, ``[B, steps + 1]`` per test, and the
-    fraction of patches perturbed at each step ``[steps + 1]`` (from 0 to 1)."""
+    """Per image and step ``[B, steps + 1]``: the explained class's probability as the most relevant
+    patches are deleted (``deletion``) or revealed on the baseline (``insertion``), and 1 where the
+    prediction still equals the reference class as the most (``positive``) or least (``negative``)
+    relevant patches are deleted, else 0; ``fractions`` ``[steps + 1]``: the share of patches
+    perturbed at each step, from 0 to 1."""
 
     deletion: torch.Tensor
     insertion: torch.Tensor
+    positive: torch.Tensor
     negative: torch.Tensor
     fractions: torch.Tensor
 
     def auc(self) -> dict[str, torch.Tensor]:
-        """Area under each curve over the perturbed fraction (trapezoid rule), ``[B]`` each."""
-        return {name: torch.trapezoid(getattr(self, name), self.fractions, dim=-1)
-                for name in ("deletion", "insertion", "negative")}
+        """Area under each curve over the perturbed fraction (trapezoid rule), ``[B]`` each: in
+        ``[0, 1]`` for ``deletion`` and ``insertion``, in percent for ``positive`` and ``negative``
+        (the accuracy's area, as Chefer et al. report it)."""
+        return {name: torch.trapezoid(getattr(self, name), self.fractions, dim=-1) * (100 if name in PERCENT else 1)
+                for name in TESTS}
+
+
+#: The four tests, and whether a faithful map makes each area high (True) or low.
+TESTS: tuple[str, ...] = ("deletion", "insertion", "positive", "negative")
+HIGHER_IS_BETTER: dict[str, bool] = {"deletion": False, "insertion": True, "positive": False, "negative": True}
+PERCENT = ("positive", "negative")
 
 
 def patch_order(maps: torch.Tensor) -> torch.Tensor:
@@ -66,10 +79,11 @@ def perturbation_curves(
     patch_size: tuple[int, int],
     target: torch.Tensor | None = None,
     *,
+    reference: torch.Tensor | None = None,
     steps: int | None = None,
     baseline: Baseline = "mean",
 ) -> PerturbationCurves:
-    """Deletion, insertion and negative-deletion curves of ``maps`` for ``model``.
+    """Deletion, insertion, positive and negative perturbation curves of ``maps`` for ``model``.
 
     Args:
         model: ``[B, C, H, W]`` normalised images to ``[B, K]`` logits (in eval mode).
@@ -77,11 +91,14 @@ def perturbation_curves(
         maps: one relevance per patch, ``[B, gh, gw]`` with ``gh = H / patch_size[0]``.
         patch_size: ``(ph, pw)`` of the model's patches.
         target: the class explained per image ``[B]``; default the model's prediction.
+        reference: the class the positive and negative tests count as correct ``[B]`` (the
+            true labels, when known); default ``target``.
         steps: perturbation steps (default one patch per step).
         baseline: what replaces a deleted patch (:func:`baseline_images`).
 
     Returns:
-        :class:`PerturbationCurves`; step 0 is the unperturbed image (deletion) or the baseline alone (insertion).
+        :class:`PerturbationCurves`; step 0 is the unperturbed image (deletion, positive, negative)
+        or the baseline alone (insertion).
     """
     batch, _, height, width = images.shape
     ph, pw = patch_size
@@ -95,27 +112,29 @@ def perturbation_curves(
         raise ValueError(f"steps must lie in [1, {patches}] (the patches), got {steps}.")
     if target is None:
         target = model(images).argmax(dim=-1)
+    reference = target if reference is None else reference
     order = patch_order(maps)
     ranks = torch.empty_like(order).scatter_(1, order, torch.arange(patches).expand(batch, -1))  # rank of each patch
     fill = baseline_images(images, baseline)
     counts = [round(k * patches / steps) for k in range(steps + 1)]
 
-    def probability(shown: torch.Tensor) -> torch.Tensor:
-        return model(shown).float().softmax(dim=-1).gather(1, target[:, None])[:, 0]
-
-    def curve(first_removed: Callable[[int], torch.Tensor], removed_from_image: bool) -> torch.Tensor:
-        values = []
+    def curve(first_removed: Callable[[int], torch.Tensor], removed_from_image: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, steps + 1]`` target probability and 1 where the prediction is the reference."""
+        probabilities, correct = [], []
         for count in counts:
             hidden = first_removed(count).view(batch, 1, *grid).float()  # 1: the patch shows the baseline
             if not removed_from_image:
                 hidden = 1 - hidden  # insertion: the first `count` patches show the image
             mask = F.interpolate(hidden, scale_factor=(ph, pw), mode="nearest")
-            values.append(probability(images * (1 - mask) + fill * mask))
-        return torch.stack(values, dim=-1)
+            logits = model(images * (1 - mask) + fill * mask).float()
+            probabilities.append(logits.softmax(dim=-1).gather(1, target[:, None])[:, 0])
+            correct.append((logits.argmax(dim=-1) == reference).float())
+        return torch.stack(probabilities, dim=-1), torch.stack(correct, dim=-1)
 
+    deletion, positive = curve(lambda count: ranks < count, True)
+    insertion, _ = curve(lambda count: ranks < count, False)
+    _, negative = curve(lambda count: ranks >= patches - count, True)
     return PerturbationCurves(
-        deletion=curve(lambda count: ranks < count, True),
-        insertion=curve(lambda count: ranks < count, False),
-        negative=curve(lambda count: ranks >= patches - count, True),
+        deletion=deletion, insertion=insertion, positive=positive, negative=negative,
         fractions=torch.tensor(counts, dtype=torch.float32) / patches,
     )

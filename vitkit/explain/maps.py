@@ -1,15 +1,16 @@
 """Model-level attention maps: run a ViT, capture its attention (and gradients), build image maps.
 
 ``capture_attention`` runs ``model.forward_intermediates(images, return_attention=True)`` and the
-head once and, when asked, one backward pass from the target logits to the attention tensors;
-``maps_from_capture`` turns the capture into rollout, gradient-rollout, Chefer et al. relevance or
-per-head maps on the image's pixel grid, so the kinds can share one forward pass. ``explain`` does both in one call. Every map
-is read out as the model pools (class token or average of the patch tokens, see
+head once and, when asked, one backward pass from the target logits to the attention tensors and
+the AttnLRP relevance (:mod:`.lrp`); ``patch_maps`` turns the capture into rollout, gradient-rollout,
+Chefer et al. relevance, AttnLRP or per-head maps over the patches and ``maps_from_capture`` puts
+them on the image's pixel grid, so the kinds can share one forward pass. ``explain`` does both in
+one call. Every attention map is read out as the model pools (class token or average of the patch tokens, see
 :func:`~vitkit.explain.rollout.read_out`).
 
 A model without a classifier (``num_classes=0``, a feature extractor such as timm's DINOv2) has
-rollout and per-head maps, which read its attention as it pools, but no gradient maps: those
-explain one class's logit, and a headless model has none (:class:`HeadlessModelError`).
+rollout and per-head maps, which read its attention as it pools, but no gradient or LRP maps:
+those explain one class's logit, and a headless model has none (:class:`HeadlessModelError`).
 """
 
 from __future__ import annotations
@@ -20,19 +21,17 @@ from typing import Literal, get_args
 import torch
 import torch.nn.functional as F
 
-from ..errors import VitkitError
 from ..models import VisionTransformer
+from .lrp import LRPRules, lrp_relevance
 from .rollout import HeadFusion, Pooling, attention_rollout, chefer_relevance, grad_rollout, per_head_maps
+from .targets import HeadlessModelError, Target, resolve_targets
 
-Method = Literal["rollout", "grad_rollout", "chefer", "heads"]
+Method = Literal["rollout", "grad_rollout", "chefer", "lrp", "heads"]
 METHODS: tuple[str, ...] = get_args(Method)
 #: Methods that need the gradients of the target logit with respect to the attention.
 GRADIENT_METHODS: tuple[str, ...] = ("grad_rollout", "chefer")
-Target = int | torch.Tensor | None
-
-
-class HeadlessModelError(VitkitError, ValueError):
-    """A class to explain was asked of a model without a classifier (``num_classes=0``)."""
+#: Methods that explain one class's logit (none for a model without a classifier).
+CLASS_METHODS: tuple[str, ...] = (*GRADIENT_METHODS, "lrp")
 
 
 @dataclass
@@ -45,6 +44,8 @@ class AttentionCapture:
             model without a classifier.
         attentions: one ``[B, H_l, N, N]`` detached tensor per block, in forward order.
         gradients: ∂(target logit)/∂attention per block, same shapes, or ``None``.
+        relevance: AttnLRP relevance of the targets summed per patch ``[B, gh, gw]``
+            (:func:`~vitkit.explain.lrp.lrp_relevance`), or ``None``.
         grid: patch grid ``(gh, gw)`` with ``gh * gw = N - num_prefix_tokens``.
         image_size: ``(H, W)`` of the input images.
         num_prefix_tokens: tokens before the patches.
@@ -62,6 +63,7 @@ class AttentionCapture:
     image_size: tuple[int, int]
     num_prefix_tokens: int
     pooling: Pooling = "token"
+    relevance: torch.Tensor | None = None
 
     @property
     def probabilities(self) -> torch.Tensor:
@@ -71,19 +73,13 @@ class AttentionCapture:
         return self.logits.softmax(dim=-1).gather(1, self.targets[:, None]).squeeze(1)
 
 
-def _resolve_targets(target: Target, logits: torch.Tensor) -> torch.Tensor:
-    """``[B]`` class indices: the argmax when ``target`` is None, else ``target`` broadcast."""
-    batch, num_classes = logits.shape
-    if target is None:
-        return logits.argmax(dim=-1)
-    targets = torch.as_tensor(target, dtype=torch.long, device=logits.device).reshape(-1).expand(batch)
-    if targets.min() < 0 or targets.max() >= num_classes:
-        raise ValueError(f"target class {target} is out of range for a model with {num_classes} classes.")
-    return targets.clone()
-
-
 def capture_attention(
-    model: VisionTransformer, images: torch.Tensor, target: Target = None, with_gradients: bool = False
+    model: VisionTransformer,
+    images: torch.Tensor,
+    target: Target = None,
+    with_gradients: bool = False,
+    with_relevance: bool = False,
+    rules: LRPRules | None = None,
 ) -> AttentionCapture:
     """Run ``model`` on ``images`` and keep its attention weights (and their gradients).
 
@@ -96,15 +92,17 @@ def capture_attention(
         images: ``[B, C, H, W]`` normalised as for training.
         target: class to explain: ``None`` (each image's prediction), an int, or ``[B]`` indices.
         with_gradients: also compute ∂(target logit)/∂(attention of each block).
+        with_relevance: also compute the targets' AttnLRP relevance with ``rules`` (a second
+            forward and backward pass).
 
     Raises:
-        HeadlessModelError: ``target`` or ``with_gradients`` for a model without a classifier.
+        HeadlessModelError: ``target``, ``with_gradients`` or ``with_relevance`` for a model without a classifier.
     """
     headless = model.config.num_classes == 0
-    if headless and (target is not None or with_gradients):
+    if headless and (target is not None or with_gradients or with_relevance):
         raise HeadlessModelError(
-            "the model has no classifier (num_classes=0), so there is no class to explain: the gradient methods "
-            f"({', '.join(GRADIENT_METHODS)}) and a target class need one; rollout and heads read its attention."
+            "the model has no classifier (num_classes=0), so there is no class to explain: the methods that explain "
+            f"one ({', '.join(CLASS_METHODS)}) and a target class need one; rollout and heads read its attention."
         )
     parameter = next(model.parameters())
     images = images.to(device=parameter.device, dtype=parameter.dtype)
@@ -116,7 +114,7 @@ def capture_attention(
         attentions = run.attentions
         # A headless model's forward_head gives its pooled features, not logits.
         logits = run.features.new_zeros(len(images), 0) if headless else model.forward_head(run.features)
-        targets = None if headless else _resolve_targets(target, logits.detach())
+        targets = None if headless else resolve_targets(target, logits.detach())
         gradients = None
         if with_gradients:
             selected = logits.gather(1, targets[:, None]).sum()
@@ -124,6 +122,10 @@ def capture_attention(
             in_graph = [a for a in attentions if a.requires_grad]
             grads = iter(torch.autograd.grad(selected, in_graph) if in_graph else ())
             gradients = [next(grads).detach() if a.requires_grad else torch.zeros_like(a) for a in attentions]
+    relevance = None
+    if with_relevance:
+        patch_size = tuple(images.shape[2 + axis] // grid[axis] for axis in range(2))
+        relevance = lrp_relevance(model, images, targets, rules).per_patch(patch_size)
     return AttentionCapture(
         logits=logits.detach().float(),
         targets=targets,
@@ -133,6 +135,7 @@ def capture_attention(
         image_size=(images.shape[2], images.shape[3]),
         num_prefix_tokens=model.num_prefix_tokens,
         pooling=model_read_out(model),
+        relevance=relevance,
     )
 
 
@@ -152,6 +155,37 @@ def to_image_grid(maps: torch.Tensor, grid: tuple[int, int], image_size: tuple[i
     return upsampled.reshape(*lead, *image_size)
 
 
+def patch_maps(
+    capture: AttentionCapture,
+    method: Method = "rollout",
+    *,
+    layer: int = -1,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+    pooling: Pooling | None = None,
+) -> torch.Tensor:
+    """Maps over the patch tokens ``[B, gh*gw]`` (row-major): ``rollout`` / ``grad_rollout`` /
+    ``chefer`` each in ``[0, 1]``, ``lrp`` the signed relevance summed per patch, and
+    ``[B, heads, gh*gw]`` raw attention of block ``layer`` for ``heads``. ``pooling`` names another
+    read-out than the capture's (``'token'``: a distilled model's class token alone)."""
+    prefix, pooling = capture.num_prefix_tokens, pooling or capture.pooling
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+    if method in GRADIENT_METHODS and capture.gradients is None:
+        raise ValueError(f"{method} needs gradients: capture with capture_attention(..., with_gradients=True).")
+    if method == "lrp" and capture.relevance is None:
+        raise ValueError("lrp needs the relevance: capture with capture_attention(..., with_relevance=True).")
+    if method == "rollout":
+        return attention_rollout(capture.attentions, head_fusion, discard_ratio, prefix, pooling)
+    if method == "grad_rollout":
+        return grad_rollout(capture.attentions, capture.gradients, discard_ratio, prefix, pooling)
+    if method == "chefer":
+        return chefer_relevance(capture.attentions, capture.gradients, prefix, pooling)
+    if method == "lrp":
+        return capture.relevance.flatten(1)
+    return per_head_maps(capture.attentions, layer, prefix, pooling)
+
+
 def maps_from_capture(
     capture: AttentionCapture,
     method: Method = "rollout",
@@ -161,23 +195,15 @@ def maps_from_capture(
     discard_ratio: float = 0.0,
     pooling: Pooling | None = None,
 ) -> torch.Tensor:
-    """Maps at image resolution: ``[B, H, W]`` for ``rollout`` / ``grad_rollout`` / ``chefer``
-    (each in ``[0, 1]``), ``[B, heads, H, W]`` raw attention of block ``layer`` for ``heads``.
-    ``pooling`` names another read-out than the capture's (``'token'``: a distilled model's class
-    token alone)."""
-    prefix, pooling = capture.num_prefix_tokens, pooling or capture.pooling
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    if method in GRADIENT_METHODS and capture.gradients is None:
-        raise ValueError(f"{method} needs gradients: capture with capture_attention(..., with_gradients=True).")
-    if method == "rollout":
-        maps = attention_rollout(capture.attentions, head_fusion, discard_ratio, prefix, pooling)
-    elif method == "grad_rollout":
-        maps = grad_rollout(capture.attentions, capture.gradients, discard_ratio, prefix, pooling)
-    elif method == "chefer":
-        maps = chefer_relevance(capture.attentions, capture.gradients, prefix, pooling)
-    else:
-        maps = per_head_maps(capture.attentions, layer, prefix, pooling)
+    """:func:`patch_maps` at image resolution (bilinear): ``[B, H, W]`` each in ``[0, 1]``
+    (``lrp`` scaled from its smallest to its largest patch relevance per image), ``[B, heads, H, W]``
+    for ``heads``."""
+    maps = patch_maps(
+        capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio, pooling=pooling
+    )
+    if method == "lrp":
+        low, high = maps.amin(dim=-1, keepdim=True), maps.amax(dim=-1, keepdim=True)
+        maps = (maps - low) / (high - low).clamp_min(torch.finfo(maps.dtype).tiny)
     return to_image_grid(maps, capture.grid, capture.image_size)
 
 
@@ -198,7 +224,8 @@ def explain(
         model: a vitkit ``VisionTransformer`` in eval mode; without a classifier, ``rollout``
             and ``heads`` only.
         images: ``[B, C, H, W]``, any size the model accepts (non-square grids included).
-        method: ``"rollout"``, ``"grad_rollout"`` or ``"chefer"`` (both for class ``target``) or ``"heads"``.
+        method: ``"rollout"``, ``"grad_rollout"``, ``"chefer"`` or ``"lrp"`` (the last three for
+            class ``target``) or ``"heads"``.
         target: the gradient methods' class: ``None`` = predicted, an int, or ``[B]`` indices.
         layer: block shown by ``heads``.
         head_fusion, discard_ratio: rollout options (see :func:`attention_rollout`).
@@ -206,7 +233,9 @@ def explain(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    capture = capture_attention(model, images, target, with_gradients=method in GRADIENT_METHODS)
+    capture = capture_attention(
+        model, images, target, with_gradients=method in GRADIENT_METHODS, with_relevance=method == "lrp"
+    )
     return maps_from_capture(
         capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio, pooling=pooling
     )

@@ -1,0 +1,82 @@
+"""The authors' AttnLRP for vision transformers, as ``lxt`` ships it: torchvision's ViT patched by
+``lxt.efficient.monkey_patch`` (CP-LRP in the attention, identity rules on LayerNorm and GELU)
+with ``zennit``'s gamma rule on its convolution and linear layers (``lxt``'s
+``examples/vit_torch.py``), run on a torchvision twin of a vitkit model with the same weights.
+
+``lxt`` patches ``torch.nn`` classes process-wide, so :func:`lxt_relevance` restores them before
+it returns; run nothing else in between.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torchvision.models import vision_transformer
+
+import vitkit
+
+
+def torchvision_twin(model: vitkit.VisionTransformer) -> vision_transformer.VisionTransformer:
+    """torchvision's ``VisionTransformer`` with ``model``'s weights (a plain class-token ViT on
+    square RGB images), in eval mode."""
+    config = model.config
+    size, patch = config.img_size[0], config.patch_size[0]
+    twin = vision_transformer.VisionTransformer(
+        image_size=size, patch_size=patch, num_layers=config.depth, num_heads=model.blocks[0].attn.num_heads,
+        hidden_dim=config.embed_dim, mlp_dim=model.blocks[0].mlp.fc1.out_features, num_classes=config.num_classes,
+    )
+    dim = config.embed_dim
+    state = {
+        "class_token": model.cls_token,
+        "conv_proj.weight": model.patch_embed.proj.weight.reshape(dim, patch, patch, 3).permute(0, 3, 1, 2),
+        "conv_proj.bias": model.patch_embed.proj.bias,
+        "encoder.pos_embedding": model.pos_embed,
+        "encoder.ln.weight": model.norm.weight, "encoder.ln.bias": model.norm.bias,
+        "heads.head.weight": model.head.weight, "heads.head.bias": model.head.bias,
+    }
+    for index, block in enumerate(model.blocks):
+        prefix = f"encoder.layers.encoder_layer_{index}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2"), ("attn.proj", "self_attention.out_proj"),
+                             ("mlp.fc1", "mlp.0"), ("mlp.fc2", "mlp.3")):
+            module = block.get_submodule(ours)
+            state[f"{prefix}{theirs}.weight"], state[f"{prefix}{theirs}.bias"] = module.weight, module.bias
+        state[f"{prefix}self_attention.in_proj_weight"] = block.attn.qkv.weight
+        state[f"{prefix}self_attention.in_proj_bias"] = block.attn.qkv.bias
+    twin.load_state_dict({key: value.detach().clone() for key, value in state.items()})
+    return twin.eval()
+
+
+def lxt_relevance(
+    twin: vision_transformer.VisionTransformer, images: torch.Tensor, targets: torch.Tensor,
+    linear_gamma: float, conv_gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lxt``'s relevance ``[B, H, W]`` (input x gradient summed over channels) of ``twin`` for
+    ``targets``, and the twin's logits ``[B, K]``, with the ``torch.nn`` classes restored after."""
+    import zennit.rules
+    from lxt.efficient import monkey_patch, monkey_patch_zennit
+    from zennit.composites import LayerMapComposite
+    from zennit.core import BasicHook
+
+    patched = (nn.GELU, nn.LayerNorm, nn.MultiheadAttention)
+    saved = {cls: cls.__dict__["forward"] for cls in patched}
+    saved_hook = {name: BasicHook.__dict__[name] for name in ("forward", "backward")}
+    composite = LayerMapComposite([(nn.Conv2d, zennit.rules.Gamma(conv_gamma)), (nn.Linear, zennit.rules.Gamma(linear_gamma))])
+    try:
+        monkey_patch(vision_transformer)
+        monkey_patch_zennit()
+        for parameter in twin.parameters():
+            parameter.requires_grad_(False)
+        composite.register(twin)
+        inputs = images.clone().requires_grad_(True)
+        logits = twin(inputs)
+        logits.gather(1, targets[:, None]).sum().backward()
+        relevance = (inputs * inputs.grad).sum(1)
+    finally:
+        composite.remove()
+        for cls, forward in saved.items():
+            cls.forward = forward
+            if "original_forward" in cls.__dict__:
+                delattr(cls, "original_forward")
+        for name, method in saved_hook.items():
+            setattr(BasicHook, name, method)
+    return relevance.detach(), logits.detach()
