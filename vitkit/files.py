@@ -1,15 +1,17 @@
 """File helpers every floor of vitkit uses (no vitkit imports): atomic writes (a full disk named as
-such, whatever library wrote) and reads that
+such, whatever library wrote), result tables as CSV and Markdown, and reads that
 refuse anything but a regular file (a FIFO or device named by mistake must not block or be replaced)."""
 
 from __future__ import annotations
 
+import csv
 import errno
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from safetensors import SafetensorError
 
@@ -91,3 +93,25 @@ def read_regular_text(path: str | os.PathLike) -> str:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``rows`` (dicts sharing the first row's keys) as CSV, atomically."""
+    if not rows:
+        raise ValueError(f"no rows to write to {path}.")
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    return atomic_write(path, write)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A GitHub Markdown table of ``rows`` (the first row's keys are the columns)."""
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

@@ -99,6 +99,7 @@ def test_maps_of_headless_weights_draw_rollout_and_heads_and_say_why_there_is_no
     ("option", "message"),
     [(["--method", "chefer"], "--method chefer explains a class"),
      (["--method", "grad_rollout"], "--method grad_rollout explains a class"),
+     (["--method", "lrp"], "--method lrp explains a class"),
      (["--target", "0"], "--target names a class")],
 )
 def test_maps_of_headless_weights_refuse_a_class_in_one_line(
@@ -110,6 +111,19 @@ def test_maps_of_headless_weights_refuse_a_class_in_one_line(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: {message}") and re.search(r"no classifier \(num_classes=0\)", line)
     assert not (tmp_path / "maps").exists()
+
+
+def test_faithfulness_of_headless_weights_is_refused_in_one_line(
+    weights_and_image: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from vitkit.cli import faithfulness
+
+    weights, _ = weights_and_image
+    argv = ["--model", NAME, "--timm-weights", str(weights), "--data", "name=shapes", "--out", str(tmp_path / "f")]
+    assert faithfulness.main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: the model has no classifier (num_classes=0)")
+    assert not (tmp_path / "f").exists()
 
 
 def test_explore_writes_a_page_for_headless_weights(

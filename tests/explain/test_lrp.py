@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 import torch
+from lxt_reference import lxt_relevance, torchvision_twin
 
 import vitkit
-from tests.helpers.lxt_reference import lxt_relevance, torchvision_twin
 from vitkit.explain import HeadlessModelError
 from vitkit.explain.lrp import LRPRules, lrp_relevance, lrp_rules
 from vitkit.prune.pruning import prune_heads

@@ -12,9 +12,9 @@ from tiny_models import hand_accuracy
 
 import vitkit
 from vitkit.data import DataConfig, build_datasets
+from vitkit.files import markdown_table
 from vitkit.io import load_model_and_extra
 from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
-from vitkit.prune.report import markdown_table
 
 TINY_DATA = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 0.1, "test_fraction": 0.1}
 

@@ -24,11 +24,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vitkit.files import markdown_table, write_csv
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import redundancy_test
 from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
-from vitkit.prune.report import markdown_table, plot_sweep, write_csv
+from vitkit.prune.report import plot_sweep
 from vitkit.train import load_recipe, train
 
 from .main import run_command

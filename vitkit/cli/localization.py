@@ -24,9 +24,9 @@ from vitkit import VisionTransformer
 from vitkit.errors import UsageError
 from vitkit.explain import evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
+from vitkit.files import markdown_table, write_csv
 from vitkit.io import load_model_and_extra
 from vitkit.output_dirs import claim_output_dir
-from vitkit.prune.report import markdown_table, write_csv
 from vitkit.train import train
 from vitkit.train.evaluate import datasets_for
 

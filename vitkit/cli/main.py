@@ -22,6 +22,7 @@ MODULES = {
     "evaluate": "evaluate",
     "predict": "predict",
     "maps": "attention_maps",
+    "faithfulness": "faithfulness",
     "explore": "explore",
     "report": "attention_report",
     "localize": "localization",

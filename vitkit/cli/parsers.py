@@ -28,12 +28,16 @@ EXIT_STATUS_HELP = """exit status (every command):
 #: Written out from the library (they live beside torch code): explain's map methods and rollout
 #: head fusions, HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
 METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "heads")
+FAITHFULNESS_METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "attention", "random")
+LRP_ATTENTION_RULES = ("cp", "attnlrp")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
 TTA_CHOICES = ("none", "hflip", "hflip_shift")
 LIBRARY_CONSTANTS = {
     "vitkit.explain.METHODS": METHODS,
+    "vitkit.explain.BUILTIN_METHODS": FAITHFULNESS_METHODS,
+    "vitkit.explain.lrp.ATTENTION_RULES": LRP_ATTENTION_RULES,
     "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
     "vitkit.explain.HeadThresholds()": HEAD_THRESHOLDS,
     "vitkit.explain.DEFAULT_MAX_BYTES": EXPLORER_MAX_BYTES,
@@ -246,6 +250,28 @@ def attention_maps(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-scores", action="store_true", help="leave the deletion/insertion scores out of the titles")
 
 
+def faithfulness(parser: argparse.ArgumentParser) -> None:
+    model_arguments(parser)
+    data_arguments(parser)
+    parser.add_argument("--out", required=True, help="output folder for faithfulness.csv, .md and .png")
+    parser.add_argument("--images", type=positive_int, default=500, help="first N test images measured")
+    parser.add_argument("--methods", nargs="+", choices=FAITHFULNESS_METHODS, default=list(FAITHFULNESS_METHODS),
+                        help="methods measured (attention: the last attended layer's class-token attention; "
+                        "random: chance level)")
+    parser.add_argument("--baseline", choices=("mean", "blur"), default="mean",
+                        help="what a deleted patch shows: the dataset mean, or the image blurred (11x11 box)")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="perturbation steps over the patch grid (default: one patch per step)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
+    parser.add_argument("--no-sanity", action="store_true", help="skip the parameter-randomisation check (halves the time)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random map and of the re-drawn weights")
+    parser.add_argument("--lrp-attention", choices=LRP_ATTENTION_RULES, default="cp",
+                        help="lrp inside the attention: cp holds the attention weights constant (lxt's choice for "
+                        "ViTs), attnlrp propagates through the softmax")
+    parser.add_argument("--linear-gamma", type=number_in(0), default=0.05, help="lrp: gamma of the linear layers")
+    parser.add_argument("--patch-gamma", type=number_in(0), default=0.25, help="lrp: gamma of the patch projection")
+
+
 def explore(parser: argparse.ArgumentParser) -> None:
     model_arguments(parser)
     parser.add_argument("images", nargs="*", help="image files and/or folders")
@@ -401,6 +427,7 @@ OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "evaluate": evaluate,
     "predict": predict,
     "attention_maps": attention_maps,
+    "faithfulness": faithfulness,
     "explore": explore,
     "attention_report": attention_report,
     "localization": localization,

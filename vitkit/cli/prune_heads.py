@@ -66,6 +66,7 @@ from vitkit import save_model
 from vitkit.data import build_datasets
 from vitkit.errors import UsageError
 from vitkit.evaluation import evaluate_model
+from vitkit.files import write_csv
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, count_parameters, vit_flops
 from vitkit.output_dirs import claim_output_dir
@@ -84,7 +85,7 @@ from vitkit.prune import (
 )
 from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.plan import BatchCost, estimate, format_duration, iterative_steps, measure_batch_cost
-from vitkit.prune.report import curve_rows, plot_pruning_curves, write_csv
+from vitkit.prune.report import curve_rows, plot_pruning_curves
 from vitkit.train import load_recipe, train
 from vitkit.train.artifacts import CONFIG_FILE, write_json
 from vitkit.train.evaluate import check_model_fits, data_config_for

@@ -1,5 +1,5 @@
-"""Figures for attention maps (composed with PIL) and head diagnostics (matplotlib, Agg, no
-pyplot state).
+"""Figures for attention maps (composed with PIL), head diagnostics and faithfulness curves
+(matplotlib, Agg, no pyplot state).
 
 Overlays are blended in numpy and pasted as tiles: building one matplotlib axes per tile cost
 about 1 s per image, more than the model itself.
@@ -18,6 +18,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 from PIL.PngImagePlugin import PngInfo
+
+from .faithfulness_report import FaithfulnessReport
 
 DPI = 100
 HEAD_COLUMNS = 6
@@ -182,5 +184,37 @@ def head_grid_figure(
     axis.set_ylabel("layer")
     axis.set_title(title, fontsize=10)
     figure.colorbar(image, ax=axis, fraction=0.05)
+    figure.tight_layout()
+    _save(figure, path)
+
+
+#: How the faithfulness figure names each test (and which way is better).
+TEST_TITLES = {
+    "deletion": "deletion: most relevant patches removed (lower area is better)",
+    "insertion": "insertion: most relevant patches revealed (higher is better)",
+    "positive": "positive perturbation: accuracy, most relevant removed (lower)",
+    "negative": "negative perturbation: accuracy, least relevant removed (higher)",
+}
+
+
+def faithfulness_figure(report: FaithfulnessReport, path: str | os.PathLike, title: str) -> None:
+    """Four panels, one per test: each method's mean curve against the share of patches perturbed,
+    its area in the legend; written as PNG to ``path``."""
+    figure = Figure(figsize=(12, 8.5))
+    fractions = report.fractions.numpy()
+    for index, (test, label) in enumerate(TEST_TITLES.items()):
+        axes = figure.add_subplot(2, 2, index + 1)
+        scale = 100 if test in ("positive", "negative") else 1
+        for result in report.results:
+            style = {"color": "0.5", "linestyle": "--"} if result.name == "random" else {}
+            area = result.mean(test)
+            axes.plot(fractions, result.curves[test].numpy() * scale, label=f"{result.name} ({area:.3g})", **style)
+        axes.set_title(label, fontsize=10)
+        axes.set_xlabel("share of patches perturbed")
+        axes.set_ylabel("accuracy (%)" if scale == 100 else "probability of the explained class")
+        axes.set_xlim(0, 1)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8, title="method (area)", title_fontsize=8)
+    figure.suptitle(title)
     figure.tight_layout()
     _save(figure, path)

@@ -4,7 +4,6 @@ a second panel of accuracy before and after recovery against the measured speed-
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
@@ -25,20 +24,6 @@ CURVE_FIELDS = ("step", "heads_left", "fraction_pruned", "accuracy", "parameters
 RECOVERED_FIELDS = ("recovered_val_acc", "recovered_test_acc")
 
 
-def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
-    """Write ``rows`` (dicts sharing the first row's keys) as CSV, atomically."""
-    if not rows:
-        raise ValueError(f"no rows to write to {path}.")
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-
-    return atomic_write(path, write)
-
-
 def curve_rows(
     order: str, seed: int | None, records: Sequence[PruningStep], recovered: Sequence[RecoveredStep] | None = None
 ) -> list[dict[str, Any]]:
@@ -52,14 +37,6 @@ def curve_rows(
             row["recovered_val_acc"] = found.val_acc[1] if found else None
             row["recovered_test_acc"] = found.test_acc[1] if found and found.test_acc else None
     return rows
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A GitHub Markdown table of ``rows`` (the first row's keys are the columns)."""
-    columns = list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 def pruning_curves_figure(

@@ -1,0 +1,74 @@
+"""``vitkit faithfulness``: the table, CSV, figure and next step on a model file's own test images,
+each option changing what it should, and bad input refused in one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import save_tiny, tiny_shapes_model
+
+from vitkit.cli.faithfulness import main
+from vitkit.output_dirs import MARKER
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(1)  # not the re-drawn weights' seed 0, which would give the same untrained model
+    return save_tiny(tiny_shapes_model(), tmp_path_factory.mktemp("model") / "model.safetensors")
+
+
+def measure(checkpoint: Path, out: Path, *options: str) -> dict[str, dict[str, str]]:
+    """Run the command on 6 test images in 4 steps; the CSV rows by method."""
+    argv = ["--checkpoint", str(checkpoint), "--images", "6", "--steps", "4", "--out", str(out), *options]
+    assert main(argv) == 0
+    with open(out / "faithfulness.csv", newline="") as handle:
+        return {row["method"]: row for row in csv.DictReader(handle)}
+
+
+def test_the_table_figure_and_next_step(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rows = measure(checkpoint, tmp_path / "all")
+    assert list(rows) == ["rollout", "grad_rollout", "chefer", "lrp", "attention", "random"]
+    for row in rows.values():
+        assert row["images"] == "6" and 0 <= float(row["deletion_auc"]) <= 1 and 0 <= float(row["positive_auc"]) <= 100
+    assert rows["random"]["sanity_spearman"] == "" and rows["lrp"]["sanity_spearman"] != ""
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0].startswith("| method | deletion_auc |") and len(printed) >= 8
+    assert printed[-1].startswith("most faithful here (insertion minus deletion): ")
+    assert f"next: draw it with vitkit maps --checkpoint {checkpoint} --method " in printed[-1]
+    assert (tmp_path / "all" / "faithfulness.png").stat().st_size > 10_000
+    assert (tmp_path / "all" / "faithfulness.md").read_text().startswith("| method |")
+    assert json.loads((tmp_path / "all" / MARKER).read_text())["state"] == "complete"
+
+
+def test_each_option_changes_what_it_should(checkpoint: Path, tmp_path: Path) -> None:
+    methods = ("--methods", "chefer", "lrp", "random")
+    base = measure(checkpoint, tmp_path / "base", *methods)
+    assert list(base) == ["chefer", "lrp", "random"]
+
+    def differs(rows: dict, method: str, column: str) -> bool:
+        return rows[method][column] != base[method][column]
+
+    assert differs(measure(checkpoint, tmp_path / "blur", *methods, "--baseline", "blur"), "chefer", "insertion_auc")
+    assert all(row["sanity_spearman"] == "" for row in measure(checkpoint, tmp_path / "fast", *methods, "--no-sanity").values())
+    attnlrp = measure(checkpoint, tmp_path / "attnlrp", *methods, "--lrp-attention", "attnlrp")
+    gamma = measure(checkpoint, tmp_path / "gamma", *methods, "--linear-gamma", "2", "--patch-gamma", "0")
+    assert differs(attnlrp, "lrp", "sanity_spearman") and differs(gamma, "lrp", "sanity_spearman")
+    assert not differs(attnlrp, "chefer", "sanity_spearman")  # lrp's options touch lrp alone
+    reseeded = measure(checkpoint, tmp_path / "seed", *methods, "--seed", "4")
+    assert differs(reseeded, "random", "deletion_auc") or differs(reseeded, "random", "insertion_auc")
+    steps = measure(checkpoint, tmp_path / "steps", "--methods", "chefer", "--steps", "16")
+    assert steps["chefer"]["deletion_auc"] != base["chefer"]["deletion_auc"]
+
+
+def test_bad_input_is_one_line(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--checkpoint", str(checkpoint), "--data", "img_size=48", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "48x48" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as stop:
+        main(["--checkpoint", str(checkpoint), "--methods", "gradcam", "--out", str(tmp_path / "m")])
+    assert stop.value.code == 2
+    assert not (tmp_path / "d").exists()  # refused before anything was written

@@ -1,0 +1,96 @@
+"""Measure how faithfully each attribution method explains a model's predictions: deletion,
+insertion, positive and negative perturbation areas, the parameter-randomisation check and the
+time per image, on the model's own test images.
+
+    vitkit faithfulness --checkpoint runs/fashion_mnist_fast/latest/model.safetensors --out faith/
+    vitkit faithfulness --checkpoint model.safetensors --images 100 --methods chefer lrp random \\
+        --baseline blur --steps 8 --out faith/
+    vitkit faithfulness --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
+        --data name=imagenet root=/data/imagenet-subset --images 200 --out faith/
+
+The images are the first --images of the test split the model file records (``--data key=value``
+changes it, and names the data of timm weights). Each method explains the predicted class of each
+image; its patches are then deleted (replaced by the dataset mean, or a blurred copy with
+``--baseline blur``) or revealed on that baseline in the map's order over --steps steps (default
+one patch per step). Deletion and insertion are areas under the explained class's probability
+(lower and higher are better); positive and negative perturbation (Chefer et al., arXiv
+2012.09838) are areas under the accuracy, in percent, as the most or the least relevant patches
+are deleted (lower and higher are better). The sanity column is the mean Spearman correlation
+between the model's maps and those of a copy with re-drawn weights (Adebayo et al., arXiv
+1810.03292): a map that explains the model is far below 1. ms/image times the maps alone.
+
+OUT/faithfulness.csv holds one row per method, OUT/faithfulness.png the mean curves, and
+OUT/faithfulness.md the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from vitkit import VisionTransformer
+from vitkit.errors import UsageError
+from vitkit.explain import LRPRules, faithfulness
+from vitkit.explain.render import faithfulness_figure
+from vitkit.files import atomic_write, markdown_table, write_csv
+from vitkit.output_dirs import claim_output_dir
+from vitkit.train.evaluate import datasets_for
+
+from .explain_io import load_model_from_arguments
+from .main import run_command
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vitkit faithfulness`` in this process (``tools/faithfulness.py``, tests)."""
+    return run_command("faithfulness", argv)
+
+
+def first_test_images(
+    model: VisionTransformer, extra: dict, overrides: list[str], count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` test images ``[N, C, H, W]`` and labels ``[N]`` of the model's data."""
+    test_set = datasets_for(model, extra, overrides).test
+    if len(test_set) == 0:
+        raise UsageError("the test split is empty: give data with a test split (--data ...).")
+    pairs = [test_set[index] for index in range(min(count, len(test_set)))]
+    return torch.stack([image for image, _ in pairs]), torch.tensor([label for _, label in pairs])
+
+
+def run(args: argparse.Namespace) -> int:
+    model, extra = load_model_from_arguments(args)
+    if model.config.num_classes == 0:
+        raise UsageError("the model has no classifier (num_classes=0): faithfulness measures how maps explain a class.")
+    out = Path(args.out)
+    images, labels = first_test_images(model, extra, args.data, args.images)
+    claim_output_dir(out, "faithfulness")
+    rules = LRPRules(attention=args.lrp_attention, linear_gamma=args.linear_gamma, patch_gamma=args.patch_gamma)
+    torch.manual_seed(args.seed)
+    report = faithfulness(
+        model, images, labels, args.methods, baseline=args.baseline, steps=args.steps, batch_size=args.batch_size,
+        sanity=not args.no_sanity, seed=args.seed, rules=rules, progress=True,
+    )
+    rows = report.rows()
+    write_csv(out / "faithfulness.csv", rows)
+    table = markdown_table([{key: "-" if value is None else value for key, value in row.items()} for row in rows])
+    atomic_write(out / "faithfulness.md", lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
+    steps = len(report.fractions) - 1
+    rows_, columns = model.patch_embed.grid_size(*images.shape[2:])
+    title = f"{len(images)} test images, {steps} steps over {rows_}x{columns} patches, {args.baseline} baseline"
+    atomic_write(out / "faithfulness.png", lambda tmp: faithfulness_figure(report, tmp, title))
+    print(table, end="")
+    best = report.ranking()[0]
+    chosen = report.result(best)
+    print(f"wrote faithfulness.csv, faithfulness.md and faithfulness.png to {out}.")
+    print(f"most faithful here (insertion minus deletion): {best} (deletion {chosen.mean('deletion'):.3f}, "
+          f"insertion {chosen.mean('insertion'):.3f}); next: draw it with {next_command(args, best)}")
+    return 0
+
+
+def next_command(args: argparse.Namespace, method: str) -> str:
+    """``vitkit maps`` of the same model with ``method`` (all maps for a method it does not draw)."""
+    drawn = method if method in ("rollout", "grad_rollout", "chefer", "lrp") else "all"
+    if args.checkpoint is not None:
+        return f"vitkit maps --checkpoint {args.checkpoint} --method {drawn} --test-images 8 --out maps/"
+    return f"vitkit maps --model {args.model} --timm-weights {args.timm_weights} --method {drawn} IMAGES --out maps/"
