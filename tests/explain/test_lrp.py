@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from lxt_reference import lxt_relevance, torchvision_twin
+from lxt_reference import lxt_relevance, torchvision_twin, twin_problem
 
 import vitkit
 from vitkit.explain import HeadlessModelError
@@ -47,6 +47,19 @@ def test_relevance_equals_lxt_on_the_models_torchvision_twin(linear_gamma: float
     assert ((ours.pixels - theirs).abs() / scale).max() < 1e-4
     # lxt's patches are undone: the next model's LayerNorm is torch's again
     assert torch.nn.LayerNorm.forward.__module__ == "torch.nn.modules.normalization"
+
+
+def test_a_grayscale_models_relevance_equals_lxt_on_its_three_channel_twin() -> None:
+    pytest.importorskip("lxt")
+    model = random_model(in_chans=1)
+    images = torch.randn(3, 1, 32, 32, generator=torch.Generator().manual_seed(1))
+    ours = lrp_relevance(model, images)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs, logits = lxt_relevance(torchvision_twin(model), images, ours.targets, 0.05, 0.25)
+    torch.testing.assert_close(logits, ours.logits, atol=1e-5, rtol=1e-5)
+    assert ((ours.pixels - theirs).abs() / theirs.abs().amax(dim=(1, 2), keepdim=True)).max() < 1e-4
+    assert twin_problem(random_model(locality=True)) == "torchvision's ViT has no LSA (locality)"
 
 
 def source_relevance(model: vitkit.VisionTransformer, images: torch.Tensor, rules: LRPRules) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,9 +16,36 @@ from torchvision.models import vision_transformer
 import vitkit
 
 
+def twin_problem(model: vitkit.VisionTransformer) -> str | None:
+    """Why ``model`` has no torchvision twin (``None``: it has one). torchvision's ViT is the
+    original: linear patches, learned positions, one class token read out, exact GELU, LayerNorms
+    before each branch, the same heads in every block, square images and patches, 1 or 3 channels."""
+    config = model.config
+    heads = model.heads_per_layer()
+    checks = {
+        "a conv stem or shifted patches": config.patch_embed == "linear" and not config.shifted_patches,
+        "LSA (locality)": not config.locality,
+        "another read-out than one class token": config.class_token and config.global_pool == "token"
+        and not config.distilled and config.reg_tokens == 0 and not config.use_fc_norm,
+        "positions other than a learned table": config.resolved_pos_embed == "learn" and config.rope == "none"
+        and not config.no_embed_class,
+        "qk-norm, LayerScale, another activation or a norm before the blocks": not config.qk_norm
+        and config.init_values is None and config.act_layer == "gelu" and not config.pre_norm,
+        "qkv without bias or pruned heads": config.qkv_bias and len(set(heads)) == 1 and heads[0] > 0,
+        "non-square images or patches, or other than 1 or 3 channels": config.img_size[0] == config.img_size[1]
+        and config.patch_size[0] == config.patch_size[1] and config.in_chans in (1, 3),
+    }
+    return next((f"torchvision's ViT has no {name}" for name, fits in checks.items() if not fits), None)
+
+
 def torchvision_twin(model: vitkit.VisionTransformer) -> vision_transformer.VisionTransformer:
-    """torchvision's ``VisionTransformer`` with ``model``'s weights (a plain class-token ViT on
-    square RGB images), in eval mode."""
+    """torchvision's ``VisionTransformer`` with ``model``'s weights (:func:`twin_problem` says which
+    models have one), in eval mode. A grayscale model's twin takes the image repeated on 3
+    channels, its patch weights split evenly among them (the same logits, and the same relevance
+    summed over channels)."""
+    problem = twin_problem(model)
+    if problem is not None:
+        raise ValueError(problem)
     config = model.config
     size, patch = config.img_size[0], config.patch_size[0]
     twin = vision_transformer.VisionTransformer(
@@ -28,7 +55,8 @@ def torchvision_twin(model: vitkit.VisionTransformer) -> vision_transformer.Visi
     dim = config.embed_dim
     state = {
         "class_token": model.cls_token,
-        "conv_proj.weight": model.patch_embed.proj.weight.reshape(dim, patch, patch, 3).permute(0, 3, 1, 2),
+        "conv_proj.weight": model.patch_embed.proj.weight.reshape(dim, patch, patch, config.in_chans)
+        .permute(0, 3, 1, 2).expand(dim, 3, patch, patch) / (3 // config.in_chans),
         "conv_proj.bias": model.patch_embed.proj.bias,
         "encoder.pos_embedding": model.pos_embed,
         "encoder.ln.weight": model.norm.weight, "encoder.ln.bias": model.norm.bias,
@@ -67,7 +95,7 @@ def lxt_relevance(
         for parameter in twin.parameters():
             parameter.requires_grad_(False)
         composite.register(twin)
-        inputs = images.clone().requires_grad_(True)
+        inputs = images.expand(-1, 3, -1, -1).clone().requires_grad_(True)  # grayscale: on 3 channels
         logits = twin(inputs)
         logits.gather(1, targets[:, None]).sum().backward()
         relevance = (inputs * inputs.grad).sum(1)

@@ -95,13 +95,18 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ra * rb).sum(-1) / (ra.norm(dim=-1) * rb.norm(dim=-1)).clamp_min(1e-12)
 
 
+#: Offsets the seed of the re-drawn weights, so that a model built right after
+#: ``torch.manual_seed(seed)`` is not its own randomisation.
+REDRAW_STREAM = 0x5EED
+
+
 def randomized_copy(model: VisionTransformer, seed: int = 0) -> VisionTransformer:
     """A copy of ``model`` with every parameter re-drawn as at construction (the same
-    architecture, pruned heads included), in eval mode."""
+    architecture, pruned heads included) from ``seed`` (:data:`REDRAW_STREAM`), in eval mode."""
     twin = copy.deepcopy(model)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Initializing zero-element tensors")  # a layer with every head pruned
-        torch.manual_seed(seed)
+        torch.manual_seed(REDRAW_STREAM + seed)
         twin.reset_parameters()
     return twin.eval()
 
