@@ -25,6 +25,8 @@ import vitkit
 from vitkit.data import shapes_info
 from vitkit.explain import ExplorerError, ExplorerHTML, capture_attention, explorer_html, explorer_size
 from vitkit.explain import explorer as explorer_module
+from vitkit.explain.faithfulness import perturbation_curves
+from vitkit.explain.lrp import lrp_relevance
 from vitkit.explain.rollout import attention_rollout, chefer_relevance, grad_rollout
 from vitkit.prune import prune_heads
 
@@ -122,13 +124,26 @@ def test_explanations_are_vitkits_maps_for_each_top_class_and_the_top_classes_ar
         capture = capture_attention(model, images[i : i + 1])
         rollout = attention_rollout(capture.attentions, num_prefix_tokens=1, pooling="token")[0]
         np.testing.assert_allclose(record["explanations"]["rollout"], rollout, atol=6e-5)
+        predicted_maps = {"rollout": rollout}
         for rank, target in enumerate(order):
             with_grads = capture_attention(model, images[i : i + 1], target, with_gradients=True)
             chefer = chefer_relevance(with_grads.attentions, with_grads.gradients, 1, "token")[0]
+            predicted_maps.setdefault("chefer", chefer)
             grad = grad_rollout(with_grads.attentions, with_grads.gradients, 0.0, 1, "token")[0]
             np.testing.assert_allclose(record["explanations"]["chefer"][rank], chefer, atol=6e-5)
             np.testing.assert_allclose(record["explanations"]["grad_rollout"][rank], grad, atol=6e-5)
         assert record["explanations"]["chefer"][0] != record["explanations"]["chefer"][1]  # per class
+        for rank, target in enumerate(order):  # AttnLRP per patch, scaled from its minimum (0) to its maximum (1)
+            relevance = lrp_relevance(model, images[i : i + 1], target).per_patch((8, 8)).flatten()
+            predicted_maps.setdefault("lrp", relevance)
+            expected = (relevance - relevance.min()) / (relevance.max() - relevance.min())
+            np.testing.assert_allclose(record["explanations"]["lrp"][rank], expected, atol=6e-5)
+        # the scores: deletion and insertion areas of each map for the predicted class, 16 steps over 24 patches
+        for method, values in predicted_maps.items():
+            areas = perturbation_curves(model, images[i : i + 1], values.view(1, 4, 6), (8, 8), torch.tensor([order[0]]),
+                                        steps=16).auc()
+            for test in ("deletion", "insertion"):
+                assert record["scores"][method][test] == pytest.approx(float(areas[test][0]), abs=2e-4), (method, test)
 
 
 def test_head_diagnostics_match_a_hand_computation_per_image() -> None:
@@ -378,7 +393,7 @@ def test_page_opens_quietly_and_select_then_current_map_is_the_attention_row(bro
     assert api(browser, "info()") == {
         "layers": 3, "depth": 3, "embeddedLayers": [0, 1, 2], "heads": [3, 3, 3], "maxHeads": 3, "tokens": 25,
         "prefixTokens": 1, "grid": [4, 6], "images": 2, "pooling": "token",
-        "views": ["attention", "rollout", "grad_rollout", "chefer"],
+        "views": ["attention", "rollout", "grad_rollout", "chefer", "lrp"],
     }
     attentions = capture_attention(model, images).attentions
     for image, layer, head, token, direction in [
@@ -472,7 +487,20 @@ def test_explanations_follow_the_picked_class(browser: Any, tmp_path: Path) -> N
     chefer = chefer_relevance(capture.attentions, capture.gradients, 1, "token")[0]
     assert api(browser, "state()")["target"] == third
     np.testing.assert_allclose(np.ravel(api(browser, "currentMap()")), chefer, atol=6e-5)
+    captions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#explanation-thumbs figcaption")]
+    assert captions[0].startswith("rollout\ndel ") and captions[1:] == ["grad rollout", "Chefer et al.", "AttnLRP"]
+    browser.find_elements(By.CSS_SELECTOR, "#top-classes li")[0].click()  # the prediction: every map's scores
+    scores = payload_of_page(browser)["images"][0]["scores"]
+    captions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#explanation-thumbs figcaption")]
+    assert captions[3] == f"AttnLRP\ndel {scores['lrp']['deletion']:.2f} · ins {scores['lrp']['insertion']:.2f}"
+    api(browser, 'select({view: "lrp"})')
+    expected = torch.tensor(payload_of_page(browser)["images"][0]["explanations"]["lrp"][0])
+    np.testing.assert_allclose(np.ravel(api(browser, "currentMap()")), expected, atol=1e-9)
     assert_quiet(browser)
+
+
+def payload_of_page(driver: Any) -> dict:
+    return json.loads(driver.execute_script('return document.getElementById("vitkit-data").textContent;'))
 
 
 def pixel(driver: Any, x: int, y: int) -> np.ndarray:
@@ -544,5 +572,5 @@ def test_a_headless_model_opens_with_attention_and_rollout_and_short_captions(br
     assert first.text.startswith("cat.png · no classifier") and first.get_attribute("title") == long_name
     hidden = [e.get_attribute("value") for e in browser.find_elements(By.CSS_SELECTOR, "input[name=view]")
               if not e.is_displayed()]
-    assert hidden == ["grad_rollout", "chefer"]
+    assert hidden == ["grad_rollout", "chefer", "lrp"]
     assert_quiet(browser)

@@ -3,8 +3,10 @@
 The file holds every embedded layer's attention, ``[H_l, N, N]`` per image, quantised to 8 bits
 per weight with one float32 scale per query row (``weight = q * scale``, ``scale = row max / 255``,
 so each weight is within half a step, ``row max / 510``, of the float value), the images as PNG
-data URIs, and, for each of the ``top_k`` classes of each image, the rollout, gradient-rollout
-and Chefer et al. maps (:mod:`.rollout`) and the head diagnostics (:mod:`.head_stats`). CSS and
+data URIs, and, for each of the ``top_k`` classes of each image, the rollout, gradient-rollout,
+Chefer et al. and AttnLRP maps (:mod:`.rollout`, :mod:`.lrp`), each map's deletion and insertion
+areas for the predicted class (:mod:`.faithfulness`, :data:`~.faithfulness.SCORE_STEPS` steps) and
+the head diagnostics (:mod:`.head_stats`). CSS and
 JavaScript are inline and a Content-Security-Policy forbids every request: it opens offline from
 ``file://``.
 
@@ -40,7 +42,9 @@ from PIL import Image
 from ..data import DataInfo, display_image
 from ..errors import VitkitError
 from ..models import VisionTransformer
+from .faithfulness import SCORE_STEPS, perturbation_curves
 from .head_stats import HeadStats, attention_statistics, head_warnings
+from .lrp import scaled_relevance
 from .maps import AttentionCapture, capture_attention
 from .rollout import attention_rollout, chefer_relevance, grad_rollout
 
@@ -211,6 +215,19 @@ def _stats_json(stats: HeadStats) -> dict[str, Any]:
     }
 
 
+def _scores(
+    model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, maps: dict[str, torch.Tensor]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Each map's deletion and insertion areas ``[B]`` for the predicted class (``maps``: ``[B, gh*gw]``)."""
+    steps = min(SCORE_STEPS, capture.grid[0] * capture.grid[1])
+    scores = {}
+    for method, values in maps.items():
+        curves = perturbation_curves(model, images, values.view(len(images), *capture.grid),
+                                     tuple(model.config.patch_size), capture.targets, steps=steps)
+        scores[method] = {test: area for test, area in curves.auc().items() if test in ("deletion", "insertion")}
+    return scores
+
+
 def _batch_payload(
     model: VisionTransformer, images: torch.Tensor, layers: list[int], top_k: int
 ) -> tuple[list[dict[str, Any]], HeadStats]:
@@ -221,10 +238,14 @@ def _batch_payload(
     top = probabilities.topk(top_k, dim=-1)
     rollout = attention_rollout(capture.attentions, "mean", 0.0, prefix, pooling)
     by_rank: list[AttentionCapture] = [
-        capture_attention(model, images, top.indices[:, rank], with_gradients=True) for rank in range(top_k)
+        capture_attention(model, images, top.indices[:, rank], with_gradients=True, with_relevance=True)
+        for rank in range(top_k)
     ]
     grad = [grad_rollout(c.attentions, c.gradients, 0.0, prefix, pooling) for c in by_rank]
     chefer = [chefer_relevance(c.attentions, c.gradients, prefix, pooling) for c in by_rank]
+    relevance = [c.relevance.flatten(1) for c in by_rank]
+    scores = _scores(model, images, capture, {"rollout": rollout, "grad_rollout": grad[0], "chefer": chefer[0],
+                                              "lrp": relevance[0]}) if top_k else {}
     records = []
     for i in range(len(images)):
         attention = []
@@ -239,7 +260,10 @@ def _batch_payload(
                 "rollout": _numbers(rollout[i]),
                 "grad_rollout": [_numbers(maps[i]) for maps in grad],
                 "chefer": [_numbers(maps[i]) for maps in chefer],
+                "lrp": [_numbers(scaled_relevance(maps[i : i + 1])[0]) for maps in relevance],
             },
+            "scores": {method: {test: round(float(area[i]), 4) for test, area in areas.items()}
+                       for method, areas in scores.items()},
             "stats": _stats_json(stats),
         })
     return records, attention_statistics(capture.attentions, prefix)

@@ -21,6 +21,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+#: Steps of the per-image deletion and insertion scores that ``vitkit maps`` and the explorer show
+#: (fewer when the grid has fewer patches).
+SCORE_STEPS = 16
 #: What replaces a deleted patch: zeros in the normalised input (the dataset mean) or a blurred image.
 Baseline = Literal["mean", "blur"]
 

@@ -240,6 +240,14 @@ def lrp_rules(model: VisionTransformer, rules: LRPRules | None = None) -> Iterat
             handle.remove()
 
 
+def scaled_relevance(relevance: torch.Tensor) -> torch.Tensor:
+    """Relevance maps ``[B, ...]`` scaled per image from their smallest (0) to their largest (1)
+    value, the order kept, for display beside the other maps (which lie in ``[0, 1]``)."""
+    flat = relevance.flatten(1)
+    low, high = flat.amin(dim=-1, keepdim=True), flat.amax(dim=-1, keepdim=True)
+    return ((flat - low) / (high - low).clamp_min(torch.finfo(flat.dtype).tiny)).view_as(relevance)
+
+
 @dataclass(frozen=True)
 class Relevance:
     """LRP relevance of images for their target classes.

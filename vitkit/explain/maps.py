@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import VisionTransformer
-from .lrp import LRPRules, lrp_relevance
+from .lrp import LRPRules, lrp_relevance, scaled_relevance
 from .rollout import HeadFusion, Pooling, attention_rollout, chefer_relevance, grad_rollout, per_head_maps
 from .targets import HeadlessModelError, Target, resolve_targets
 
@@ -202,8 +202,7 @@ def maps_from_capture(
         capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio, pooling=pooling
     )
     if method == "lrp":
-        low, high = maps.amin(dim=-1, keepdim=True), maps.amax(dim=-1, keepdim=True)
-        maps = (maps - low) / (high - low).clamp_min(torch.finfo(maps.dtype).tiny)
+        maps = scaled_relevance(maps)
     return to_image_grid(maps, capture.grid, capture.image_size)
 
 

@@ -8,8 +8,8 @@
   const N = DATA.tokens;
   const PRE = DATA.prefixTokens;
   // A headless model (no classifier) has no class to explain: attention and rollout only.
-  const VIEWS = DATA.headless ? ["attention", "rollout"] : ["attention", "rollout", "grad_rollout", "chefer"];
-  const VIEW_NAMES = { attention: "attention", rollout: "rollout", grad_rollout: "grad rollout", chefer: "Chefer et al." };
+  const VIEWS = DATA.headless ? ["attention", "rollout"] : ["attention", "rollout", "grad_rollout", "chefer", "lrp"];
+  const VIEW_NAMES = { attention: "attention", rollout: "rollout", grad_rollout: "grad rollout", chefer: "Chefer et al.", lrp: "AttnLRP" };
   const $ = (id) => document.getElementById(id);
 
   // Viridis at t = 0, 0.1, ..., 1, linearly interpolated.
@@ -81,6 +81,15 @@
   function explanation(image, view, target) {
     const maps = DATA.images[image].explanations[view];
     return Float64Array.from(view === "rollout" ? maps : maps[rankOf(image, target)]);
+  }
+
+  // "del 0.21 · ins 0.47": the map's deletion and insertion areas for this image, measured for the
+  // predicted class (rollout explains no class: always shown); "" for another class.
+  function scoreText(image, view, target) {
+    const record = DATA.images[image];
+    const score = record.scores && record.scores[view];
+    if (!score || (view !== "rollout" && target !== record.top[0].index)) return "";
+    return `del ${score.deletion.toFixed(2)} · ins ${score.insertion.toFixed(2)}`;
   }
 
   function shownToken() { return hoverToken === null ? state.token : hoverToken; }
@@ -289,6 +298,13 @@
       paintThumb(canvas, map, maxOf(map) || 1);
       const label = document.createElement("figcaption");
       label.textContent = VIEW_NAMES[view];
+      const score = scoreText(state.image, view, state.target);
+      if (score) {
+        const line = document.createElement("span");
+        line.className = "score";
+        line.textContent = score;
+        label.append(document.createElement("br"), line);
+      }
       figure.append(canvas, label);
       figure.addEventListener("click", () => api.select({ view }));
       row.appendChild(figure);
