@@ -28,7 +28,7 @@ EXIT_STATUS_HELP = """exit status (every command):
 #: Written out from the library (they live beside torch code): explain's map methods and rollout
 #: head fusions, HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
 METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "heads")
-FAITHFULNESS_METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "attention", "random")
+FAITHFULNESS_METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "integrated_gradients", "attention", "random")
 LRP_ATTENTION_RULES = ("cp", "attnlrp")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}

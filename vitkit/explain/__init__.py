@@ -11,6 +11,7 @@ self-contained HTML page to click through every layer, head and patch.
 from .explorer import DEFAULT_MAX_BYTES, ExplorerError, ExplorerHTML, explorer_html, explorer_size
 from .faithfulness import TESTS, PerturbationCurves, perturbation_curves
 from .faithfulness_report import FaithfulnessReport, MethodResult, faithfulness
+from .gradients import integrated_gradients
 from .head_stats import HeadStats, HeadThresholds, attention_statistics, head_warnings, model_head_stats
 from .localization import LocalizationScores, evaluate_localization, localization_scores
 from .lrp import LRPRules, Relevance, lrp_relevance, lrp_rules
@@ -48,6 +49,7 @@ __all__ = [
     "PerturbationCurves",
     "Relevance",
     "faithfulness",
+    "integrated_gradients",
     "lrp_relevance",
     "lrp_rules",
     "map_method",

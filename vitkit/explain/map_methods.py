@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..models import VisionTransformer
+from .gradients import integrated_gradients
 from .lrp import LRPRules
 from .maps import GRADIENT_METHODS, capture_attention, patch_maps
 from .rollout import per_head_maps
@@ -18,9 +20,12 @@ from .rollout import per_head_maps
 #: ``(model, images [B, C, H, W], targets [B]) -> [B, gh, gw]``.
 MapMethod = Callable[[VisionTransformer, torch.Tensor, torch.Tensor], torch.Tensor]
 
-#: vitkit's methods by name: the maps of ``vitkit maps``, the last attended layer's class-token
-#: attention averaged over heads (``attention``) and a uniformly random ranking (``random``).
-BUILTIN_METHODS: tuple[str, ...] = ("rollout", "grad_rollout", "chefer", "lrp", "attention", "random")
+#: vitkit's methods by name: the maps of ``vitkit maps``, Integrated Gradients summed per patch,
+#: the last attended layer's class-token attention averaged over heads (``attention``) and a
+#: uniformly random ranking (``random``).
+BUILTIN_METHODS: tuple[str, ...] = (
+    "rollout", "grad_rollout", "chefer", "lrp", "integrated_gradients", "attention", "random"
+)
 
 
 def _capture_method(method: str, rules: LRPRules | None) -> MapMethod:
@@ -42,6 +47,11 @@ def _last_layer_attention(model: VisionTransformer, images: torch.Tensor, target
     return heads.mean(dim=1).view(len(images), *capture.grid)
 
 
+def _integrated_gradients(model: VisionTransformer, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    attribution = integrated_gradients(model, images, targets).sum(dim=1)
+    return F.avg_pool2d(attribution[:, None], tuple(model.config.patch_size), divisor_override=1)[:, 0]
+
+
 class RandomMap:
     """Uniform random relevance per patch from a seeded generator: the chance level of every test."""
 
@@ -60,6 +70,8 @@ def map_method(name: str, *, seed: int = 0, rules: LRPRules | None = None) -> Ma
         return RandomMap(seed)
     if name == "attention":
         return _last_layer_attention
+    if name == "integrated_gradients":
+        return _integrated_gradients
     if name in BUILTIN_METHODS:
         return _capture_method(name, rules)
     raise ValueError(f"method must be one of {BUILTIN_METHODS} or a (name, callable) pair, got {name!r}.")
