@@ -5,18 +5,22 @@ test images, the same baseline and the same steps, through ``vitkit.explain.fait
 
     pip install -e ".[peers]"      # lxt, zennit, captum, pytorch-grad-cam
     python dev/faithfulness_peers.py --checkpoint runs/fashion_mnist_fast/latest/model.safetensors --images 500
+    python dev/faithfulness_peers.py --checkpoint MODEL --lrp-sweep --images 200   # lrp's rules, validation images
     python dev/faithfulness_peers.py --dry-run     # a random tiny model, 4 images: the script runs
 
 Every method explains the predicted class; pixel attributions (captum, lxt) are summed per patch,
 CAMs averaged per patch. lxt runs on the model's torchvision twin (the same weights; lxt's own ViT
 patches and zennit's gamma rule), so only plain class-token ViTs get its row. It prints the table
 (the areas of :mod:`vitkit.explain.faithfulness`, the sanity correlation and ms per image) and
-writes it with the curves to --out.
+writes it with the curves to --out. ``--lrp-sweep`` instead measures lrp under 24 rule settings
+(both attention rules, linear gamma 0 to 1, patch gamma 0 to 1) and Integrated Gradients on the
+first --images *validation* images, most faithful first: how ``LRPRules``' defaults were chosen.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import warnings
 from pathlib import Path
@@ -26,8 +30,8 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit.cli.faithfulness import first_test_images
-from vitkit.explain import faithfulness
-from vitkit.explain.map_methods import BUILTIN_METHODS, MapMethod
+from vitkit.explain import LRPRules, faithfulness
+from vitkit.explain.map_methods import BUILTIN_METHODS, MapMethod, map_method
 from vitkit.explain.render import faithfulness_figure
 from vitkit.files import markdown_table, write_csv
 from vitkit.io import load_model_and_extra
@@ -94,10 +98,31 @@ def peer_methods(model: vitkit.VisionTransformer) -> list[tuple[str, MapMethod]]
     peers += [(f"captum {kind}", captum_method(kind)) for kind in ("integrated_gradients", "input_x_gradient")]
     problem = twin_problem(model)
     if problem is None:
-        peers.append(("lxt AttnLRP (torchvision twin)", lxt_method(0.05, 0.25)))
+        rules = LRPRules()  # the same gammas as vitkit's lrp row
+        peers.append(("lxt AttnLRP (torchvision twin)", lxt_method(rules.linear_gamma, rules.patch_gamma)))
     else:
         print(f"note: no lxt row: {problem}")
     return peers
+
+
+def first_validation_images(model: vitkit.VisionTransformer, extra: dict, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` validation images and labels: tuning never sees the table's test images."""
+    from vitkit.train.evaluate import datasets_for
+
+    val = datasets_for(model, extra).val
+    pairs = [val[index] for index in range(min(count, len(val)))]
+    return torch.stack([image for image, _ in pairs]), torch.tensor([label for _, label in pairs])
+
+
+def sweep_lrp(model: vitkit.VisionTransformer, images: torch.Tensor, labels: torch.Tensor, batch_size: int) -> None:
+    """Print deletion, insertion, positive and negative areas of each lrp setting, most faithful first."""
+    methods = [("integrated_gradients", map_method("integrated_gradients"))]
+    for attention, linear, patch in itertools.product(("cp", "attnlrp"), (0.0, 0.05, 0.25, 1.0), (0.0, 0.25, 1.0)):
+        rules = LRPRules(attention=attention, linear_gamma=linear, patch_gamma=patch)
+        methods.append((f"lrp {attention} linear {linear} patch {patch}", map_method("lrp", rules=rules)))
+    report = faithfulness(model, images, labels, methods, sanity=False, batch_size=batch_size, progress=True)
+    rows = [report.result(name) for name in report.ranking()]
+    print(markdown_table([{"setting": r.name, **{test: round(r.mean(test), 4) for test in r.scores}} for r in rows]), end="")
 
 
 def main() -> None:
@@ -108,6 +133,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=50)
     parser.add_argument("--out", default="runs/faithfulness_peers", help="folder for peers.csv, peers.md, peers.png")
     parser.add_argument("--dry-run", action="store_true", help="a random tiny model and 4 images")
+    parser.add_argument("--lrp-sweep", action="store_true", help="lrp's rule settings on validation images")
     args = parser.parse_args()
     if args.dry_run:
         torch.manual_seed(0)
@@ -117,8 +143,13 @@ def main() -> None:
     else:
         model, extra = load_model_and_extra(args.checkpoint)
         model.eval()
-        images, labels = first_test_images(model, extra, [], args.images)
-    torch.set_num_threads(torch.get_num_threads())
+        if args.lrp_sweep:
+            images, labels = first_validation_images(model, extra, args.images)
+        else:
+            images, labels = first_test_images(model, extra, [], args.images)
+    if args.lrp_sweep:
+        sweep_lrp(model, images, labels, args.batch_size)
+        return
     methods = [*BUILTIN_METHODS, *peer_methods(model)]
     report = faithfulness(model, images, labels, methods, steps=args.steps, batch_size=args.batch_size, progress=True)
     rows = report.rows()

@@ -51,11 +51,46 @@ def test_attention_maps_on_mixed_folder_writes_figures_and_names_the_broken_file
     assert code == 3
     written = sorted(p.name for p in out.glob("*.png"))
     assert written == ["gray.png", "rgb.png", "rgba.png"]
-    # image + rollout + grad rollout + Chefer + AttnLRP in the first row, 3 heads in the second: 32 px shown 4x
+    # image + AttnLRP + Chefer + grad rollout + rollout in the first row, 3 heads in the second: 32 px shown 4x
     with Image.open(out / "rgb.png") as figure:
         assert figure.mode == "RGB" and figure.width == 5 * (128 + 6) + 6 and figure.height > 2 * 128
     err = capsys.readouterr().err
     assert "broken.png" in err and "1 file(s) could not be read" in err
+
+
+def test_each_maps_title_gives_its_deletion_and_insertion_area_for_the_image(
+    checkpoint: Path, mixed_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vitkit.cli import attention_maps
+    from vitkit.cli.explain_io import load_explained_model
+    from vitkit.explain import capture_attention, patch_maps
+    from vitkit.explain.faithfulness import perturbation_curves
+
+    drawn: list[list[str]] = []
+    monkeypatch.setattr(attention_maps, "attention_figure",
+                        lambda picture, panels, *rest: drawn.append([title for title, _ in panels]))
+    image = str(mixed_folder / "rgb.png")
+    run = ["--checkpoint", str(checkpoint), image, "--out", str(tmp_path / "maps")]
+    assert attention_maps.main(run) == 0
+    assert attention_maps.main([*run, "--score-steps", "4"]) == 0
+    assert attention_maps.main([*run, "--no-scores"]) == 0
+    scored, coarse, plain = drawn
+    assert [title.split(":")[0].split(" (")[0] for title in scored] == ["AttnLRP", "Chefer et al.", "grad rollout",
+                                                                        "attention rollout"]
+    assert all("(del " not in title for title in plain) and scored != coarse
+    # recomputed here: the image as the command prepares it, each map's curves over 16 steps
+    model, extra = load_explained_model(checkpoint)
+    from vitkit.cli.explain_io import ConversionNote, load_image_files
+    from vitkit.data import DataInfo
+
+    info = DataInfo.from_extra(extra)
+    (loaded,), _ = load_image_files([Path(image)], info, ConversionNote(info))
+    images = loaded.image[None]
+    capture = capture_attention(model, images, with_gradients=True, with_relevance=True)
+    for method, title in zip(("lrp", "chefer", "grad_rollout", "rollout"), scored):
+        maps = patch_maps(capture, method).view(1, *capture.grid)
+        areas = perturbation_curves(model, images, maps, (8, 8), capture.targets, steps=16).auc()
+        assert title.endswith(f"(del {float(areas['deletion'][0]):.2f}, ins {float(areas['insertion'][0]):.2f})"), title
 
 
 def test_attention_maps_single_method_and_bad_target_or_layer(
@@ -174,7 +209,7 @@ def test_attention_maps_tool_works_on_a_model_whose_last_block_lost_every_head(
     image = str(mixed_folder / "rgb.png")
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out)]) == 0
     with Image.open(out / "rgb.png") as figure:  # one row: image, rollout, grad rollout, Chefer, AttnLRP; no heads
-        assert figure.width == 5 * (128 + 6) + 6 and figure.height < 2 * 128
+        assert figure.width == 5 * (128 + 6) + 6 and figure.height < 3 * 128  # a head row would add 150 px
     assert "note: every head of layer 1 was pruned: the figures have no per-head grid" in capsys.readouterr().out
     assert json.loads((out / ".vitkit").read_text())["state"] == "complete"  # unlocked, finished
     assert tool_main("attention_maps")(["--checkpoint", str(checkpoint), image, "--out", str(out), "--layer", "0",

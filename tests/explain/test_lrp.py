@@ -53,10 +53,11 @@ def test_a_grayscale_models_relevance_equals_lxt_on_its_three_channel_twin() -> 
     pytest.importorskip("lxt")
     model = random_model(in_chans=1)
     images = torch.randn(3, 1, 32, 32, generator=torch.Generator().manual_seed(1))
-    ours = lrp_relevance(model, images)
+    ours, rules = lrp_relevance(model, images), LRPRules()  # the defaults
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs, logits = lxt_relevance(torchvision_twin(model), images, ours.targets, 0.05, 0.25)
+        theirs, logits = lxt_relevance(torchvision_twin(model), images, ours.targets, rules.linear_gamma,
+                                       rules.patch_gamma)
     torch.testing.assert_close(logits, ours.logits, atol=1e-5, rtol=1e-5)
     assert ((ours.pixels - theirs).abs() / theirs.abs().amax(dim=(1, 2), keepdim=True)).max() < 1e-4
     assert twin_problem(random_model(locality=True)) == "torchvision's ViT has no LSA (locality)"

@@ -5,8 +5,8 @@
     vitkit maps --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         cat.jpg dog.png --out maps/ --method all --layer -1 --discard-ratio 0.9
 
-Each PNG shows the image as the model saw it, the attention-rollout overlay, the gradient-rollout,
-Chefer et al. relevance and AttnLRP overlays for the predicted (or ``--target``) class and the
+Each PNG shows the image as the model saw it, the AttnLRP, Chefer et al. relevance and
+gradient-rollout overlays for the predicted (or ``--target``) class, the attention rollout and the
 per-head attention of block ``--layer`` (left out when that block's heads were all pruned; layers and heads
 count from 0), with a colour bar. The title gives the predicted class and its probability, and the
 true class for --test-images. Each map's title gives its deletion and insertion areas for this image
@@ -76,6 +76,10 @@ class Sample(NamedTuple):
     figure: Path
 
 
+#: The map panels in drawing order: AttnLRP, the most faithful of them on Fashion-MNIST and the
+#: digits (docs/results.md, "Which map explains the prediction?"), comes first.
+PANELS = (("lrp", "AttnLRP"), ("chefer", "Chefer et al."), ("grad_rollout", "grad rollout"),
+          ("rollout", "attention rollout"))
 #: How the figures' titles name each read-out (:attr:`vitkit.explain.AttentionCapture.pooling`).
 READ_OUTS = {"token": "the class token", "avg": "the patch tokens' mean", "distilled": "the class and distillation tokens"}
 
@@ -128,8 +132,7 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         if sample.label is not None:
             title += f", true {names[sample.label]}"
         panels = []
-        for method, label in (("rollout", "attention rollout"), ("grad_rollout", "grad rollout"),
-                              ("chefer", "Chefer et al."), ("lrp", "AttnLRP")):
+        for method, label in PANELS:
             if method in maps:
                 if method != "rollout":
                     label += f": {names[int(capture.targets[index])]}"
@@ -148,18 +151,20 @@ def map_scores(
     args: argparse.Namespace,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Each map's deletion and insertion areas ``[B]`` per image (the explained class's probability
-    as its most relevant patches are deleted or revealed on the mean image, ``--score-steps`` steps)."""
-    patches = capture.grid[0] * capture.grid[1]
-    patch_size = tuple(model.config.patch_size)
-    scores = {}
-    for method in methods:
-        if method == "heads":
-            continue
-        maps = patch_maps(capture, method, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
-        curves = perturbation_curves(model, images, maps.view(len(images), *capture.grid), patch_size, capture.targets,
-                                     steps=min(args.score_steps, patches))
-        scores[method] = curves.auc()
-    return scores
+    as its most relevant patches are deleted or revealed on the mean image, ``--score-steps`` steps),
+    every map's curves in one batch."""
+    scored = [method for method in methods if method != "heads"]
+    if not scored:
+        return {}
+    count, grid = len(images), capture.grid
+    maps = torch.cat([
+        patch_maps(capture, method, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio).view(count, *grid)
+        for method in scored
+    ])
+    areas = perturbation_curves(model, images.repeat(len(scored), 1, 1, 1), maps, tuple(model.config.patch_size),
+                                capture.targets.repeat(len(scored)), steps=min(args.score_steps, grid[0] * grid[1])).auc()
+    return {method: {test: areas[test][k * count : (k + 1) * count] for test in ("deletion", "insertion")}
+            for k, method in enumerate(scored)}
 
 
 def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:

@@ -268,8 +268,8 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lrp-attention", choices=LRP_ATTENTION_RULES, default="cp",
                         help="lrp inside the attention: cp holds the attention weights constant (lxt's choice for "
                         "ViTs), attnlrp propagates through the softmax")
-    parser.add_argument("--linear-gamma", type=number_in(0), default=0.05, help="lrp: gamma of the linear layers")
-    parser.add_argument("--patch-gamma", type=number_in(0), default=0.25, help="lrp: gamma of the patch projection")
+    parser.add_argument("--linear-gamma", type=number_in(0), default=0.25, help="lrp: gamma of the linear layers")
+    parser.add_argument("--patch-gamma", type=number_in(0), default=1.0, help="lrp: gamma of the patch projection")
 
 
 def explore(parser: argparse.ArgumentParser) -> None:

@@ -218,14 +218,14 @@ def _stats_json(stats: HeadStats) -> dict[str, Any]:
 def _scores(
     model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, maps: dict[str, torch.Tensor]
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Each map's deletion and insertion areas ``[B]`` for the predicted class (``maps``: ``[B, gh*gw]``)."""
-    steps = min(SCORE_STEPS, capture.grid[0] * capture.grid[1])
-    scores = {}
-    for method, values in maps.items():
-        curves = perturbation_curves(model, images, values.view(len(images), *capture.grid),
-                                     tuple(model.config.patch_size), capture.targets, steps=steps)
-        scores[method] = {test: area for test, area in curves.auc().items() if test in ("deletion", "insertion")}
-    return scores
+    """Each map's deletion and insertion areas ``[B]`` for the predicted class (``maps``: ``[B, gh*gw]``),
+    every map's curves in one batch."""
+    count, grid = len(images), capture.grid
+    stacked = torch.cat([values.view(count, *grid) for values in maps.values()])
+    areas = perturbation_curves(model, images.repeat(len(maps), 1, 1, 1), stacked, tuple(model.config.patch_size),
+                                capture.targets.repeat(len(maps)), steps=min(SCORE_STEPS, grid[0] * grid[1])).auc()
+    return {method: {test: areas[test][k * count : (k + 1) * count] for test in ("deletion", "insertion")}
+            for k, method in enumerate(maps)}
 
 
 def _batch_payload(

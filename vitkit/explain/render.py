@@ -103,11 +103,13 @@ def attention_figure(
     note_lines = _wrap(head_note, font, canvas_width - 2 * GAP) if heads else []
     scale_lines = _wrap(SCALE_NOTE, font, canvas_width - 2 * GAP)
     rows = [tiles] + [head_tiles[i : i + cols] for i in range(0, heads, cols)]
-    row_px = LABEL_PX + tile_size[1] + GAP
+    # each label wrapped to its tile's width; a row is as tall as its longest label
+    wrapped = [[_wrap(label, font, tile_size[0]) for label, _ in row] for row in rows]
+    label_px = [LABEL_PX + LINE_PX * (max(len(lines) for lines in row) - 1) for row in wrapped]
     height = (
         GAP
         + TITLE_LINE_PX * len(title_lines)
-        + row_px * len(rows)
+        + sum(px + tile_size[1] + GAP for px in label_px)
         + LINE_PX * len(note_lines)
         + COLOR_BAR_PX
         + LINE_PX * (1 + len(scale_lines))
@@ -119,11 +121,12 @@ def attention_figure(
     for index, row in enumerate(rows):
         if index == 1:
             y = _draw_lines(draw, note_lines, font, y, LINE_PX)
-        for col, (label, picture) in enumerate(row):
+        for col, ((_, picture), lines) in enumerate(zip(row, wrapped[index])):
             x = GAP + col * (tile_size[0] + GAP)
-            draw.text((x, y + 1), label, fill="black", font=font)
-            canvas.paste(_to_pil(picture).resize(tile_size, Image.NEAREST), (x, y + LABEL_PX))
-        y += row_px
+            for number, line in enumerate(lines):
+                draw.text((x, y + 1 + LINE_PX * number), line, fill="black", font=font)
+            canvas.paste(_to_pil(picture).resize(tile_size, Image.NEAREST), (x, y + label_px[index]))
+        y += label_px[index] + tile_size[1] + GAP
     _draw_color_bar(canvas, draw, font, y, min(canvas_width - 2 * GAP, COLOR_BAR_MAX_WIDTH))
     _draw_lines(draw, scale_lines, font, y + COLOR_BAR_PX + LINE_PX, LINE_PX)
     texts = PngInfo()
