@@ -31,7 +31,7 @@ def measure(checkpoint: Path, out: Path, *options: str) -> dict[str, dict[str, s
 
 def test_the_table_figure_and_next_step(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rows = measure(checkpoint, tmp_path / "all")
-    assert list(rows) == ["rollout", "grad_rollout", "chefer", "lrp", "attention", "random"]
+    assert list(rows) == ["rollout", "grad_rollout", "chefer", "lrp", "integrated_gradients", "attention", "random"]
     for row in rows.values():
         assert row["images"] == "6" and 0 <= float(row["deletion_auc"]) <= 1 and 0 <= float(row["positive_auc"]) <= 100
     assert rows["random"]["sanity_spearman"] == "" and rows["lrp"]["sanity_spearman"] != ""

@@ -134,3 +134,24 @@ def test_pruned_layers_and_headless_models() -> None:
     assert torch.isfinite(result.pixels).all() and result.pixels.abs().sum() > 0
     with pytest.raises(HeadlessModelError, match="no classifier"):
         lrp_relevance(random_model(num_classes=0), torch.randn(1, 3, 32, 32))
+
+
+@pytest.mark.parametrize("name", ["deit_small_distilled_patch16_224", "vit_base_patch16_siglip_224",
+                                  "vit_small_patch14_reg4_dinov2", "vit_small_patch16_rope_mixed_224",
+                                  "vit_base_patch16_clip_quickgelu_224"])
+def test_imported_timm_families_conserve_the_logit_without_biases(name: str) -> None:
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    source = timm.create_model(name, pretrained=False, depth=2, img_size=28 if "dinov2" in name else 32,
+                               num_classes=4).eval()
+    model = vitkit.from_timm(source).eval()
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.endswith("bias"):
+                parameter.zero_()
+            elif "norm" not in parameter_name:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    size = model.config.img_size[0]
+    images = torch.randn(2, 3, size, size)
+    total, logit = source_relevance(model, images, LRPRules())
+    torch.testing.assert_close(total, logit, atol=1e-4, rtol=1e-4)
