@@ -212,8 +212,9 @@ def _attention_hook(rule: AttentionRule, parts: int) -> Callable[..., torch.Tens
 def lrp_rules(model: VisionTransformer, rules: LRPRules | None = None) -> Iterator[None]:
     """Within the block, ``model``'s backward pass propagates relevance: for any input or
     activation ``a`` that requires grad, ``a * a.grad`` after ``logit.backward()`` is its LRP
-    relevance (``rules``: :class:`LRPRules`' defaults when ``None``). The hooks are removed on exit. Modules outside vitkit's ``Mlp``, attention,
-    LayerNorm and linear layers (a registered custom part's own operations) pass plain gradients.
+    relevance (``rules``: :class:`LRPRules`' defaults when ``None``). The hooks are removed on
+    exit. Modules outside vitkit's ``Mlp``, attention, LayerNorm and linear layers (a registered
+    custom part's own operations) pass plain gradients.
     """
     rules = rules or LRPRules()
     handles = []

@@ -205,11 +205,15 @@ def faithfulness_figure(report: FaithfulnessReport, path: str | os.PathLike, tit
     its area in the legend; written as PNG to ``path``."""
     figure = Figure(figsize=(12, 8.5))
     fractions = report.fractions.numpy()
+    methods = [result.name for result in report.results if result.name != "random"]
+    palette = colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    styles = {name: {"color": palette(index % palette.N)} for index, name in enumerate(methods)}
+    styles["random"] = {"color": "0.5", "linestyle": "--"}
     for index, (test, label) in enumerate(TEST_TITLES.items()):
         axes = figure.add_subplot(2, 2, index + 1)
         scale = 100 if test in ("positive", "negative") else 1
         for result in report.results:
-            style = {"color": "0.5", "linestyle": "--"} if result.name == "random" else {}
+            style = styles[result.name]
             area = result.mean(test)
             axes.plot(fractions, result.curves[test].numpy() * scale, label=f"{result.name} ({area:.3g})", **style)
         axes.set_title(label, fontsize=10)
