@@ -206,8 +206,9 @@ def faithfulness_figure(report: FaithfulnessReport, path: str | os.PathLike, tit
     figure = Figure(figsize=(12, 8.5))
     fractions = report.fractions.numpy()
     methods = [result.name for result in report.results if result.name != "random"]
-    palette = colormaps["tab10" if len(methods) <= 10 else "tab20"]
-    styles = {name: {"color": palette(index % palette.N)} for index, name in enumerate(methods)}
+    palette, dashes = colormaps["tab10"], ("-", ":", "-.")  # more than ten methods: the colours again, dotted
+    styles = {name: {"color": palette(index % palette.N), "linestyle": dashes[index // palette.N % len(dashes)]}
+              for index, name in enumerate(methods)}
     styles["random"] = {"color": "0.5", "linestyle": "--"}
     for index, (test, label) in enumerate(TEST_TITLES.items()):
         axes = figure.add_subplot(2, 2, index + 1)
