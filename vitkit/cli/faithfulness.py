@@ -6,7 +6,7 @@ time per image, on the model's own test images.
     vitkit faithfulness --checkpoint model.safetensors --images 100 --methods chefer lrp random \\
         --baseline blur --steps 8 --out faith/
     vitkit faithfulness --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
-        --data name=imagenet root=/data/imagenet-subset --images 200 --out faith/
+        --data name=imagefolder root=/data/imagenette --images 200 --out faith/
 
 The images are the first --images of the test split the model file records (``--data key=value``
 changes it, and names the data of timm weights). Each method explains the predicted class of each
