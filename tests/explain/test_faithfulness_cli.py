@@ -3,6 +3,7 @@ each option changing what it should, and bad input refused in one line."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 import torch
 from tiny_models import save_tiny, tiny_shapes_model
 
-from vitkit.cli.faithfulness import main
+from vitkit.cli.faithfulness import main, verdict
+from vitkit.explain import FaithfulnessReport, MethodResult
 from vitkit.output_dirs import MARKER
 
 
@@ -38,7 +40,7 @@ def test_the_table_figure_and_next_step(checkpoint: Path, tmp_path: Path, capsys
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[0].startswith("| method | deletion_auc |") and len(printed) >= 8
     assert printed[-1].startswith("most faithful here (insertion minus deletion): ")
-    assert f"next: draw it with vitkit maps --checkpoint {checkpoint} --method " in printed[-1]
+    assert f"vitkit maps --checkpoint {checkpoint} --method " in printed[-1]  # the next step
     assert (tmp_path / "all" / "faithfulness.png").stat().st_size > 10_000
     assert (tmp_path / "all" / "faithfulness.md").read_text().startswith("| method |")
     assert json.loads((tmp_path / "all" / MARKER).read_text())["state"] == "complete"
@@ -72,3 +74,23 @@ def test_bad_input_is_one_line(checkpoint: Path, tmp_path: Path, capsys: pytest.
         main(["--checkpoint", str(checkpoint), "--methods", "gradcam", "--out", str(tmp_path / "m")])
     assert stop.value.code == 2
     assert not (tmp_path / "d").exists()  # refused before anything was written
+
+
+def report_of(areas: dict[str, tuple[float, float]]) -> FaithfulnessReport:
+    """A report whose methods have these (deletion, insertion) areas on one image."""
+    results = [MethodResult(name, {"deletion": torch.tensor([d]), "insertion": torch.tensor([i])}, {}, 0.0, None)
+               for name, (d, i) in areas.items()]
+    return FaithfulnessReport(results, torch.linspace(0, 1, 5), "mean", 1)
+
+
+def test_the_verdict_names_a_map_vitkit_maps_can_draw(checkpoint: Path) -> None:
+    args = argparse.Namespace(checkpoint=str(checkpoint))
+    drawn = verdict(report_of({"chefer": (0.3, 0.5), "lrp": (0.2, 0.6), "random": (0.4, 0.4)}), args)
+    assert drawn.startswith("most faithful here (insertion minus deletion): lrp (deletion 0.200, insertion 0.600)")
+    assert drawn.endswith(f"next: draw it with vitkit maps --checkpoint {checkpoint} --method lrp --test-images 8 --out maps/")
+    # the best method is not one vitkit maps draws: the best one it draws is named instead
+    undrawn = verdict(report_of({"integrated_gradients": (0.1, 0.7), "rollout": (0.3, 0.4), "chefer": (0.3, 0.5)}), args)
+    assert undrawn.startswith("most faithful here (insertion minus deletion): integrated_gradients (deletion 0.100")
+    assert "vitkit maps does not draw it; the most faithful map it draws is chefer (deletion 0.300, insertion 0.500)" in undrawn
+    assert undrawn.endswith("--method chefer --test-images 8 --out maps/")
+    assert verdict(report_of({"attention": (0.3, 0.4), "random": (0.4, 0.4)}), args).endswith("--method all --test-images 8 --out maps/")

@@ -32,7 +32,7 @@ import torch
 
 from vitkit import VisionTransformer
 from vitkit.errors import UsageError
-from vitkit.explain import LRPRules, faithfulness
+from vitkit.explain import METHODS, FaithfulnessReport, LRPRules, faithfulness
 from vitkit.explain.render import faithfulness_figure
 from vitkit.files import atomic_write, markdown_table, write_csv
 from vitkit.output_dirs import claim_output_dir
@@ -40,6 +40,9 @@ from vitkit.train.evaluate import datasets_for
 
 from .explain_io import load_model_from_arguments
 from .main import run_command
+
+#: The maps ``vitkit maps --method`` draws one by one (per-head grids explain no class).
+DRAWN_METHODS = tuple(method for method in METHODS if method != "heads")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,17 +83,31 @@ def run(args: argparse.Namespace) -> int:
     title = f"{len(images)} test images, {steps} steps over {rows_}x{columns} patches, {args.baseline} baseline"
     atomic_write(out / "faithfulness.png", lambda tmp: faithfulness_figure(report, tmp, title))
     print(table, end="")
-    best = report.ranking()[0]
-    chosen = report.result(best)
     print(f"wrote faithfulness.csv, faithfulness.md and faithfulness.png to {out}.")
-    print(f"most faithful here (insertion minus deletion): {best} (deletion {chosen.mean('deletion'):.3f}, "
-          f"insertion {chosen.mean('insertion'):.3f}); next: draw it with {next_command(args, best)}")
+    print(verdict(report, args))
     return 0
 
 
-def next_command(args: argparse.Namespace, method: str) -> str:
-    """``vitkit maps`` of the same model with ``method`` (all maps for a method it does not draw)."""
-    drawn = method if method in ("rollout", "grad_rollout", "chefer", "lrp") else "all"
+def verdict(report: FaithfulnessReport, args: argparse.Namespace) -> str:
+    """The most faithful method by insertion minus deletion, and the ``vitkit maps`` command that
+    draws it or, for a method it does not draw, the most faithful one it draws."""
+    def scores(name: str) -> str:
+        result = report.result(name)
+        return f"{name} (deletion {result.mean('deletion'):.3f}, insertion {result.mean('insertion'):.3f})"
+
+    ranking = report.ranking()
+    drawn = [name for name in ranking if name in DRAWN_METHODS]
+    line = f"most faithful here (insertion minus deletion): {scores(ranking[0])}; "
+    if drawn and drawn[0] == ranking[0]:
+        return line + f"next: draw it with {maps_command(args, drawn[0])}"
+    if drawn:
+        return line + (f"vitkit maps does not draw it; the most faithful map it draws is {scores(drawn[0])}: "
+                       f"{maps_command(args, drawn[0])}")
+    return line + f"next: draw vitkit's maps with {maps_command(args, 'all')}"
+
+
+def maps_command(args: argparse.Namespace, method: str) -> str:
+    """``vitkit maps`` of the same model with ``method`` (``all``: every map it draws)."""
     if args.checkpoint is not None:
-        return f"vitkit maps --checkpoint {args.checkpoint} --method {drawn} --test-images 8 --out maps/"
-    return f"vitkit maps --model {args.model} --timm-weights {args.timm_weights} --method {drawn} IMAGES --out maps/"
+        return f"vitkit maps --checkpoint {args.checkpoint} --method {method} --test-images 8 --out maps/"
+    return f"vitkit maps --model {args.model} --timm-weights {args.timm_weights} --method {method} IMAGES --out maps/"
