@@ -26,11 +26,11 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import vitkit
 from vitkit.cli.faithfulness import first_test_images
 from vitkit.explain import LRPRules, faithfulness
+from vitkit.explain.faithfulness import pool_per_patch
 from vitkit.explain.map_methods import BUILTIN_METHODS, MapMethod, map_method
 from vitkit.explain.render import faithfulness_figure
 from vitkit.files import markdown_table, write_csv
@@ -42,9 +42,7 @@ from lxt_reference import lxt_relevance, torchvision_twin, twin_problem  # noqa:
 
 def per_patch(pixels: torch.Tensor, model: vitkit.VisionTransformer, reduce: str) -> torch.Tensor:
     """``[B, H, W]`` pixel maps to ``[B, gh, gw]``: summed (attributions) or averaged (CAMs) per patch."""
-    patch = tuple(model.config.patch_size)
-    pooled = F.avg_pool2d(pixels[:, None].float(), patch)[:, 0]
-    return pooled * (patch[0] * patch[1]) if reduce == "sum" else pooled
+    return pool_per_patch(pixels.float(), tuple(model.config.patch_size), reduce)
 
 
 def vit_reshape(model: vitkit.VisionTransformer, grid: tuple[int, int]):

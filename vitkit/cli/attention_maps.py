@@ -49,7 +49,7 @@ from vitkit.explain import (
     maps_from_capture,
     patch_maps,
 )
-from vitkit.explain.faithfulness import perturbation_curves
+from vitkit.explain.faithfulness import map_scores
 from vitkit.explain.render import attention_figure
 from vitkit.output_dirs import claim_output_dir
 
@@ -119,7 +119,7 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         )
         options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
         maps = {method: maps_from_capture(capture, method, **options) for method in methods}
-        scores = {} if args.no_scores or info.num_classes == 0 else map_scores(model, images, capture, methods, args)
+        scores = {} if args.no_scores or info.num_classes == 0 else scores_of_maps(model, images, capture, methods, args)
     probabilities = capture.logits.softmax(dim=-1)
     num_layers = len(capture.attentions)
     names = info.class_names
@@ -146,25 +146,21 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         attention_figure(picture, panels, heads, args.layer % num_layers, num_layers, title, sample.figure)
 
 
-def map_scores(
+def scores_of_maps(
     model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, methods: tuple[str, ...],
     args: argparse.Namespace,
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Each map's deletion and insertion areas ``[B]`` per image (the explained class's probability
-    as its most relevant patches are deleted or revealed on the mean image, ``--score-steps`` steps),
-    every map's curves in one batch."""
-    scored = [method for method in methods if method != "heads"]
-    if not scored:
+    """Each map's deletion and insertion areas ``[B]`` per image over ``--score-steps`` steps
+    (:func:`vitkit.explain.faithfulness.map_scores`); per-head grids get none."""
+    grid = capture.grid
+    maps = {
+        method: patch_maps(capture, method, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
+        .view(len(images), *grid)
+        for method in methods if method != "heads"
+    }
+    if not maps:
         return {}
-    count, grid = len(images), capture.grid
-    maps = torch.cat([
-        patch_maps(capture, method, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio).view(count, *grid)
-        for method in scored
-    ])
-    areas = perturbation_curves(model, images.repeat(len(scored), 1, 1, 1), maps, tuple(model.config.patch_size),
-                                capture.targets.repeat(len(scored)), steps=min(args.score_steps, grid[0] * grid[1])).auc()
-    return {method: {test: areas[test][k * count : (k + 1) * count] for test in ("deletion", "insertion")}
-            for k, method in enumerate(scored)}
+    return map_scores(model, images, maps, tuple(model.config.patch_size), capture.targets, args.score_steps)
 
 
 def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:

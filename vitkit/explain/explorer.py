@@ -42,7 +42,7 @@ from PIL import Image
 from ..data import DataInfo, display_image
 from ..errors import VitkitError
 from ..models import VisionTransformer
-from .faithfulness import SCORE_STEPS, perturbation_curves
+from .faithfulness import map_scores
 from .head_stats import HeadStats, attention_statistics, head_warnings
 from .lrp import scaled_relevance
 from .maps import AttentionCapture, capture_attention
@@ -215,19 +215,6 @@ def _stats_json(stats: HeadStats) -> dict[str, Any]:
     }
 
 
-def _scores(
-    model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, maps: dict[str, torch.Tensor]
-) -> dict[str, dict[str, torch.Tensor]]:
-    """Each map's deletion and insertion areas ``[B]`` for the predicted class (``maps``: ``[B, gh*gw]``),
-    every map's curves in one batch."""
-    count, grid = len(images), capture.grid
-    stacked = torch.cat([values.view(count, *grid) for values in maps.values()])
-    areas = perturbation_curves(model, images.repeat(len(maps), 1, 1, 1), stacked, tuple(model.config.patch_size),
-                                capture.targets.repeat(len(maps)), steps=min(SCORE_STEPS, grid[0] * grid[1])).auc()
-    return {method: {test: areas[test][k * count : (k + 1) * count] for test in ("deletion", "insertion")}
-            for k, method in enumerate(maps)}
-
-
 def _batch_payload(
     model: VisionTransformer, images: torch.Tensor, layers: list[int], top_k: int
 ) -> tuple[list[dict[str, Any]], HeadStats]:
@@ -244,8 +231,11 @@ def _batch_payload(
     grad = [grad_rollout(c.attentions, c.gradients, 0.0, prefix, pooling) for c in by_rank]
     chefer = [chefer_relevance(c.attentions, c.gradients, prefix, pooling) for c in by_rank]
     relevance = [c.relevance.flatten(1) for c in by_rank]
-    scores = _scores(model, images, capture, {"rollout": rollout, "grad_rollout": grad[0], "chefer": chefer[0],
-                                              "lrp": relevance[0]}) if top_k else {}
+    scores = {}
+    if top_k:  # the predicted class's maps
+        first = {"rollout": rollout, "grad_rollout": grad[0], "chefer": chefer[0], "lrp": relevance[0]}
+        grids = {name: values.view(len(images), *capture.grid) for name, values in first.items()}
+        scores = map_scores(model, images, grids, tuple(model.config.patch_size), capture.targets)
     records = []
     for i in range(len(images)):
         attention = []

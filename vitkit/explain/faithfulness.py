@@ -56,6 +56,12 @@ HIGHER_IS_BETTER: dict[str, bool] = {"deletion": False, "insertion": True, "posi
 PERCENT = ("positive", "negative")
 
 
+def pool_per_patch(pixels: torch.Tensor, patch_size: tuple[int, int], reduce: Literal["sum", "mean"] = "sum") -> torch.Tensor:
+    """Pixel maps ``[B, H, W]`` to one value per patch ``[B, H / ph, W / pw]``: summed (an
+    attribution, whose sum is what the patch contributes) or averaged (a CAM) over each patch."""
+    return F.avg_pool2d(pixels[:, None], patch_size, divisor_override=1 if reduce == "sum" else None)[:, 0]
+
+
 def patch_order(maps: torch.Tensor) -> torch.Tensor:
     """Patch indices ``[B, gh*gw]`` (row-major) from the most to the least relevant of ``maps``
     ``[B, gh, gw]``; ties keep the lower index first."""
@@ -141,3 +147,22 @@ def perturbation_curves(
         deletion=deletion, insertion=insertion, positive=positive, negative=negative,
         fractions=torch.tensor(counts, dtype=torch.float32) / patches,
     )
+
+
+def map_scores(
+    model: Callable[[torch.Tensor], torch.Tensor],
+    images: torch.Tensor,
+    maps: dict[str, torch.Tensor],
+    patch_size: tuple[int, int],
+    target: torch.Tensor,
+    steps: int = SCORE_STEPS,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Deletion and insertion areas ``[B]`` of each named map ``[B, gh, gw]`` of ``images``
+    ``[B, C, H, W]`` for class ``target`` ``[B]`` (mean baseline, ``steps`` steps, at most one per
+    patch): the per-image scores ``vitkit maps`` and the explorer show, every map's curves in one batch."""
+    count, patches = len(images), next(iter(maps.values()))[0].numel()
+    areas = perturbation_curves(model, images.repeat(len(maps), 1, 1, 1), torch.cat(list(maps.values())), patch_size,
+                                target.repeat(len(maps)), steps=min(steps, patches)).auc()
+    return {name: {test: areas[test][k * count : (k + 1) * count] for test in ("deletion", "insertion")}
+            for k, name in enumerate(maps)}
+

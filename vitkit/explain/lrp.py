@@ -43,6 +43,7 @@ from timm.layers import Mlp as TimmMlp
 from ..layers import Mlp
 from ..layers.attention import AttentionBase
 from ..models import VisionTransformer
+from .faithfulness import pool_per_patch
 from .targets import HeadlessModelError, Target, resolve_targets
 
 AttentionRule = Literal["cp", "attnlrp"]
@@ -269,7 +270,7 @@ class Relevance:
 
     def per_patch(self, patch_size: tuple[int, int]) -> torch.Tensor:
         """``[B, gh, gw]``: the relevance summed over each patch."""
-        return F.avg_pool2d(self.pixels[:, None], patch_size, divisor_override=1)[:, 0]
+        return pool_per_patch(self.pixels, patch_size)
 
 
 def lrp_relevance(

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..models import VisionTransformer
+from .faithfulness import pool_per_patch
 from .gradients import integrated_gradients
 from .lrp import LRPRules
 from .maps import GRADIENT_METHODS, capture_attention, patch_maps
@@ -49,7 +49,7 @@ def _last_layer_attention(model: VisionTransformer, images: torch.Tensor, target
 
 def _integrated_gradients(model: VisionTransformer, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     attribution = integrated_gradients(model, images, targets).sum(dim=1)
-    return F.avg_pool2d(attribution[:, None], tuple(model.config.patch_size), divisor_override=1)[:, 0]
+    return pool_per_patch(attribution, tuple(model.config.patch_size))
 
 
 class RandomMap:

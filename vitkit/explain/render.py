@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 from PIL.PngImagePlugin import PngInfo
 
+from .faithfulness import PERCENT
 from .faithfulness_report import FaithfulnessReport
 
 DPI = 100
@@ -212,7 +213,7 @@ def faithfulness_figure(report: FaithfulnessReport, path: str | os.PathLike, tit
     styles["random"] = {"color": "0.5", "linestyle": "--"}
     for index, (test, label) in enumerate(TEST_TITLES.items()):
         axes = figure.add_subplot(2, 2, index + 1)
-        scale = 100 if test in ("positive", "negative") else 1
+        scale = 100 if test in PERCENT else 1
         for result in report.results:
             style = styles[result.name]
             area = result.mean(test)
