@@ -73,7 +73,13 @@ def test_bad_input_is_one_line(checkpoint: Path, tmp_path: Path, capsys: pytest.
     with pytest.raises(SystemExit) as stop:
         main(["--checkpoint", str(checkpoint), "--methods", "gradcam", "--out", str(tmp_path / "m")])
     assert stop.value.code == 2
-    assert not (tmp_path / "d").exists()  # refused before anything was written
+    capsys.readouterr()
+    assert main(["--checkpoint", str(checkpoint), "--steps", "1000", "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --steps 1000 is more than the ") and len(err.splitlines()) == 1
+    assert main(["--checkpoint", str(checkpoint), "--methods", "lrp", "random", "lrp", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.strip() == "error: --methods names lrp more than once; name each method once."
+    assert not any((tmp_path / name).exists() for name in ("d", "s", "r"))  # refused before anything was written
 
 
 def report_of(areas: dict[str, tuple[float, float]]) -> FaithfulnessReport:

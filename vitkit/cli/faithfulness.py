@@ -65,8 +65,16 @@ def run(args: argparse.Namespace) -> int:
     model, extra = load_model_from_arguments(args)
     if model.config.num_classes == 0:
         raise UsageError("the model has no classifier (num_classes=0): faithfulness measures how maps explain a class.")
+    repeated = sorted({method for method in args.methods if args.methods.count(method) > 1})
+    if repeated:
+        raise UsageError(f"--methods names {', '.join(repeated)} more than once; name each method once.")
     out = Path(args.out)
     images, labels = first_test_images(model, extra, args.data, args.images)
+    grid_rows, grid_columns = model.patch_embed.grid_size(*images.shape[2:])
+    patches = grid_rows * grid_columns
+    if args.steps is not None and args.steps > patches:
+        raise UsageError(f"--steps {args.steps} is more than the {grid_rows}x{grid_columns} = {patches} patches of the "
+                         f"model's images; give at most {patches} (one patch per step), or leave --steps out.")
     claim_output_dir(out, "faithfulness")
     rules = LRPRules(attention=args.lrp_attention, linear_gamma=args.linear_gamma, patch_gamma=args.patch_gamma)
     torch.manual_seed(args.seed)
@@ -79,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
     table = markdown_table([{key: "-" if value is None else value for key, value in row.items()} for row in rows])
     atomic_write(out / "faithfulness.md", lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
     steps = len(report.fractions) - 1
-    rows_, columns = model.patch_embed.grid_size(*images.shape[2:])
-    title = f"{len(images)} test images, {steps} steps over {rows_}x{columns} patches, {args.baseline} baseline"
+    title = f"{len(images)} test images, {steps} steps over {grid_rows}x{grid_columns} patches, {args.baseline} baseline"
     atomic_write(out / "faithfulness.png", lambda tmp: faithfulness_figure(report, tmp, title))
     print(table, end="")
     print(f"wrote faithfulness.csv, faithfulness.md and faithfulness.png to {out}.")

@@ -5,8 +5,8 @@ head once and, when asked, one backward pass from the target logits to the atten
 the AttnLRP relevance (:mod:`.lrp`); ``patch_maps`` turns the capture into rollout, gradient-rollout,
 Chefer et al. relevance, AttnLRP or per-head maps over the patches and ``maps_from_capture`` puts
 them on the image's pixel grid, so the kinds can share one forward pass. ``explain`` does both in
-one call. Every attention map is read out as the model pools (class token or average of the patch tokens, see
-:func:`~vitkit.explain.rollout.read_out`).
+one call. Every attention map is read out as the model pools (class token or average of the patch
+tokens, see :func:`~vitkit.explain.rollout.read_out`).
 
 A model without a classifier (``num_classes=0``, a feature extractor such as timm's DINOv2) has
 rollout and per-head maps, which read its attention as it pools, but no gradient or LRP maps:
