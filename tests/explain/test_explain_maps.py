@@ -44,7 +44,7 @@ def test_patch_maps_are_laid_out_row_major_on_the_grid() -> None:
 
 def test_captured_gradients_equal_retained_attention_grads(tiny_model, images) -> None:
     capture = capture_attention(tiny_model, images, target=4, with_gradients=True)
-    tokens, attentions = tiny_model.embed(images), []  # block by block, not through the model's forwards
+    tokens, attentions = tiny_model.embed(images)[0], []  # block by block, not through the model's forwards
     for block in tiny_model.blocks:
         tokens, attention = block(tokens, need_weights=True)
         attention.retain_grad()

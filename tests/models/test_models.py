@@ -83,7 +83,7 @@ def test_return_attention_gives_one_weight_tensor_per_block_in_the_graph() -> No
 
 def block_by_block(model: VisionTransformer, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Every block's output tokens ``[B, N, D]`` and weights, run by hand (not through the model's forwards)."""
-    tokens, outputs, weights = model.embed(x), [], []
+    tokens, outputs, weights = model.embed(x)[0], [], []
     for block in model.blocks:
         tokens, attention = block(tokens, need_weights=True)
         outputs.append(tokens)

@@ -92,7 +92,7 @@ def test_no_embed_class_adds_positions_to_the_patches_only() -> None:
     assert model.pos_embed.shape == (1, 16, 32)
     x = images()
     with torch.no_grad():
-        tokens = model.embed(x)
+        tokens = model.embed(x)[0]
         torch.testing.assert_close(tokens[:, 0], model.cls_token[0].expand(2, -1), **TOL)
         torch.testing.assert_close(tokens[:, 1:3], model.reg_token.expand(2, -1, -1), **TOL)
         torch.testing.assert_close(tokens[:, 3:], model.patch_embed(x) + model.pos_embed, **TOL)
@@ -115,7 +115,7 @@ def test_pre_norm_layer_norms_the_embedded_tokens_and_drops_the_patch_bias() -> 
     assert model.patch_embed.proj.bias is None and isinstance(model.norm_pre, nn.LayerNorm)
     with torch.no_grad():
         nn.init.normal_(model.norm_pre.weight, 1.0, 0.0)
-        tokens = model.embed(images())
+        tokens = model.embed(images())[0]
     patches = tokens[:, 1:]  # the class token is near zero, where LayerNorm's epsilon counts
     torch.testing.assert_close(patches.mean(dim=-1), torch.zeros(2, 16), atol=1e-5, rtol=0)
     torch.testing.assert_close(patches.var(dim=-1, unbiased=False), torch.ones(2, 16), atol=1e-3, rtol=0)

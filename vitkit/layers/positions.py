@@ -82,6 +82,35 @@ class TokenPositions:
         picked = xy.gather(1, keep.to(xy.device).unsqueeze(-1).expand(-1, -1, 2))
         return TokenPositions(picked, self.num_prefix, self.grid)
 
+    def keep(self, tokens: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, TokenPositions]:
+        """Keep the patch tokens ``keep`` of ``tokens`` (the prefix tokens always stay), with their
+        positions: MAE's random masking, timm's ``patch_drop``.
+
+        Args:
+            tokens: ``[B, num_prefix + n, D]``, described by these positions.
+            keep: ``[B, k]`` integer indices among the ``n`` patch tokens (``0 <= keep < n``), in
+                the order the kept tokens take (MAE keeps its shuffled order).
+
+        Returns:
+            ``[B, num_prefix + k, D]`` tokens and their :class:`TokenPositions` (``[B, k, 2]``).
+
+        Raises:
+            ValueError: ``keep`` of another batch size, not 2-d, not integer, or longer than ``n``.
+            (An index out of range fails in ``gather``; it is not checked here, which would
+            synchronise a GPU.)
+        """
+        batch, n = tokens.shape[0], tokens.shape[1] - self.num_prefix
+        if keep.dim() != 2 or keep.shape[0] != batch or keep.dtype.is_floating_point or keep.dtype == torch.bool:
+            raise ValueError(
+                f"keep must be integer indices of patch tokens of shape [B={batch}, k], got {keep.dtype} of shape "
+                f"{tuple(keep.shape)}."
+            )
+        if keep.shape[1] > n:
+            raise ValueError(f"keep names {keep.shape[1]} patch tokens, but there are {n}.")
+        keep = keep.to(device=tokens.device, dtype=torch.long)
+        patches = tokens[:, self.num_prefix :].gather(1, keep.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
+        return torch.cat([tokens[:, : self.num_prefix], patches], dim=1), self.select(keep)
+
     def to_grid(self, patches: torch.Tensor) -> torch.Tensor:
         """Patch tokens ``[B, n, D]`` on the image grid ``[B, D, gh, gw]``; a cell no token holds
         (dropped) is zero, tokens sharing a cell (merged) are summed."""

@@ -298,10 +298,20 @@ class VisionTransformer(nn.Module):
             return self._sincos(grid).to(self.pos_embed)
         return resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.config.num_pos_embed_prefix_tokens)
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W]`` images to ``[B, prefix + gh*gw, D]`` tokens with positions added
-        (to the patches only with ``no_embed_class`` or RoPE), dropped out (``pos_drop_rate``), then
-        the pre-norm."""
+    def embed(self, images: torch.Tensor, *, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, TokenPositions]:
+        """``[B, C, H, W]`` images to tokens with positions added (to the patches only with
+        ``no_embed_class`` or RoPE) and dropped out (``pos_drop_rate``), then, with ``keep``, only
+        those patch tokens, then the pre-norm: timm's ``_pos_embed -> patch_drop -> norm_pre``.
+
+        Args:
+            images: ``[B, C, H, W]``.
+            keep: ``[B, k]`` indices of the patch tokens to keep (row-major on the patch grid; MAE's
+                random masking), ``None`` for all. The prefix tokens are always kept.
+
+        Returns:
+            tokens ``[B, prefix + k, D]`` (``k = gh*gw`` without ``keep``) and their positions,
+            which go to every block and put patch tokens back on the grid (:meth:`token_positions`).
+        """
         tokens = self.patch_embed(images)
         grid = self.patch_embed.grid_size(images.shape[2], images.shape[3])
         positions = self._position_embedding(grid)
@@ -316,7 +326,10 @@ class VisionTransformer(nn.Module):
             tokens = torch.cat([*prefix, tokens + positions], dim=1)
         else:
             tokens = torch.cat([*prefix, tokens], dim=1) + positions
-        return self.norm_pre(self.pos_drop(tokens))
+        tokens, where = self.pos_drop(tokens), self.token_positions(images)
+        if keep is not None:
+            tokens, where = where.keep(tokens, keep)
+        return self.norm_pre(tokens), where
 
     def token_positions(self, images: torch.Tensor) -> TokenPositions:
         """The positions of the tokens of ``images`` ``[B, C, H, W]``: every patch cell of its grid,
@@ -339,10 +352,11 @@ class VisionTransformer(nn.Module):
         gates: torch.Tensor | None,
         need_weights: bool,
         positions: TokenPositions,
+        attn_bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One block on ``x`` (checkpointed when enabled); its weights only when asked for, so the
         fused kernel runs otherwise."""
-        kwargs = {"head_gates": gates, "rope": positions, "need_weights": need_weights}
+        kwargs = {"head_gates": gates, "rope": positions, "need_weights": need_weights, "attn_bias": attn_bias}
         out = checkpoint(block, x, use_reentrant=False, **kwargs) if self._checkpointing() else block(x, **kwargs)
         return out if need_weights else (out, None)
 
@@ -361,6 +375,8 @@ class VisionTransformer(nn.Module):
         intermediates_only: bool = False,
         return_attention: bool = False,
         head_gates: HeadGates = None,
+        keep: torch.Tensor | None = None,
+        attn_bias: torch.Tensor | None = None,
     ) -> Intermediates:
         """Tokens of chosen blocks and, with ``return_attention``, their attention weights.
 
@@ -380,19 +396,24 @@ class VisionTransformer(nn.Module):
                 part of the autograd graph (the explicit kernel runs in those blocks).
             head_gates: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
                 tensor works when all layers have ``H`` heads).
+            keep: ``[B, k]`` patch tokens to keep (:meth:`embed`); a dropped patch's cell of an
+                ``"NCHW"`` grid is zero.
+            attn_bias: boolean mask or additive float bias over the tokens the blocks see, for
+                every block (:mod:`vitkit.layers.attention_masks`).
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
         take = _take_indices(len(self.blocks), indices)
         last = take[-1] if take else -1
-        tokens = self._embed_checked(x)
-        positions = self.token_positions(x)
+        tokens, positions = self._embed_checked(x, keep)
         kept: list[torch.Tensor] = []
         attentions: list[torch.Tensor] = []
         gates = self._layer_head_gates(head_gates)
         for index, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
             wanted = index in take
-            tokens, weights = self._run_block(block, tokens, gates[index], return_attention and wanted, positions)
+            tokens, weights = self._run_block(
+                block, tokens, gates[index], return_attention and wanted, positions, attn_bias
+            )
             if wanted:
                 kept.append(self.norm(tokens) if norm else tokens)
                 if weights is not None:
@@ -410,23 +431,36 @@ class VisionTransformer(nn.Module):
             indices=take,
         )
 
-    def _embed_checked(self, images: torch.Tensor) -> torch.Tensor:
+    def _embed_checked(
+        self, images: torch.Tensor, keep: torch.Tensor | None
+    ) -> tuple[torch.Tensor, TokenPositions]:
         if images.dim() != 4:
             raise ValueError(f"expected images [B, C, H, W], got shape {tuple(images.shape)}.")
-        return self.embed(images)
+        return self.embed(images, keep=keep)
 
-    def forward_features(self, images: torch.Tensor, *, head_gates: HeadGates = None) -> torch.Tensor:
-        """Tokens after the last block and the final norm, ``[B, N, D]``.
+    def forward_features(
+        self,
+        images: torch.Tensor,
+        *,
+        head_gates: HeadGates = None,
+        keep: torch.Tensor | None = None,
+        attn_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Tokens after the last block and the final norm, ``[B, prefix + k, D]`` (``k = gh*gw``
+        patch tokens without ``keep``).
 
         Args:
             images: ``[B, C, H, W]``.
             head_gates: per block, ``None`` or gates ``[H_l]`` / ``[B, H_l]`` (a ``[depth, H]``
                 tensor works when all layers have ``H`` heads).
+            keep: ``[B, k]`` indices of the patch tokens the blocks run on (:meth:`embed`; MAE's
+                visible patches); their positions go with them (RoPE rotates by them).
+            attn_bias: boolean mask (True = may attend) or additive float bias broadcastable to
+                ``[B, H, N, N]`` over the tokens the blocks see, handed to every block.
         """
-        x = self._embed_checked(images)
-        positions = self.token_positions(images)
+        x, positions = self._embed_checked(images, keep)
         for block, gates in zip(self.blocks, self._layer_head_gates(head_gates)):
-            x = self._run_block(block, x, gates, False, positions)[0]
+            x = self._run_block(block, x, gates, False, positions, attn_bias)[0]
         return self.norm(x)
 
     def pool(self, features: torch.Tensor) -> torch.Tensor:
