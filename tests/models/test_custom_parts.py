@@ -9,11 +9,14 @@ import pytest
 import torch
 from tiny_runs import short_recipe
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.errors import UnsupportedModelError
 from vitkit.explain import explain
-from vitkit.layers import EncoderBlock, UnknownPartError, register_block, register_mlp
+from vitkit.layers import EncoderBlock, UnknownPartError, get_part, register_block, register_mlp
+from vitkit.layers.lora import LoraConfig, LoraError, add_lora
+from vitkit.models import vit_flops
 from vitkit.models.timm_interop import to_timm
 from vitkit.prune import full_gates, head_importance, prune_heads
 
@@ -44,6 +47,46 @@ class PostNormBlock(EncoderBlock):
         x = self.norm1(x + attended)
         x = self.norm2(x + self.mlp(x))
         return (x, weights) if need_weights else x
+
+
+@register_mlp("test_swiglu_named")
+class NamedSwiGLU(nn.Module):
+    """SwiGLU as Meta's LLaMA names it: ``w1`` (gate), ``w3`` (value), ``w2`` (out), no ``fc1``/``fc2``."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, *, act_layer: str = "gelu",
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, device=device, dtype=dtype)
+        self.w3 = nn.Linear(dim, hidden_dim, device=device, dtype=dtype)
+        self.w2 = nn.Linear(hidden_dim, dim, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+@register_block("test_ffn_block")
+class FfnBlock(nn.Module):
+    """A block without ``.mlp``: its feed-forward network is ``ffn``, a plain Sequential."""
+
+    def __init__(self, dim: int, num_heads: int, attention_options=None, *, mlp_ratio: float = 4.0,  # noqa: ANN001
+                 drop_path: float = 0.0, init_values=None, act_layer="gelu", attn_layer="mhsa",  # noqa: ANN001
+                 mlp_layer="mlp", device=None, dtype=None) -> None:  # noqa: ANN001
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        hidden = int(dim * mlp_ratio)
+        self.norm = nn.LayerNorm(dim, **factory)
+        self.attn = get_part("attention", attn_layer)(dim, num_heads, attention_options, **factory)
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden, **factory), nn.GELU(), nn.Linear(hidden, dim, **factory))
+
+    def forward(self, x, *, attn_bias=None, rope=None, head_gates=None, need_weights=False):  # noqa: ANN001, ANN201
+        attended = self.attn(self.norm(x), attn_bias=attn_bias, rope=rope, head_gates=head_gates, need_weights=need_weights)
+        attended, weights = attended if need_weights else (attended, None)
+        x = x + attended
+        x = x + self.ffn(self.norm(x))
+        return (x, weights) if need_weights else x
+
+
+CUSTOM_NAMES = {"named_swiglu": {"mlp_layer": "test_swiglu_named"}, "ffn_block": {"block": "test_ffn_block"}}
 
 
 def swiglu_model(**changes: object) -> vitkit.VisionTransformer:
@@ -89,6 +132,46 @@ def test_maps_and_head_pruning_work_through_a_custom_part() -> None:
     prune_heads(model, {0: [1]})
     assert model.heads_per_layer() == [3, 4] and isinstance(model.blocks[0].mlp, SwiGLU)
     torch.testing.assert_close(model(images), gated, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("part", CUSTOM_NAMES)
+def test_parts_with_their_own_layer_names_build_and_take_the_init_scheme(part: str) -> None:
+    """Under ``jax`` the MLP's biases are N(0, 1e-6) (torch's default would be up to 1/sqrt(fan_in))
+    and under ``vitkit`` zero; the weights are Xavier-uniform, bounded by sqrt(6 / (fan_in + fan_out))."""
+    for scheme, bias_bound in (("jax", 1e-4), ("vitkit", 0.0)):
+        model = swiglu_model(init=scheme, **CUSTOM_NAMES[part])
+        attention = {id(m) for block in model.blocks for m in block.attn.modules()}
+        linears = [m for block in model.blocks for m in block.modules() if isinstance(m, nn.Linear) and id(m) not in attention]
+        assert len(linears) == 2 * (3 if part == "named_swiglu" else 2)
+        for layer in linears:
+            assert layer.bias.abs().max() <= bias_bound
+            if scheme == "vitkit":
+                fan_out, fan_in = layer.weight.shape
+                assert layer.weight.abs().max() <= (6 / (fan_in + fan_out)) ** 0.5
+
+
+@pytest.mark.parametrize("part", CUSTOM_NAMES)
+def test_vit_flops_counts_parts_with_their_own_layer_names_as_torchs_counter(part: str) -> None:
+    model = swiglu_model(attn_impl="explicit", **CUSTOM_NAMES[part])
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(1, 3, 8, 8))
+    assert vit_flops(model.config) == pytest.approx(counter.get_total_flops(), rel=0.01)
+    model.blocks[1].attn.prune_heads([0, 2])
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(1, 3, 8, 8))
+    assert vit_flops(model.config, model.heads_per_layer()) == pytest.approx(counter.get_total_flops(), rel=0.01)
+
+
+@pytest.mark.parametrize("part", CUSTOM_NAMES)
+def test_parts_with_their_own_layer_names_explain_prune_and_take_attention_lora(part: str) -> None:
+    model = swiglu_model(**CUSTOM_NAMES[part])
+    images = torch.randn(2, 3, 8, 8)
+    assert explain(model, images, "chefer").shape == (2, 8, 8)
+    prune_heads(model, {0: [1]})
+    assert model.heads_per_layer() == [3, 4]
+    assert len(add_lora(model, LoraConfig(rank=2))) == 4
+    with pytest.raises(LoraError, match=r"has no blocks.0.mlp.fc1 .*choose among qkv, proj"):
+        add_lora(swiglu_model(**CUSTOM_NAMES[part]), LoraConfig(rank=2, targets=["fc1"]))
 
 
 @pytest.mark.slow

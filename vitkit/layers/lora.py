@@ -145,9 +145,16 @@ def add_lora(model: nn.Module, config: LoraConfig) -> list[str]:
     for index, block in enumerate(model.blocks):
         for target in config.targets:
             parent_name, _, name = _PATHS[target].rpartition(".")
-            parent = block.get_submodule(parent_name)
-            layer = getattr(parent, name)
             path = f"blocks.{index}.{_PATHS[target]}"
+            try:
+                parent = block.get_submodule(parent_name)
+                layer = getattr(parent, name)
+            except AttributeError:  # a registered block or MLP that names its layers otherwise
+                raise LoraError(
+                    f"this model has no {path} (its block is {type(block).__name__}, a registered part that names "
+                    f"its layers otherwise), so LoRA target {target!r} cannot be adapted; choose among "
+                    f"{', '.join(t for t in _PATHS if _PATHS[t].startswith('attn.'))} for its attention."
+                ) from None
             if not isinstance(layer, nn.Linear) or isinstance(layer, LoRALinear):
                 raise LoraError(f"{path} is not a plain nn.Linear, so it takes no adapter.")
             if layer.out_features == 0:  # a pruned block without heads has nothing to adapt

@@ -57,7 +57,10 @@ SCHEMES: dict[str, dict[str, LinearRule]] = {
 
 
 def part_layers(model: nn.Module, part: str) -> Iterable[tuple[nn.Linear, float]]:
-    """The Linears of ``part`` in a VisionTransformer, each with its block's ``out_init_scale``."""
+    """The Linears of ``part`` in a VisionTransformer, each with its block's ``out_init_scale``:
+    ``qkv`` and ``proj`` are the attention's (:class:`~vitkit.layers.attention.AttentionBase`'s
+    contract), ``mlp`` every other Linear of a block (a registered MLP or block may name its
+    layers as it likes)."""
     if part == "patch":
         yield model.patch_embed.proj, 1.0
     elif part == "head":  # the distillation head (DeiT) is a second classifier, initialised alike
@@ -71,9 +74,11 @@ def part_layers(model: nn.Module, part: str) -> Iterable[tuple[nn.Linear, float]
                 yield attn.qkv, attn.out_init_scale
             elif part == "proj":
                 yield attn.proj, attn.out_init_scale
-            else:
-                yield block.mlp.fc1, attn.out_init_scale
-                yield block.mlp.fc2, attn.out_init_scale
+            else:  # every Linear outside the attention: the MLP's, whatever a registered part names them
+                inside_attention = set(attn.modules())
+                for layer in block.modules():
+                    if isinstance(layer, nn.Linear) and layer not in inside_attention:
+                        yield layer, attn.out_init_scale
 
 
 def init_parts(model: nn.Module, scheme: str, parts: Iterable[str] = INIT_PARTS) -> None:

@@ -20,6 +20,7 @@ import torch
 from timm.layers import AttentionPoolLatent, get_act_layer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..layers import ConvPatchEmbed, PatchEmbed, TokenPositions, get_part, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
@@ -133,21 +134,8 @@ class VisionTransformer(nn.Module):
         self.norm_pre = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if config.pre_norm else nn.Identity()
 
         rates = torch.linspace(0, config.drop_path_rate, depth, device="cpu").tolist()  # CPU under a meta context too
-        options = config.attention_options()
-        block_cls = block_fn if block_fn is not None else get_part("block", config.block)
         self.blocks = nn.ModuleList(
-            block_cls(
-                dim,
-                heads,
-                options,
-                mlp_ratio=config.mlp_ratio,
-                drop_path=rate,
-                init_values=config.init_values,
-                act_layer=config.act_layer,
-                attn_layer=config.attn_layer,
-                mlp_layer=config.mlp_layer,
-                **factory,
-            )
+            build_block(config, heads, drop_path=rate, block_fn=block_fn, **factory)
             for heads, rate in zip(config.heads_per_layer(), rates)
         )
         use_fc_norm = config.use_fc_norm
@@ -507,27 +495,68 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def build_block(
+    config: ViTConfig,
+    num_heads: int,
+    *,
+    drop_path: float = 0.0,
+    block_fn: type[nn.Module] | None = None,
+    attn_impl: str | None = None,
+    **factory: Any,
+) -> nn.Module:
+    """One block of a model of ``config`` with ``num_heads`` heads: ``config.block`` (or
+    ``block_fn``) with the config's attention and MLP parts, its attention options
+    (``attn_impl`` replacing the config's kernel policy) and ``factory`` (``device``, ``dtype``)."""
+    options = config.attention_options()
+    if attn_impl is not None:
+        options = options.replace(attn_impl=attn_impl)
+    block_cls = block_fn if block_fn is not None else get_part("block", config.block)
+    return block_cls(
+        config.embed_dim,
+        num_heads,
+        options,
+        mlp_ratio=config.mlp_ratio,
+        drop_path=drop_path,
+        init_values=config.init_values,
+        act_layer=config.act_layer,
+        attn_layer=config.attn_layer,
+        mlp_layer=config.mlp_layer,
+        **factory,
+    )
+
+
 def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -> int:
     """Multiply-accumulate-based FLOPs (2 per MAC) of one forward pass on one ``img_size`` image.
 
     Counts every matrix product and convolution that runs (what ``torch.utils.flop_counter``
     counts): the tokenizer (the linear patch projection, or the conv stem's 3x3 convolutions and
-    its 1x1), qkv, ``QK^T``, ``AV``, ``W_o`` and the MLP of each block at its head count, the
-    attention-pooling head (``'map'``), and the classifier (two with ``distilled``); norms,
-    softmax, activations and RoPE's rotations are elementwise and left out.
+    its 1x1), each block at its head count, the attention-pooling head (``'map'``), and the
+    classifier (two with ``distilled``); norms, softmax, activations and RoPE's rotations are
+    elementwise and left out. A block is counted by torch's FLOP counter on the meta device (no
+    memory, no init), so a registered block, attention or MLP counts whatever its layers are
+    named (a SwiGLU MLP's three projections, a block without ``.mlp``).
     """
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
-    d, dim = config.resolved_head_dim(), config.embed_dim
-    n, patches = config.num_tokens, config.num_patches
+    dim, patches = config.embed_dim, config.num_patches
     hidden = int(dim * config.mlp_ratio)
     macs = _tokenizer_macs(config)
-    for h in heads:
-        inner = h * d
-        macs += n * dim * 3 * inner + 2 * n * n * inner + n * inner * dim + 2 * n * dim * hidden
+    measured = {h: _block_macs(config, h) for h in set(heads)}
+    macs += sum(measured[h] for h in heads)
     if config.global_pool == "map":  # one latent query over the patches: q, kv, QK^T and AV, proj, MLP
         macs += dim * dim + patches * dim * 2 * dim + 2 * patches * dim + dim * dim + 2 * dim * hidden
     macs += dim * config.num_classes * (1 + int(config.distilled))
     return 2 * macs
+
+
+def _block_macs(config: ViTConfig, num_heads: int) -> int:
+    """MACs of one block with ``num_heads`` heads on one image's ``config.num_tokens`` tokens,
+    counted by torch's ``FlopCounterMode`` on the meta device (explicit attention kernel)."""
+    block = build_block(config, num_heads, attn_impl="explicit", device="meta")
+    tokens = torch.empty(1, config.num_tokens, config.embed_dim, device="meta")
+    positions = TokenPositions.of_grid(config.grid_size, config.num_prefix_tokens, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        block(tokens, rope=positions)
+    return counter.get_total_flops() // 2
 
 
 def _tokenizer_macs(config: ViTConfig) -> int:
