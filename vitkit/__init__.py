@@ -10,7 +10,7 @@ import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import data, explain, layers, prune, train
+    from . import data, explain, layers, prune, tasks, train
     from .errors import VitkitError
     from .inference import Prediction, predict
     from .io import load_model, load_model_and_extra, save_model
@@ -33,7 +33,7 @@ _ATTRIBUTES = {
     "save_model": "io",
     "to_timm_state_dict": "models",
 }
-_SUBPACKAGES = ("data", "explain", "layers", "prune", "train")
+_SUBPACKAGES = ("data", "explain", "layers", "prune", "tasks", "train")
 
 __all__ = [
     "Prediction",
@@ -52,6 +52,7 @@ __all__ = [
     "explain",
     "layers",
     "prune",
+    "tasks",
     "train",
 ]
 

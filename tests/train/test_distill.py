@@ -18,10 +18,11 @@ from torch import nn
 from vitkit.data import DataInfo
 from vitkit.io import save_model
 from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.tasks import DistillationLoss
 from vitkit.train import RecipeError, load_recipe, train
 from vitkit.train.config import TeacherConfig
-from vitkit.train.distill import TEACHER_FILE, DistillationLoss, build_teacher, freeze
-from vitkit.train.module import ViTClassifier
+from vitkit.train.distill import TEACHER_FILE, build_teacher, freeze
+from vitkit.train.module import ViTModule
 
 CLASS_LOGITS = [[2.0, 0.0, 0.0], [0.0, 1.0, -1.0]]
 DIST_LOGITS = [[0.0, 1.0, 0.0], [1.0, 0.0, 2.0]]
@@ -82,9 +83,9 @@ def test_training_step_distils_from_a_frozen_teacher_whose_weights_never_change(
     recipe = tiny_recipe(Path("unused"))
     recipe["distill"] = {"type": "hard", "alpha": 0.5, "teacher": {"model": "test_resnet"}}
     student = tiny_vit()
-    module = ViTClassifier(student, load_recipe(recipe), student.config, {})
+    module = ViTModule(student, load_recipe(recipe), student.config, {})
     teacher = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 10))
-    module.attach_teacher(freeze(teacher))
+    module.task.attach_teacher(freeze(teacher))
     assert "teacher" not in dict(module.named_children()) and not any(k.startswith("teacher") for k in module.state_dict())
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     optimizer = torch.optim.SGD(module.model.parameters(), lr=0.1)
@@ -141,9 +142,9 @@ def test_a_distilled_student_learns_labels_on_its_class_head_and_the_teacher_on_
     recipe = tiny_recipe(Path("unused"))
     recipe["distill"] = {"type": "hard", "alpha": 0.5, "teacher": {"model": "test_resnet"}}
     student = tiny_vit(distilled=True)
-    module = ViTClassifier(student, load_recipe(recipe), student.config, {})
+    module = ViTModule(student, load_recipe(recipe), student.config, {})
     teacher = freeze(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
-    module.attach_teacher(teacher)
+    module.task.attach_teacher(teacher)
     model = module.model.train()
     images, labels = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
     with torch.no_grad():

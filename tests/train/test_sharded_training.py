@@ -63,7 +63,7 @@ def test_clipping_sums_plain_tensor_shards_across_ranks_when_told_they_are_shard
 def test_export_of_an_fsdp2_sharded_module_gathers_the_whole_trained_model_on_every_rank(
     ranks: list[dict[str, float]],
 ) -> None:
-    for result in ranks:  # ViTClassifier.export_model: the unsharded copy (zeroed first) filled from the shards
+    for result in ranks:  # ViTModule.export_model: the unsharded copy (zeroed first) filled from the shards
         assert result["weight_error"] < 1e-6 and result["output_error"] < 1e-5
 
 
@@ -86,9 +86,9 @@ def test_gradients_under_fsdp_are_clipped_by_vitkit_as_shards(monkeypatch: pytes
     model = torch.nn.Linear(2, 2)
     fake = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy=FSDPStrategy()))
     optimizer = torch.optim.AdamW(model.parameters())
-    module_lib.ViTClassifier.configure_gradient_clipping(fake, optimizer, 0.5, "norm")  # Lightning's would raise
+    module_lib.ViTModule.configure_gradient_clipping(fake, optimizer, 0.5, "norm")  # Lightning's would raise
     assert calls == [(0.5, True)]
-    module_lib.ViTClassifier.configure_gradient_clipping(fake, optimizer, None, "norm")  # optim.clip_grad=null
+    module_lib.ViTModule.configure_gradient_clipping(fake, optimizer, None, "norm")  # optim.clip_grad=null
     assert calls == [(0.5, True)]
 
 

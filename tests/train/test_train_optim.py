@@ -74,7 +74,7 @@ def test_fused_updates_equal_the_foreach_implementation() -> None:
 def test_a_fused_optimizer_gets_its_gradients_clipped_by_norm_and_float16_scaling_is_not_fused() -> None:
     from types import SimpleNamespace
 
-    from vitkit.train.module import ViTClassifier
+    from vitkit.train.module import ViTModule
 
     model = vitkit.create_model("vit_cifar_tiny", depth=1, embed_dim=16, num_heads=2)
     for p in model.parameters():
@@ -82,7 +82,7 @@ def test_a_fused_optimizer_gets_its_gradients_clipped_by_norm_and_float16_scalin
     fused = build_optimizer(model, OptimConfig())
     # Lightning's bf16 plugin would raise here; vitkit clips the (unscaled) gradients itself
     module = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy="auto"))
-    ViTClassifier.configure_gradient_clipping(module, fused, 0.5, "norm")
+    ViTModule.configure_gradient_clipping(module, fused, 0.5, "norm")
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
     assert norm.item() == pytest.approx(0.5, rel=1e-4)
     assert not any(group["fused"] for group in build_optimizer(model, OptimConfig(), allow_fused=False).param_groups)

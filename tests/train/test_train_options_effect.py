@@ -20,9 +20,9 @@ from vitkit.data import AugmentConfig, build_train_transform
 from vitkit.data.info import DataInfo
 from vitkit.io import load_model_and_extra
 from vitkit.models import vision_transformer as vit_module
-from vitkit.train import OptimConfig, evaluate, train
+from vitkit.tasks import build_criterion
+from vitkit.train import evaluate, train
 from vitkit.train.evaluate import datasets_for
-from vitkit.train.module import build_criterion
 
 pytestmark = pytest.mark.slow
 
@@ -138,12 +138,12 @@ def test_mixup_mixes_pairs_convexly_and_cutmix_pastes_boxes() -> None:
     torch.manual_seed(0)
     images = torch.randn(8, 1, 8, 8)
     labels = torch.arange(8) % 4
-    mixup, _ = build_criterion(OptimConfig(mixup=0.8, cutmix=0.0, label_smoothing=0.0), num_classes=4)
+    mixup, _ = build_criterion(4, mixup=0.8, cutmix=0.0, label_smoothing=0.0)
     mixed, targets = mixup(images.clone(), labels)
     lam = targets[0, labels[0]].item()  # timm mixes image i with image B-1-i with weight lam
     torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.flip(0))
     assert 0 < lam < 1 and torch.allclose(targets.sum(1), torch.ones(8))
-    cutmix, _ = build_criterion(OptimConfig(mixup=0.0, cutmix=1.0, label_smoothing=0.0), num_classes=4)
+    cutmix, _ = build_criterion(4, mixup=0.0, cutmix=1.0, label_smoothing=0.0)
     cut, _ = cutmix(images.clone(), labels)
     from_self = torch.isclose(cut, images)
     from_partner = torch.isclose(cut, images.flip(0))

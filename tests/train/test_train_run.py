@@ -172,8 +172,8 @@ def test_grad_checkpointing_run_trains_with_ema_and_mixup(tmp_path: Path) -> Non
 def test_non_finite_loss_stops_cleanly_and_keeps_last_good_checkpoint(tmp_path: Path, monkeypatch) -> None:
     real_build = module_lib.build_criterion
 
-    def poisoned(config, num_classes):
-        mixup, loss_fn = real_build(config, num_classes)
+    def poisoned(num_classes, **options):
+        mixup, loss_fn = real_build(num_classes, **options)
         calls = iter(range(10**6))
         return mixup, lambda logits, targets: loss_fn(logits, targets) * (float("nan") if next(calls) == 5 else 1.0)
 

@@ -12,7 +12,7 @@ from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, Traine
 from .datamodule import ViTDataModule
 from .evaluate import evaluate, write_evaluation
 from .kernel_trial import KernelTrial, TrainingKernelChooser
-from .module import NonFiniteLossError, ViTClassifier
+from .module import NonFiniteLossError, ViTModule
 from .run import RunInterruptedError, RunResult, RunStoppedError, train
 from .schema import RecipeError
 
@@ -32,7 +32,7 @@ __all__ = [
     "RunStoppedError",
     "TrainerConfig",
     "UnsafeCheckpointError",
-    "ViTClassifier",
+    "ViTModule",
     "ViTDataModule",
     "evaluate",
     "load_checkpoint",

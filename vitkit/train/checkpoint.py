@@ -24,8 +24,7 @@ from ..errors import VitkitError
 from ..files import atomic_write
 from ..io import CheckpointError, load_checkpoint, upgrade_checkpoint
 from ..models import ViTConfig
-from .module import ViTClassifier, non_finite_tensors
-from .optim import build_optimizer
+from .module import ViTModule, non_finite_tensors
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
@@ -33,7 +32,7 @@ LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
 ORPHAN_GLOB = ".*.ckpt.*.tmp"
 
 
-def check_resumable(path: str | os.PathLike, module: ViTClassifier, dataset: str) -> None:
+def check_resumable(path: str | os.PathLike, module: ViTModule, dataset: str) -> None:
     """Refuse to resume from ``path`` unless it is a readable vitkit training checkpoint that
     ``module`` can continue from: the model the recipe builds (``vit_config``: architecture, image
     size, channels, classes) on the same ``dataset``, with every piece of training state Lightning
@@ -85,7 +84,7 @@ def check_resumable(path: str | os.PathLike, module: ViTClassifier, dataset: str
 TRAINING_STATE_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "epoch", "global_step", "loops")
 
 
-def _training_state_problem(checkpoint: dict[str, Any], module: ViTClassifier) -> str | None:
+def _training_state_problem(checkpoint: dict[str, Any], module: ViTModule) -> str | None:
     """Why ``checkpoint`` cannot be restored into ``module`` and its optimiser, or ``None``. Compares
     names, shapes and group sizes only: nothing is copied or allocated."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in checkpoint]
@@ -105,7 +104,7 @@ def _training_state_problem(checkpoint: dict[str, Any], module: ViTClassifier) -
     if wrong:
         shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
         return f"its weights do not fit the model: {shown}"
-    optimizer = build_optimizer(module.model, module.optim_config)
+    optimizer = module.build_optimizer()
     states, schedulers = checkpoint["optimizer_states"], checkpoint["lr_schedulers"]
     if not (isinstance(states, list) and len(states) == 1 and isinstance(states[0], dict)):
         return "it does not hold exactly one optimiser state"

@@ -380,6 +380,21 @@ class OutputConfig(Config):
     dir: str = "runs"
 
 
+TaskName = Literal["classify"]
+
+
+@dataclass
+class TaskConfig(Config):
+    """The training objective (:mod:`vitkit.tasks`).
+
+    Attributes:
+        name: ``classify``: supervised classification on the data's labels (with the ``optim``
+            section's Mixup, CutMix and label smoothing and the ``distill`` section's teacher).
+    """
+
+    name: TaskName = "classify"
+
+
 @dataclass
 class RecipeConfig(Config):
     """A whole training recipe. ``name`` defaults to the recipe file's stem."""
@@ -391,6 +406,7 @@ class RecipeConfig(Config):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
     def validate(self) -> None:
         """The name is one folder name (runs stay inside ``output.dir``); Mixup pairs need an even

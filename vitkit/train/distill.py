@@ -2,18 +2,8 @@
 "Training data-efficient image transformers & distillation through attention",
 https://arxiv.org/abs/2012.12877).
 
-:class:`DistillationLoss` is DeiT's ``losses.py`` (facebookresearch/deit): the student's class
-logits learn the labels, its distillation logits (the distillation token's head, or the class
-logits again for a model without one, as DeiT does) learn the teacher:
-
-- ``hard``: ``(1 - alpha) CE(cls, y) + alpha CE(dist, argmax teacher)`` (``alpha`` 0.5: the paper's
-  ``1/2 CE(y) + 1/2 CE(y_t)``);
-- ``soft``: ``(1 - alpha) CE(cls, y) + alpha tau^2 KL(p_t || p_s)`` with ``p = softmax(logits / tau)``,
-  DeiT's ``kl_div(log p_s, log p_t, reduction='sum', log_target=True) / numel``: summed over the
-  batch and the classes and divided by ``B x C`` (PyTorch's legacy mean, which DeiT keeps; see
-  its issue 61), i.e. the per-image KL divided by the number of classes too.
-
-The teacher is built for the data (a timm model with ``pretrained=False``, ``in_chans`` and
+The loss is :class:`vitkit.tasks.DistillationLoss` (DeiT's); this module builds, trains and
+freezes the teacher. The teacher is built for the data (a timm model with ``pretrained=False``, ``in_chans`` and
 ``num_classes`` from the dataset, trained first by the same command, or a vitkit model file),
 then frozen: eval mode, no gradients, its logits computed under ``no_grad``.
 """
@@ -48,46 +38,6 @@ log = logging.getLogger(__name__)
 
 #: Where a run keeps the teacher it trained, so a resumed run distils from the same one.
 TEACHER_FILE = "teacher.safetensors"
-
-
-class DistillationLoss(nn.Module):
-    """DeiT's distillation loss (see the module docstring for the formulas).
-
-    Args:
-        base_criterion: the label loss on the class logits (cross-entropy, label smoothing, or
-            soft-target cross-entropy after Mixup).
-        kind: ``'hard'`` or ``'soft'``.
-        alpha: weight of the distillation term, in ``[0, 1]``.
-        tau: softmax temperature of ``soft`` distillation.
-    """
-
-    def __init__(self, base_criterion: nn.Module, kind: str, alpha: float, tau: float) -> None:
-        super().__init__()
-        if kind not in ("hard", "soft"):
-            raise ValueError(f"distillation type must be 'hard' or 'soft', got {kind!r}.")
-        self.base_criterion = base_criterion
-        self.kind = kind
-        self.alpha = alpha
-        self.tau = tau
-
-    def forward(
-        self, class_logits: torch.Tensor, dist_logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor
-    ) -> torch.Tensor:
-        """Scalar loss from the student's ``[B, C]`` class and distillation logits, the targets
-        (labels ``[B]`` or soft ``[B, C]``) and the teacher's ``[B, C]`` logits."""
-        base = self.base_criterion(class_logits, targets)
-        teacher_logits = teacher_logits.detach().to(dist_logits.dtype)
-        if self.kind == "hard":
-            distill = F.cross_entropy(dist_logits, teacher_logits.argmax(dim=1))
-        else:
-            tau = self.tau
-            distill = F.kl_div(
-                F.log_softmax(dist_logits / tau, dim=1),
-                F.log_softmax(teacher_logits / tau, dim=1),
-                reduction="sum",
-                log_target=True,
-            ) * (tau * tau) / dist_logits.numel()
-        return base * (1 - self.alpha) + distill * self.alpha
 
 
 def freeze(teacher: nn.Module) -> nn.Module:

@@ -239,7 +239,9 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights |
     Raises:
         RecipeError: a recipe field that contradicts the weights, or weights the data cannot use.
     """
-    data_fields = {"img_size": info.img_size, "in_chans": info.in_chans, "num_classes": info.num_classes}
+    # a pre-training objective trains a headless encoder (its own heads are the task's parts)
+    num_classes = info.num_classes if config.task.name == "classify" else 0
+    data_fields = {"img_size": info.img_size, "in_chans": info.in_chans, "num_classes": num_classes}
     if weights is None:
         vit_config = config.vit_config(**data_fields)
         vitkit_model = None

@@ -1,6 +1,7 @@
-"""The LightningModule: a :class:`~vitkit.models.VisionTransformer` classifier with AdamW, a
-warmup-cosine schedule, Mixup/CutMix and label smoothing (timm), an optional weight EMA, DeiT
-distillation from a frozen teacher, top-1/top-5 metrics and a stop on a non-finite loss."""
+"""The LightningModule that trains a :class:`~vitkit.models.VisionTransformer` on any objective
+(a :class:`~vitkit.tasks.Task`: classification, or self-supervised pre-training): AdamW with a
+warmup-cosine schedule, gradient clipping, an optional weight EMA, checkpoints, and a stop on a
+non-finite loss. What the objective computes lives in :mod:`vitkit.tasks`, not here."""
 
 from __future__ import annotations
 
@@ -11,18 +12,16 @@ from typing import Any
 
 import lightning as L
 import torch
-from timm.data import Mixup
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.utils import ModelEmaV3, accuracy
+from timm.utils import ModelEmaV3
 from torch import nn
 
 from ..errors import VitkitError
-from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, black_level, predict_views
+from ..evaluation import black_level
 from ..io import FORMAT_KEY, FORMAT_VERSION
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
+from ..tasks import ClassifyTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
-from .distill import DistillationLoss
 from .distributed import clip_grad_norm, is_sharded, load_gathered
 from .optim import build_optimizer, warmup_cosine
 
@@ -34,40 +33,48 @@ class NonFiniteLossError(VitkitError, RuntimeError):
     """The training loss became NaN or infinite; the run stops, its last good checkpoint stays."""
 
 
-class ViTClassifier(L.LightningModule):
-    """Image classification with a ViT.
+def build_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> Task:
+    """The objective ``recipe.task`` names, configured from the recipe (``extra``: the metadata
+    exported with the model, whose normalisation gives ``'hflip_shift'``'s black border)."""
+    optim, distill = recipe.optim, recipe.distill
+    mixer, criterion = build_criterion(
+        vit_config.num_classes, mixup=optim.mixup, cutmix=optim.cutmix, mixup_prob=optim.mixup_prob,
+        mixup_switch_prob=optim.mixup_switch_prob, label_smoothing=optim.label_smoothing,
+    )
+    fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
+    return ClassifyTask(
+        mixer, criterion, distill=distill.type, alpha=distill.alpha, tau=distill.tau,
+        tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta, fill=fill,
+    )
+
+
+class ViTModule(L.LightningModule):
+    """A ViT trained on an objective (:class:`~vitkit.tasks.Task`).
 
     Args:
         model: the model to train, built once by :func:`~vitkit.train.model_builder.build_model`
             (a vitkit :class:`VisionTransformer`, or timm's for ``model.impl: timm``).
-        recipe: the resolved recipe; its ``optim``, ``distill`` and ``trainer.tta`` sections are used here.
+        recipe: the resolved recipe; its ``optim`` section is used here, the rest by the task.
         vit_config: the model's :class:`ViTConfig` (the one ``model`` was built from).
         extra: metadata exported with the model (mean, std, img_size, class_names, ...).
+        task: the objective; by default the one ``recipe.task`` names (:func:`build_task`).
 
     The recipe, ``vit_config`` and ``extra`` are saved as plain-dict hyper-parameters, so a
     checkpoint loads with ``torch.load(weights_only=True)`` and rebuilds its model without the
     recipe file (:func:`vitkit.load_model`).
     """
 
-    def __init__(self, model: nn.Module, recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> None:
+    def __init__(
+        self, model: nn.Module, recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any],
+        task: Task | None = None,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra,
                                    FORMAT_KEY: FORMAT_VERSION})
         self.optim_config: OptimConfig = recipe.optim
-        self.tta: TestTimeAugmentation = recipe.trainer.tta
-        self.val_tta: TestTimeAugmentation = recipe.trainer.val_tta or self.tta
-        #: ``[C]`` normalised black, the border of ``'hflip_shift'``'s moved views.
-        self.fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
         self.model = model
-        self.mixup, self.train_criterion = build_criterion(self.optim_config, vit_config.num_classes)
-        distill = recipe.distill
-        self.distill_loss = (
-            None if distill.type == "none"
-            else DistillationLoss(self.train_criterion, distill.type, distill.alpha, distill.tau)
-        )
-        if self.distill_loss is not None and hasattr(self.model, "set_distilled_training"):
-            self.model.set_distilled_training(True)  # a distillation token's head gets the teacher's term
-        self.teacher: nn.Module | None = None
+        self.task = task if task is not None else build_task(recipe, vit_config, extra)
+        self.task.prepare(self.model)
         # The EMA copy is updated in place, never by gradients. Kept out of the module's children
         # (as the teacher), DDP and FSDP neither wrap nor shard it, the optimiser and clipping never
         # see it; it follows the module's device, dtype and train/eval mode (:meth:`_apply`,
@@ -89,24 +96,16 @@ class ViTClassifier(L.LightningModule):
         if self.unsharded is None and is_sharded(self.trainer.strategy):  # Lightning calls this before it shards
             self.__dict__["unsharded"] = copy.deepcopy(self.model).cpu()
 
-    def attach_teacher(self, teacher: nn.Module) -> None:
-        """Distil from ``teacher`` (frozen, see :func:`~vitkit.train.distill.freeze`). It is kept
-        out of the module's children, so it is neither checkpointed nor switched to train mode."""
-        self.__dict__["teacher"] = teacher
-
     def on_fit_start(self) -> None:
-        if self.distill_loss is not None:
-            if self.teacher is None:
-                raise RuntimeError("distillation is configured but no teacher was attached (attach_teacher).")
-            self.teacher.to(self.device)
+        self.task.on_fit_start(self.device)
 
-    def train(self, mode: bool = True) -> ViTClassifier:
+    def train(self, mode: bool = True) -> ViTModule:
         """Train (or, ``mode=False``, eval) mode for the module and its EMA copy."""
         if self.ema is not None:
             self.ema.train(mode)
         return super().train(mode)
 
-    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> ViTClassifier:
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> ViTModule:
         # .to(device), .cpu(), .to(dtype) (Lightning's device placement, precision plugins) reach the EMA copy
         if self.ema is not None:
             self.ema._apply(fn, recurse)
@@ -133,39 +132,33 @@ class ViTClassifier(L.LightningModule):
         """``[B, C, H, W]`` to ``[B, num_classes]`` logits of :attr:`inference_model`."""
         return self.inference_model(images)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        images, targets = batch
-        soft_targets = targets
-        if self.mixup is not None:
-            images, soft_targets = self.mixup(images, targets)
-        outputs = self.model(images)
-        # (class, distillation) logits from a model with a distillation token; else one set for both, as DeiT
-        logits, dist_logits = outputs if isinstance(outputs, tuple) else (outputs, outputs)
-        if self.distill_loss is not None:
-            with torch.no_grad():
-                teacher_logits = self.teacher(images)
-            loss = self.distill_loss(logits, dist_logits, soft_targets, teacher_logits)
-        else:
-            loss = self.train_criterion(logits, soft_targets)
-        self._check_finite(loss)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(targets))
-        if self.mixup is None:
-            self.log("train/acc1", accuracy(logits.detach(), targets)[0], batch_size=len(targets))
-        return loss
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        out = self.task.training_step(self.model, batch)
+        self._check_finite(out.loss)
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=out.batch_size)
+        for key, value in out.metrics.items():
+            self.log(f"train/{key}", value, batch_size=out.batch_size)
+        return out.loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step)
+        self.task.after_optimizer_step(self.model, self.global_step, int(self.trainer.estimated_stepping_batches))
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "test")
+
+    def build_optimizer(self, *, allow_fused: bool = True) -> torch.optim.AdamW:
+        """AdamW over the model's parameters (:func:`~vitkit.train.optim.build_optimizer`) and the
+        task's own (a decoder, a projection head), at the recipe's rate, without layer decay."""
+        return build_optimizer(self.model, self.optim_config, extra=self.task, allow_fused=allow_fused)
 
     def configure_optimizers(self) -> dict[str, Any]:
         # float16 loss scaling unscales the gradients inside a fused step, after clipping would see them
-        optimizer = build_optimizer(self.model, self.optim_config, allow_fused=self.trainer.precision != "16-mixed")
+        optimizer = self.build_optimizer(allow_fused=self.trainer.precision != "16-mixed")
         total_steps = int(self.trainer.estimated_stepping_batches)
         warmup_steps = round(self.optim_config.warmup_epochs * total_steps / max(1, self.trainer.max_epochs))
         scheduler = warmup_cosine(
@@ -204,18 +197,12 @@ class ViTClassifier(L.LightningModule):
                 f"{self.current_epoch}; {shown}), so no checkpoint was written for this step."
             )
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
-        images, targets = batch
-        views = predict_views(self.inference_model, images, self.val_tta if stage == "val" else self.tta, self.fill)
-        loss, acc1, acc5 = batch_metrics(average_views(views), targets)
-        self.log_dict({f"{stage}/loss": loss, f"{stage}/acc5": acc5}, sync_dist=True, batch_size=len(targets))
-        self.log(f"{stage}/acc1", acc1, sync_dist=True, batch_size=len(targets), prog_bar=True)
-        if len(views) > 1:  # the images alone, beside the averaged views, so that the gain is measured
-            single = accuracy(views[0], targets)[0]
-            self.log(f"{stage}/acc1_one_view", single, sync_dist=True, batch_size=len(targets))
-        if len(views) > 2:  # and the image with its mirror ('hflip'), so that the moved views' gain is too
-            mirrored = accuracy(average_views(views[:2]), targets)[0]
-            self.log(f"{stage}/acc1_mirrored", mirrored, sync_dist=True, batch_size=len(targets))
+    def _evaluate(self, batch: Any, stage: str) -> None:
+        out = self.task.evaluation_step(self.inference_model, batch, stage)
+        progress = self.task.progress_metric
+        self.log(f"{stage}/loss", out.loss, sync_dist=True, batch_size=out.batch_size, prog_bar=progress == "loss")
+        for key, value in out.metrics.items():
+            self.log(f"{stage}/{key}", value, sync_dist=True, batch_size=out.batch_size, prog_bar=key == progress)
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         self._recent_losses.append(loss.detach())
@@ -227,14 +214,14 @@ class ViTClassifier(L.LightningModule):
             )
 
 
-def _save_ema(module: ViTClassifier, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
+def _save_ema(module: ViTModule, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
     """State-dict post-hook: the EMA copy's tensors under ``ema.module.*``, where they were when the
     copy was a child of the module (checkpoints of either layout load into the other)."""
     module.ema.state_dict(destination=state_dict, prefix=f"{prefix}ema.")
 
 
 def _load_ema(
-    module: ViTClassifier,
+    module: ViTModule,
     state_dict: dict[str, Any],
     prefix: str,
     local_metadata: dict[str, Any],
@@ -269,22 +256,3 @@ def _tensors(tree: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(tree, (list, tuple)):
         for index, value in enumerate(tree):
             yield from _tensors(value, f"{prefix}/{index}")
-
-
-def build_criterion(config: OptimConfig, num_classes: int) -> tuple[Mixup | None, nn.Module]:
-    """The batch mixer (``None`` without Mixup/CutMix) and the training loss: soft-target
-    cross-entropy after mixing (targets already smoothed), label-smoothing or plain cross-entropy."""
-    if config.mixes:
-        mixup = Mixup(
-            mixup_alpha=config.mixup,
-            cutmix_alpha=config.cutmix,
-            prob=config.mixup_prob,
-            switch_prob=config.mixup_switch_prob,
-            label_smoothing=config.label_smoothing,
-            num_classes=num_classes,
-        )
-        return mixup, SoftTargetCrossEntropy()
-    if config.label_smoothing > 0:
-        return None, LabelSmoothingCrossEntropy(smoothing=config.label_smoothing)
-    return None, nn.CrossEntropyLoss()
-

@@ -44,15 +44,21 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in devices for p in params)
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig, *, allow_fused: bool = True) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, config: OptimConfig, *, extra: nn.Module | None = None, allow_fused: bool = True
+) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` (each group's learning rate ``config.lr`` times its
     ``lr_scale`` under ``config.layer_decay``), fused (one kernel over all parameters) wherever torch supports
-    it and ``allow_fused``, else torch's default multi-tensor (foreach) implementation.
+    it and ``allow_fused``, else torch's default multi-tensor (foreach) implementation. The
+    trainable parameters of ``extra`` (a task's decoder or projection head) follow in groups of
+    their own at the full rate, norms and biases undecayed; a module without any adds no group.
 
     The fused step applies the same update as the foreach one to float rounding (tested), in a
     fraction of its time (docs/benchmarks.md has the measurement).
     """
     groups = param_groups(model, config.weight_decay, config.layer_decay)
+    if extra is not None and any(p.requires_grad for p in extra.parameters()):
+        groups += param_groups(extra, config.weight_decay)
     for group in groups:  # each group's own peak; warmup_cosine's factor then scales it (min_lr too)
         group["lr"] = config.lr * group.get("lr_scale", 1.0)
     fused = allow_fused and fused_supported([p for group in groups for p in group["params"]])

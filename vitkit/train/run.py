@@ -65,7 +65,7 @@ from .distill import build_teacher, prepare_teacher
 from .distributed import fsdp_strategy
 from .kernel_trial import TrainingKernelChooser
 from .model_builder import StartingWeights, build_model, load_starting_weights, pretrained_data
-from .module import NonFiniteLossError, ViTClassifier
+from .module import NonFiniteLossError, ViTModule
 from .plots import plot_curves
 from .schema import RecipeError
 from .threads import other_load, thread_advice, usable_cores
@@ -197,7 +197,7 @@ def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _fit(
     config: RecipeConfig,
     datamodule: ViTDataModule,
-    module: ViTClassifier,
+    module: ViTModule,
     teacher: nn.Module | None,
     run_dir: Path,
     resume: str | os.PathLike | None,
@@ -210,7 +210,7 @@ def _fit(
         teacher_report = prepare_teacher(
             teacher, config.distill, datamodule, run_dir, config.trainer.precision, config.trainer.enable_progress_bar
         )
-        module.attach_teacher(teacher)
+        module.task.attach_teacher(teacher)
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
     # First, so that its step timing ends before other callbacks' batch-end work; a deterministic run times nothing.
@@ -250,7 +250,7 @@ def _fit(
         "test_acc": _metric(tested, "test/acc1"),
         "test_acc5": _metric(tested, "test/acc5"),
         "tta": config.trainer.tta,
-        "val_tta": module.val_tta,  # the module resolves an unset one to tta
+        "val_tta": module.task.val_tta,  # the task resolves an unset one to tta
         **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
         **({"test_acc_mirrored": _metric(tested, "test/acc1_mirrored")} if config.trainer.tta == "hflip_shift" else {}),
         "epochs": trainer.current_epoch,
@@ -275,7 +275,7 @@ def _fit(
     return RunResult(run_dir=run_dir, summary=summary, model=model, primary=trainer.is_global_zero)
 
 
-def build_module(config: RecipeConfig, info: DataInfo, weights: StartingWeights | None = None) -> ViTClassifier:
+def build_module(config: RecipeConfig, info: DataInfo, weights: StartingWeights | None = None) -> ViTModule:
     """The LightningModule for ``config``, its model built once (:func:`build_model`: a fresh
     variant sized by the dataset, or ``weights`` fitted to it), with the ``extra`` metadata
     (normalisation, classes, dataset and recipe names, data options, test-time augmentation,
@@ -284,7 +284,7 @@ def build_module(config: RecipeConfig, info: DataInfo, weights: StartingWeights 
     if weights is not None:
         extra["pretrained"] = weights.record
     model, vit_config = build_model(config, info, weights)
-    module = ViTClassifier(model, config, vit_config, extra)
+    module = ViTModule(model, config, vit_config, extra)
     if config.trainer.compile:
         # Module.compile() compiles forward in place: parameter names (checkpoints) stay as they are.
         module.model.compile()

@@ -1,0 +1,8 @@
+"""Training objectives: what a training step minimises, what evaluation measures, and the parts
+of its own that train with the model (:mod:`.base` has the contract). One module per objective;
+:class:`vitkit.train.ViTModule` runs any of them."""
+
+from .base import StepOutput, Task
+from .classify import ClassifyTask, DistillationLoss, build_criterion
+
+__all__ = ["ClassifyTask", "DistillationLoss", "StepOutput", "Task", "build_criterion"]
