@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .inference import Prediction, predict
     from .io import load_model, load_model_and_extra, save_model
     from .models import VisionTransformer, ViTConfig, create_model, from_timm, list_models, to_timm_state_dict
+    from .pretrained import load_pretrained, read_pretrained
 
 __version__ = "0.1.0"
 
@@ -29,7 +30,9 @@ _ATTRIBUTES = {
     "list_models": "models",
     "load_model": "io",
     "load_model_and_extra": "io",
+    "load_pretrained": "pretrained",
     "predict": "inference",
+    "read_pretrained": "pretrained",
     "save_model": "io",
     "to_timm_state_dict": "models",
 }
@@ -45,7 +48,9 @@ __all__ = [
     "list_models",
     "load_model",
     "load_model_and_extra",
+    "load_pretrained",
     "predict",
+    "read_pretrained",
     "save_model",
     "to_timm_state_dict",
     "data",

@@ -156,7 +156,8 @@ def _vitkit_keys(model: Eva) -> dict[str, torch.Tensor]:
         attn = block.attn
         if getattr(attn, "q_bias", None) is not None:
             prefix = f"blocks.{i}.attn."
-            state[prefix + "qkv.bias"] = torch.cat([state.pop(prefix + "q_bias"), attn.k_bias, state.pop(prefix + "v_bias")])
+            q_bias = state.pop(prefix + "q_bias")  # timm's k_bias is a zero, non-persistent buffer (meta on a meta model)
+            state[prefix + "qkv.bias"] = torch.cat([q_bias, torch.zeros_like(q_bias), state.pop(prefix + "v_bias")])
     if isinstance(model.rope, RotaryEmbeddingMixed):
         freqs = state.pop("rope.freqs")
         state.update({f"blocks.{i}.attn.rope.freqs": freqs[:, i] for i in range(len(model.blocks))})

@@ -387,6 +387,25 @@ def _non_square_grid(tokens: int, patch: tuple[int, int], img_size: Any) -> tupl
     return grid
 
 
+def timm_config_and_state(source: nn.Module) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """The :class:`ViTConfig` of a timm ``VisionTransformer`` or ``Eva`` instance and its weights
+    in vitkit's layout, without building a vitkit model: what :func:`vitkit.pretrained.read_pretrained`
+    reads off a timm model built on the meta device with a file's weights assigned to it.
+
+    Raises:
+        UnsupportedModelError: the model uses a feature vitkit lacks.
+    """
+    refuse_unsupported(source)
+    values, state = eva_config_and_state(source) if is_eva(source) else (_config_from_timm_model(source), source.state_dict())
+    return ViTConfig(**values), _vitkit_patch_layout(dict(state))
+
+
+def _vitkit_patch_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with timm's ``[D, C, p1, p2]`` patch convolution as vitkit's ``[D, (p1 p2 c)]`` Linear."""
+    weight = state[PATCH_WEIGHT]
+    return {**state, PATCH_WEIGHT: weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)}
+
+
 def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = None, **overrides: Any) -> VisionTransformer:
     """A vitkit model with the weights of a timm ``VisionTransformer`` (instance or state dict) or
     of a timm ``Eva`` RoPE ViT (instance; :mod:`.timm_eva` lists what converts).
@@ -403,11 +422,8 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
             num_classes=...)`` does.
     """
     if isinstance(source, nn.Module):
-        refuse_unsupported(source)
-        if is_eva(source):
-            values, state = eva_config_and_state(source)
-        else:
-            values, state = _config_from_timm_model(source), source.state_dict()
+        source_config, state = timm_config_and_state(source)
+        values = source_config.to_dict()
     else:
         state = dict(source)
         if is_eva_state_dict(state):
@@ -421,10 +437,9 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
                 "a state dict does not record the head count: pass name='vit_small_patch16_224' (or another "
                 "variant from vitkit.list_models()) or num_heads=... to from_timm."
             )
+        state = _vitkit_patch_layout(state)
     source_config = ViTConfig(**{**values, **{k: v for k, v in overrides.items() if k == "num_heads"}})
     model = VisionTransformer(source_config.replace(**overrides))
-    weight = state[PATCH_WEIGHT]
-    state[PATCH_WEIGHT] = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
     if model.config.num_classes != source_config.num_classes:
         state = {key: value for key, value in state.items() if not key.startswith("head.")}
         state.update({key: value for key, value in model.state_dict().items() if key.startswith("head.")})

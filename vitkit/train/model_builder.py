@@ -1,46 +1,37 @@
 """The model a run trains, built once from the typed recipe.
 
 Either a fresh variant (``model.name`` plus overrides), or the weights a run starts from
-(:class:`StartingWeights`): another vitkit run's model file or checkpoint (a pruned model keeps its
-per-layer head counts), or a timm model's weights (``model.pretrained: timm:NAME`` with
-``model.pretrained_file``, or timm's own download). The weights fix the architecture; the recipe may
-change only what does not contradict them (:data:`FREE_FIELDS`), and the data fix the classes, the
-image size and the channels: a new class count re-initialises the classifier (as timm's
-``reset_classifier``), a new image size resamples the learned position embedding (bicubic), a
-new channel count adapts the first layer's filters (timm's ``adapt_input_conv``: 1-channel data
-sums the RGB filters).
+(:class:`~vitkit.pretrained.PretrainedWeights`): another vitkit run's model file or checkpoint (a
+pruned model keeps its per-layer head counts), or a timm model's weights (``model.pretrained:
+timm:NAME`` with ``model.pretrained_file``, or timm's own download), read and loaded by the library's
+:mod:`vitkit.pretrained` into the one model built here. The weights fix the architecture; the recipe
+may change only what does not contradict them (:data:`FREE_FIELDS`), and the data fix the classes,
+the image size and the channels: a new class count re-initialises the classifier (with a note), a
+new image size resamples the learned position embedding, a new channel count adapts the first
+layer's filters.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import timm
-import torch
-from einops import rearrange
-from timm.layers import resample_abs_pos_embed
-from timm.models import adapt_input_conv
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from ..data import DataConfig, DataInfo
 from ..errors import VitkitError
-from ..io import read_model, read_weights_file
+from ..io import read_model
 from ..layers import add_lora
-from ..models import VisionTransformer, ViTConfig, from_timm, model_config, timm_twin, to_timm_state_dict
-from ..models.timm_interop import PATCH_WEIGHT
+from ..models import VisionTransformer, ViTConfig, model_config, timm_twin, to_timm_state_dict
+from ..pretrained import PretrainedError, PretrainedWeights, SourceKeys, fit_config, load_pretrained, read_pretrained
 from ..schema import FieldError
 from .config import DATA_DRIVEN_FIELDS, ModelConfig, RecipeConfig
 from .finetune import check_freeze, freeze
 from .schema import RecipeError
 
-#: The prefix of ``model.pretrained`` that names a timm model (``timm:deit_small_patch16_224``).
-TIMM_PREFIX = "timm:"
 #: ViTConfig fields a recipe may set on top of pretrained weights: regularisation, kernels, the
 #: input size, and the init of a new classifier; the data set ``img_size``, ``in_chans`` and
 #: ``num_classes``. Every other field is the weights' own.
@@ -60,34 +51,13 @@ FREE_FIELDS = (
 )
 
 
-@dataclass
-class StartingWeights:
-    """Weights a run starts from.
-
-    Attributes:
-        config: the architecture they describe, at their own image size, channels and classes.
-        state: their state dict in vitkit's layout.
-        preprocessing: how they saw images (``mean``, ``std``, ``interpolation``, ``crop_pct``
-            where known), for the data's normalisation.
-        record: where they came from (``pretrained``, ``pretrained_file``), saved with the run.
-        class_names: the classes their classifier was trained on, where recorded (vitkit files).
-    """
-
-    config: ViTConfig
-    state: dict[str, torch.Tensor]
-    preprocessing: dict[str, Any]
-    record: dict[str, Any]
-    class_names: tuple[str, ...] | None = None
-
-    @property
-    def description(self) -> str:
-        """``timm:deit_tiny_patch16_224 (deit_t.safetensors)`` or the model file's path."""
-        file = self.record.get("pretrained_file")
-        return f"{self.record['pretrained']}" + (f" ({file})" if file else "")
+#: How messages name the recipe's keys of the weights to start from.
+RECIPE_KEYS = SourceKeys("model.pretrained", "model.pretrained_file", "model.pretrained_kwargs")
 
 
-def load_starting_weights(model: ModelConfig, resume: str | os.PathLike | None = None) -> StartingWeights | None:
-    """The weights ``model.pretrained`` names, read and validated (``None`` without it).
+def load_starting_weights(model: ModelConfig, resume: str | os.PathLike | None = None) -> PretrainedWeights | None:
+    """The weights ``model.pretrained`` names, read and validated (``None`` without it) by
+    :func:`vitkit.pretrained.read_pretrained`.
 
     A resumed fine-tuning run restores every weight from its checkpoint, so there the architecture
     and the normalisation are read off ``resume`` (the original weights file may be gone).
@@ -100,110 +70,19 @@ def load_starting_weights(model: ModelConfig, resume: str | os.PathLike | None =
         return None
     if resume is not None:
         try:
-            config, state, extra = read_model(resume)
+            config, _, extra = read_model(resume)
         except (VitkitError, OSError):
             pass  # check_resumable names what is wrong with it
         else:
             record = extra.get("pretrained") or {"pretrained": model.pretrained}
-            return StartingWeights(config, state, _preprocessing(extra), record, _class_names(extra))
-    if model.pretrained.startswith(TIMM_PREFIX):
-        return _timm_weights(model.pretrained.removeprefix(TIMM_PREFIX), model.pretrained_file, model.pretrained_kwargs)
-    config, state, extra = _read_vitkit_weights(Path(model.pretrained))
-    record = {"pretrained": model.pretrained, **({"pretrained_from": extra["pretrained"]} if "pretrained" in extra else {})}
-    return StartingWeights(config, state, _preprocessing(extra), record, _class_names(extra))
+            return PretrainedWeights.of_model_file(resume, record)
+    return read_pretrained(
+        model.pretrained, file=model.pretrained_file, timm_kwargs=model.pretrained_kwargs, keys=RECIPE_KEYS,
+        error=RecipeError,
+    )
 
 
-def _class_names(extra: dict[str, Any]) -> tuple[str, ...] | None:
-    """The class names a vitkit model file records, or ``None``."""
-    names = extra.get("class_names")
-    return tuple(names) if names is not None else None
-
-
-def _preprocessing(extra: dict[str, Any]) -> dict[str, Any]:
-    """How a vitkit model file's model saw images (its saved normalisation and eval resize)."""
-    return {key: extra[key] for key in ("mean", "std", "interpolation", "crop_pct") if extra.get(key) is not None}
-
-
-def _read_vitkit_weights(path: Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """``(config, state, extra)`` of a vitkit model file or training checkpoint."""
-    if not path.is_file():
-        raise RecipeError(
-            f"model.pretrained: {path} does not exist; give a vitkit model file (a run's model.safetensors, "
-            "a pruned model) or timm:NAME with model.pretrained_file."
-        )
-    try:
-        return read_model(path)
-    except VitkitError as error:
-        raise RecipeError(
-            f"model.pretrained: {error} If the file holds a timm model's weights, give "
-            f"model.pretrained=timm:<timm model name> model.pretrained_file={path}."
-        ) from None
-
-
-def _timm_weights(name: str, file: str | None, kwargs: dict[str, Any]) -> StartingWeights:
-    """A timm model's weights: from ``file`` (a state dict saved with safetensors or torch), or
-    timm's own ``pretrained=True`` download when ``file`` is ``None``; ``kwargs`` go to
-    ``timm.create_model`` (timm's ``--model-kwargs``)."""
-    base = name.split(".")[0]
-    if not timm.is_model(base):
-        close = difflib.get_close_matches(base, timm.list_models(), n=1)
-        hint = f" Did you mean 'timm:{close[0]}'?" if close else ""
-        raise RecipeError(f"model.pretrained: timm has no model {base!r}.{hint}")
-    if file is None:
-        source = _create(name, kwargs, pretrained=True)
-    else:
-        state = read_weights_file(file, error=RecipeError, what="model.pretrained_file")
-        source = _timm_model_with(name, state, file, kwargs)
-    try:
-        vit = from_timm(source)
-    except (ValueError, RuntimeError) as error:
-        raise RecipeError(f"model.pretrained: timm:{name} cannot be fine-tuned by vitkit: {error}") from None
-    preprocessing = dict(vit.pretrained_cfg or {})  # the tag's pretrained_cfg, as timm.create_model resolved it
-    record = {"pretrained": f"{TIMM_PREFIX}{name}", "pretrained_file": file}
-    return StartingWeights(vit.config, vit.state_dict(), preprocessing, record)
-
-
-def _create(name: str, kwargs: dict[str, Any], pretrained: bool = False, **more: Any) -> nn.Module:
-    """``timm.create_model``, its failures (a download, an argument the model refuses) one line."""
-    try:
-        return timm.create_model(name, pretrained=pretrained, **{**kwargs, **more})
-    except Exception as error:  # noqa: BLE001 - a download, cache or argument failure is the user's to fix
-        first = str(error).strip().splitlines()
-        reason = first[0] if first else type(error).__name__
-        if pretrained:
-            raise RecipeError(
-                f"model.pretrained: timm could not download the weights of {name} ({reason}); download them where "
-                "the hub is reachable and give model.pretrained_file=<the file>."
-            ) from None
-        raise RecipeError(f"model.pretrained_kwargs: timm cannot build {name} with {kwargs}: {reason}") from None
-
-
-def _timm_model_with(name: str, state: dict[str, torch.Tensor], file: str, kwargs: dict[str, Any]) -> nn.Module:
-    """timm's model ``name`` (its tag selects its ``pretrained_cfg``) holding ``state``, loaded
-    strictly. The class count is read off the weights' head (0: a headless feature extractor); a
-    learned position embedding of another grid is resampled to the model's, as timm's own
-    checkpoint filter does."""
-    head = state.get("head.weight")
-    num_classes = head.shape[0] if isinstance(head, torch.Tensor) and head.dim() == 2 else 0
-    model = _create(name, kwargs, num_classes=num_classes)
-    table, ours = state.get("pos_embed"), getattr(model, "pos_embed", None)
-    if isinstance(table, torch.Tensor) and isinstance(ours, torch.Tensor) and table.dim() == 3 \
-            and table.shape != ours.shape and hasattr(model.patch_embed, "grid_size"):
-        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
-        state = {**state, "pos_embed": resample_abs_pos_embed(table, list(model.patch_embed.grid_size), num_prefix_tokens=prefix)}
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as error:
-        lines = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
-        raise RecipeError(
-            f"model.pretrained_file: {file} does not hold the weights of timm model {name}: "
-            f"{'; '.join(lines[:2])[:400]}. Give the weights of that architecture, the timm name they belong to, or "
-            "the model.pretrained_kwargs they were built with (e.g. {depth: 6})."
-        ) from None
-    return model.eval()
-
-
-def pretrained_data(data: DataConfig, weights: StartingWeights) -> tuple[DataConfig, str]:
+def pretrained_data(data: DataConfig, weights: PretrainedWeights) -> tuple[DataConfig, str]:
     """``data`` normalised as the weights saw images (their mean, std and interpolation), unless
     the recipe sets them, and a ``note:`` line saying what was used. Statistics of 3-channel
     weights become their average for 1-channel data (the adapted filters sum the channels)."""
@@ -230,7 +109,7 @@ def _shown(value: Any) -> str:
     return "[" + ", ".join(f"{v:.4g}" for v in value) + "]" if isinstance(value, tuple) else str(value)
 
 
-def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights | None) -> tuple[nn.Module, ViTConfig]:
+def build_model(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights | None) -> tuple[nn.Module, ViTConfig]:
     """The model ``config`` trains on data ``info`` and its :class:`ViTConfig`: a fresh variant, or
     ``weights`` adapted to the data; frozen, given LoRA adapters and gradient-checkpointed as the
     recipe says; timm's own
@@ -269,7 +148,7 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: StartingWeights |
 
 
 def adapt(
-    weights: StartingWeights, model: ModelConfig, *, img_size: tuple[int, int], in_chans: int, num_classes: int,
+    weights: PretrainedWeights, model: ModelConfig, *, img_size: tuple[int, int], in_chans: int, num_classes: int,
     class_names: Sequence[str] | None = None,
 ) -> VisionTransformer:
     """A vitkit model with ``weights``, fitted to the data: classes (the classifier kept when the
@@ -294,27 +173,27 @@ def adapt(
             f"{'; '.join(contradictions[:4])}. The weights fix the architecture: drop these keys (or model.name) "
             "from the recipe, or train from scratch without model.pretrained."
         )
-    free = {key: value for key, value in wanted.items() if key in FREE_FIELDS}
-    other_classes = num_classes != source.num_classes or (
-        weights.class_names is not None and class_names is not None and tuple(weights.class_names) != tuple(class_names)
-    )
-    reset = model.reset_head if model.reset_head is not None else other_classes
-    if not reset and num_classes != source.num_classes:
+    if model.reset_head is False and num_classes != source.num_classes:
         raise RecipeError(
             f"model.reset_head=false keeps the classifier of model.pretrained={weights.record['pretrained']}, which "
             f"has {source.num_classes} classes, but the data have {num_classes}: set model.reset_head=true (or leave it unset)."
         )
-    state = _adapt_channels(dict(weights.state), source, in_chans)
+    free = {key: value for key, value in wanted.items() if key in FREE_FIELDS}
     try:
-        target = source.replace(in_chans=in_chans, img_size=img_size, **free)
+        target = fit_config(weights, img_size=img_size, in_chans=in_chans, num_classes=num_classes, **free)
     except ValueError as error:  # a FieldError names the key
         key = getattr(error, "key", None)
         where = f"model.{key} {error.problem}" if key else str(error)
         raise RecipeError(f"{where} (fine-tuning model.pretrained={weights.record['pretrained']})") from None
     built = VisionTransformer(target)
-    built.load_weights(state, source_grid=source.grid_size)
-    if reset:
-        built.reset_classifier(num_classes)
+    try:
+        reset = load_pretrained(built, weights, reset_head=model.reset_head, class_names=class_names)
+    except PretrainedError as error:
+        raise RecipeError(f"model.pretrained: {error}") from None
+    if reset and num_classes > 0:
+        had = f"its {source.num_classes}-class classifier replaced" if source.num_classes else "it has no classifier"
+        rank_zero_info(f"note: a new classifier for the data's {num_classes} classes, initialised as model.init says "
+                       f"({weights.description}: {had}).")
     return built
 
 
@@ -337,24 +216,3 @@ def _recipe_fields(model: ModelConfig, source: ViTConfig) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
-
-
-def _adapt_channels(state: dict[str, torch.Tensor], source: ViTConfig, in_chans: int) -> dict[str, torch.Tensor]:
-    """``state`` with its first layer's filters adapted from ``source.in_chans`` to ``in_chans`` channels
-    by timm's ``adapt_input_conv`` (1 channel: the filters summed over the source's channels)."""
-    if in_chans == source.in_chans:
-        return state
-    if source.shifted_patches:
-        raise RecipeError(
-            f"model.pretrained: weights with shifted patch tokens take {source.in_chans}-channel images and cannot be "
-            f"adapted to the data's {in_chans}: set data.in_chans={source.in_chans}."
-        )
-    if source.patch_embed == "conv":
-        key = next(k for k, v in state.items() if k.startswith("patch_embed.stem.") and v.dim() == 4)
-        state[key] = adapt_input_conv(in_chans, state[key], base_chans=source.in_chans)
-        return state
-    p1, p2 = source.patch_size
-    conv = rearrange(state[PATCH_WEIGHT], "d (p1 p2 c) -> d c p1 p2", p1=p1, p2=p2)
-    adapted = adapt_input_conv(in_chans, conv, base_chans=source.in_chans)
-    state[PATCH_WEIGHT] = rearrange(adapted, "d c p1 p2 -> d (p1 p2 c)")
-    return state

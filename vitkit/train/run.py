@@ -41,6 +41,7 @@ from ..io import save_model
 from ..kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
 from ..output_dirs import hold
+from ..pretrained import PretrainedWeights
 from .artifacts import (
     CONFIG_FILE,
     RUN_DIR_ENV,
@@ -64,7 +65,7 @@ from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
 from .distributed import fsdp_strategy
 from .kernel_trial import TrainingKernelChooser
-from .model_builder import StartingWeights, build_model, load_starting_weights, pretrained_data
+from .model_builder import build_model, load_starting_weights, pretrained_data
 from .module import NonFiniteLossError, ViTModule
 from .plots import plot_curves
 from .schema import RecipeError
@@ -275,7 +276,7 @@ def _fit(
     return RunResult(run_dir=run_dir, summary=summary, model=model, primary=trainer.is_global_zero)
 
 
-def build_module(config: RecipeConfig, info: DataInfo, weights: StartingWeights | None = None) -> ViTModule:
+def build_module(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights | None = None) -> ViTModule:
     """The LightningModule for ``config``, its model built once (:func:`build_model`: a fresh
     variant sized by the dataset, or ``weights`` fitted to it), with the ``extra`` metadata
     (normalisation, classes, dataset and recipe names, data options, test-time augmentation,
