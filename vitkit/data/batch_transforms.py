@@ -20,7 +20,8 @@ from .info import DataInfo
 
 
 class BatchTransform:
-    """``uint8 [B, H, W, C]`` images to normalised ``float32 [B, C, H, W]``, optionally augmented.
+    """``uint8 [B, H, W, C]`` images to normalised ``float32 [B, C, H, W]``, optionally augmented,
+    on the images' device (random numbers are drawn there: on a GPU, nothing waits on the host).
 
     Args:
         info: the dataset's geometry and normalisation statistics.
@@ -47,9 +48,10 @@ class BatchTransform:
         if self.padding > 0:
             batch = random_crop(batch, self.padding)
         if self.hflip > 0:
-            flip = torch.rand(batch.shape[0]) < self.hflip
+            flip = torch.rand(batch.shape[0], device=batch.device) < self.hflip
             batch = torch.where(flip.view(-1, 1, 1, 1), batch.flip(-1), batch)
-        batch = batch.float().mul_(self.scale).add_(self.shift).contiguous()
+        scale, shift = self.scale.to(batch.device), self.shift.to(batch.device)
+        batch = batch.float().mul_(scale).add_(shift).contiguous()
         return batch if self.erase is None else self.erase(batch)
 
     def __repr__(self) -> str:
@@ -84,28 +86,31 @@ class BatchRandomErasing:
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` float to the same, one rectangle erased in the chosen images."""
         size_b, chans, height, width = batch.shape
-        target = torch.empty(size_b, self.ATTEMPTS).uniform_(*self.area) * (height * width)
-        ratio = torch.empty(size_b, self.ATTEMPTS).uniform_(*self.log_aspect).exp()
+        device = batch.device
+        target = torch.empty(size_b, self.ATTEMPTS, device=device).uniform_(*self.area) * (height * width)
+        ratio = torch.empty(size_b, self.ATTEMPTS, device=device).uniform_(*self.log_aspect).exp()
         heights, widths = (target * ratio).sqrt().round().long(), (target / ratio).sqrt().round().long()
         fits = (heights < height) & (widths < width)
         first = fits.int().argmax(dim=1, keepdim=True)  # the first attempt that fits (0 if none does)
         h, w = heights.gather(1, first), widths.gather(1, first)  # [B, 1]
-        erase = (torch.rand(size_b, 1) <= self.probability) & fits.any(dim=1, keepdim=True)
-        top = (torch.rand(size_b, 1) * (height - h + 1)).long()  # uniform in 0..H-h, as random.randint
-        left = (torch.rand(size_b, 1) * (width - w + 1)).long()
-        rows = torch.arange(height).view(1, -1)
-        cols = torch.arange(width).view(1, -1)
+        erase = (torch.rand(size_b, 1, device=device) <= self.probability) & fits.any(dim=1, keepdim=True)
+        top = (torch.rand(size_b, 1, device=device) * (height - h + 1)).long()  # uniform in 0..H-h, as random.randint
+        left = (torch.rand(size_b, 1, device=device) * (width - w + 1)).long()
+        rows = torch.arange(height, device=device).view(1, -1)
+        cols = torch.arange(width, device=device).view(1, -1)
         in_rows = (rows >= top) & (rows < top + h) & erase  # [B, H]
         in_cols = (cols >= left) & (cols < left + w)  # [B, W]
         inside = (in_rows[:, :, None] & in_cols[:, None, :]).unsqueeze(1)  # [B, 1, H, W]
-        return torch.where(inside, self._fill(size_b, chans, height, width, batch.dtype), batch)
+        return torch.where(inside, self._fill(size_b, chans, height, width, batch.dtype, device), batch)
 
-    def _fill(self, size_b: int, chans: int, height: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    def _fill(
+        self, size_b: int, chans: int, height: int, width: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         if self.mode == "pixel":
-            return torch.randn(size_b, chans, height, width, dtype=dtype)
+            return torch.randn(size_b, chans, height, width, dtype=dtype, device=device)
         if self.mode == "rand":
-            return torch.randn(size_b, chans, 1, 1, dtype=dtype)
-        return torch.zeros((), dtype=dtype)
+            return torch.randn(size_b, chans, 1, 1, dtype=dtype, device=device)
+        return torch.zeros((), dtype=dtype, device=device)
 
     def __repr__(self) -> str:
         return f"BatchRandomErasing(probability={self.probability}, area={self.area}, mode={self.mode!r})"
@@ -122,12 +127,13 @@ def random_crop(batch: torch.Tensor, padding: int) -> torch.Tensor:
     """Zero-pad ``[B, C, H, W]`` by ``padding`` on every side and cut a random ``H x W`` window
     from each image (offsets uniform in ``0..2*padding``, as albumentations' PadIfNeeded + RandomCrop)."""
     size_b, _, height, width = batch.shape
+    device = batch.device
     padded = F.pad(batch, (padding,) * 4)
-    top = torch.randint(0, 2 * padding + 1, (size_b, 1, 1))
-    left = torch.randint(0, 2 * padding + 1, (size_b, 1, 1))
-    rows = (top + torch.arange(height).view(1, -1, 1)).expand(-1, -1, width)
-    cols = (left + torch.arange(width).view(1, 1, -1)).expand(-1, height, -1)
-    index = torch.arange(size_b).view(-1, 1, 1)
+    top = torch.randint(0, 2 * padding + 1, (size_b, 1, 1), device=device)
+    left = torch.randint(0, 2 * padding + 1, (size_b, 1, 1), device=device)
+    rows = (top + torch.arange(height, device=device).view(1, -1, 1)).expand(-1, -1, width)
+    cols = (left + torch.arange(width, device=device).view(1, 1, -1)).expand(-1, height, -1)
+    index = torch.arange(size_b, device=device).view(-1, 1, 1)
     # Advanced indexing on dims 0, 2, 3 puts the index shape first: [B, H, W, C].
     return padded.permute(0, 2, 3, 1)[index, rows, cols].permute(0, 3, 1, 2)
 

@@ -80,8 +80,8 @@ def prepare_bias(
         like: the queries; a float bias is cast to their dtype and moved to their device.
 
     Returns:
-        ``(bias, row_has_key)``: the mask or bias for the kernels (``None``: nothing masked) and
-        ``[..., N, 1]`` booleans, ``None`` when every row has a key.
+        ``(bias, row_has_key)``: the mask or bias for the kernels and ``[..., N, 1]`` booleans;
+        ``(None, None)`` without ``attn_bias``.
     """
     if attn_bias is None:
         return None, None
@@ -91,21 +91,18 @@ def prepare_bias(
         )
     _check_broadcast(attn_bias, shape, "attn_bias")
     attn_bias = attn_bias.to(like.device)
-    # Reading the data is a host sync on an accelerator, and no Python branch on the data may run
-    # while a graph is recorded (torch.compile, torch.export / ONNX): there, and on the meta device,
-    # the empty-row guard is always applied (the same values, one multiply more) and the bias is
-    # not inspected. On the CPU reading costs nothing and keeps a NaN out.
-    inspect = attn_bias.device.type == "cpu" and not torch.compiler.is_compiling()
+    # No branch on the data: reading it is a host sync on an accelerator, and no Python branch on the
+    # data may run while a graph is recorded (torch.compile, torch.export / ONNX). The empty-row
+    # guard is always applied (the same values, one multiply more). Only a CPU bias outside a
+    # recorded graph is read, where reading costs nothing, to keep a NaN out.
     if attn_bias.dtype == torch.bool:
         row_has_key = attn_bias.any(dim=-1, keepdim=True)
-        if inspect and bool(row_has_key.all()):
-            return attn_bias, None
         return attn_bias | ~row_has_key, row_has_key
-    if inspect and (bool(torch.isnan(attn_bias).any()) or bool((attn_bias == float("inf")).any())):
+    if attn_bias.device.type == "cpu" and not torch.compiler.is_compiling() and (
+        bool(torch.isnan(attn_bias).any()) or bool((attn_bias == float("inf")).any())
+    ):
         raise ValueError("attn_bias holds NaN or +inf; use -inf to forbid a key and finite values otherwise.")
     attn_bias = attn_bias.to(like.dtype)
     allowed = attn_bias > float("-inf")
     row_has_key = allowed.any(dim=-1, keepdim=True)
-    if inspect and bool(row_has_key.all()):
-        return attn_bias, None
     return attn_bias.masked_fill(~row_has_key, 0.0), row_has_key

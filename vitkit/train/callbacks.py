@@ -1,5 +1,5 @@
 """Callbacks: ``last.ckpt`` every N steps, at every epoch end and on SIGTERM, Ctrl-C handled as
-SIGTERM, and training throughput.
+SIGTERM, training throughput, and a progress bar that never waits for the device.
 
 Lightning's ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` only when it saves a monitored
 or periodic checkpoint, and its ``OnExceptionCheckpoint`` saves on any exception (a diverged run
@@ -15,8 +15,19 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+
+class LossProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, with the training loss of the latest logging step
+    (``ViTModule.shown_loss``) in place of a per-step progress-bar metric, which Lightning would
+    read as a number after every step (a host sync that stalls a GPU)."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        loss = getattr(pl_module, "shown_loss", None)
+        return metrics if loss is None else {"loss": f"{loss:.4g}", **metrics}
 
 
 class LastCheckpoint(Callback):

@@ -1,15 +1,57 @@
-"""The LightningDataModule: :func:`vitkit.data.build_datasets` splits served by DataLoaders."""
+"""The LightningDataModule: :func:`vitkit.data.build_datasets` splits served by DataLoaders.
+
+In-memory splits (digits, MNIST, Fashion-MNIST, CIFAR, shapes) whose augmentation runs on whole
+batches (:mod:`vitkit.data.batch_transforms`) are kept on the training device when it is an
+accelerator: their ``uint8`` images are copied there once, the loader yields only the indices of
+each batch (:class:`IndexBatch`), and the gather, the augmentation and the normalisation run on the
+device after the transfer (``on_after_batch_transfer``), so a GPU never waits for the host's data
+path. The same random draws in the same order give the same batches as the host path.
+"""
 
 from __future__ import annotations
 
-from functools import cached_property
+from dataclasses import dataclass
+from functools import cached_property, partial
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
+from ..data import ArrayDataset, DataConfig, DataInfo, DatasetBundle, build_datasets
+from ..data.batch_transforms import BatchTransform
 from .schema import RecipeError
+
+Split = Literal["train", "val", "test"]
+
+
+@dataclass
+class IndexBatch:
+    """The indices ``[B]`` of one batch of an in-memory split whose images live on the device."""
+
+    indices: torch.Tensor
+    split: str
+
+    @classmethod
+    def collate(cls, indices: list[int], split: str) -> IndexBatch:
+        """A DataLoader's ``collate_fn``: the sampled indices as one tensor."""
+        return cls(torch.as_tensor(indices, dtype=torch.long), split)
+
+
+class _Indices(Dataset):
+    """``0..n-1``: what a loader of an on-device split samples."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return indices
 
 
 class ViTDataModule(L.LightningDataModule):
@@ -18,15 +60,19 @@ class ViTDataModule(L.LightningDataModule):
     Args:
         config: the recipe's data section.
         batch_size: images per device per step; evaluation uses twice as many.
+        on_device: keep in-memory splits on the training device (see the module docstring);
+            ``None``: when training on an accelerator.
 
     The training loader shuffles and drops the last incomplete batch (Mixup needs even, equal
     batches); under DDP Lightning adds a ``DistributedSampler``.
     """
 
-    def __init__(self, config: DataConfig, batch_size: int) -> None:
+    def __init__(self, config: DataConfig, batch_size: int, on_device: bool | None = None) -> None:
         super().__init__()
         self.config = config
         self.batch_size = batch_size
+        self.on_device = on_device
+        self._resident: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor, BatchTransform]] = {}
 
     @cached_property
     def bundle(self) -> DatasetBundle:
@@ -50,13 +96,49 @@ class ViTDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.check_batch(self.trainer.world_size if self.trainer is not None else 1)
-        return self.loader(self.bundle.train, self.batch_size, train=True)
+        return self._split_loader("train", self.batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self.loader(self.bundle.val, 2 * self.batch_size, train=False)
+        return self._split_loader("val", 2 * self.batch_size, train=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self.loader(self.bundle.test, 2 * self.batch_size, train=False)
+        return self._split_loader("test", 2 * self.batch_size, train=False)
+
+    def _keeps_on_device(self, dataset: Dataset) -> bool:
+        if not (isinstance(dataset, ArrayDataset) and dataset.batch_transform is not None):
+            return False
+        if self.on_device is not None:
+            return self.on_device
+        return self.trainer is not None and self.trainer.strategy.root_device.type != "cpu"
+
+    def _split_loader(self, split: Split, batch_size: int, train: bool) -> DataLoader:
+        """The loader Lightning iterates: of indices for an on-device split, else :meth:`loader`."""
+        dataset = getattr(self.bundle, split)
+        if not self._keeps_on_device(dataset):
+            return self.loader(dataset, batch_size, train)
+        return DataLoader(
+            _Indices(len(dataset)), batch_size=batch_size, shuffle=train, drop_last=train,
+            collate_fn=partial(IndexBatch.collate, split=split),
+        )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """An :class:`IndexBatch` (already on the device) becomes ``(images [B, C, H, W], labels
+        [B])``: gathered from the split's resident copy and transformed there."""
+        if not isinstance(batch, IndexBatch):
+            return batch
+        images, labels, transform = self.resident(batch.split, batch.indices.device)
+        return transform(images[batch.indices]), labels[batch.indices]
+
+    def resident(self, split: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, BatchTransform]:
+        """``split``'s ``uint8 [N, H, W, C]`` images and ``[N]`` labels on ``device`` (copied once)
+        and its batch transform."""
+        key = (split, device)
+        if key not in self._resident:
+            dataset: ArrayDataset = getattr(self.bundle, split)
+            images = torch.from_numpy(dataset.images).to(device)
+            labels = torch.from_numpy(dataset.labels).to(device)
+            self._resident[key] = (images, labels, dataset.batch_transform)
+        return self._resident[key]
 
     def loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
         workers = self.config.num_workers

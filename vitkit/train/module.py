@@ -87,7 +87,13 @@ class ViTModule(L.LightningModule):
             self.ema.requires_grad_(False)
             self.register_state_dict_post_hook(_save_ema)
             self.register_load_state_dict_pre_hook(_load_ema)
-        self._recent_losses: deque[torch.Tensor] = deque(maxlen=LOSS_HISTORY)
+        #: ``(step, loss)`` of the recent steps, on the device, for the divergence message.
+        self._recent_losses: deque[tuple[int, torch.Tensor]] = deque(maxlen=LOSS_HISTORY)
+        #: The first step whose loss was not finite (``-1``: none yet), kept on the device and read
+        #: only on logging steps and before a checkpoint: a steady step never waits for the host.
+        self._first_bad_step: torch.Tensor | None = None
+        #: The training loss of the latest logging step, for the progress bar.
+        self.shown_loss: float | None = None
         #: Under FSDP, an unsharded CPU copy of the model taken before sharding, which
         #: :meth:`export_model` fills with the gathered weights (outside the children, as the EMA).
         self.__dict__["unsharded"] = None
@@ -134,8 +140,12 @@ class ViTModule(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         out = self.task.training_step(self.model, batch)
-        self._check_finite(out.loss)
-        self.log("train/loss", out.loss, prog_bar=True, batch_size=out.batch_size)
+        logging_step = self._check_finite(out.loss)
+        # Not a progress-bar metric: Lightning would read it as a number every step (a host sync);
+        # the bar shows the loss of the logging steps (LossProgressBar), read here with the check.
+        self.log("train/loss", out.loss, batch_size=out.batch_size)
+        if logging_step:
+            self.shown_loss = float(out.loss)
         for key, value in out.metrics.items():
             self.log(f"train/{key}", value, batch_size=out.batch_size)
         return out.loss
@@ -188,7 +198,9 @@ class ViTModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse to write a checkpoint with non-finite weights or optimiser state (the weights can
-        diverge a step before the loss does). Runs on every rank, so DDP processes stop together."""
+        diverge a step before the loss does), or after a non-finite loss. Runs on every rank, so DDP
+        processes stop together."""
+        self.raise_if_diverged()
         bad = non_finite_tensors(checkpoint)
         if bad:
             shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
@@ -204,14 +216,36 @@ class ViTModule(L.LightningModule):
         for key, value in out.metrics.items():
             self.log(f"{stage}/{key}", value, sync_dist=True, batch_size=out.batch_size, prog_bar=key == progress)
 
-    def _check_finite(self, loss: torch.Tensor) -> None:
-        self._recent_losses.append(loss.detach())
-        if not torch.isfinite(loss):
-            history = ", ".join(f"{value:.4g}" for value in torch.stack(list(self._recent_losses)).float().tolist())
-            raise NonFiniteLossError(
-                f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
-                f"last {len(self._recent_losses)} losses: [{history}]."
-            )
+    def _check_finite(self, loss: torch.Tensor) -> bool:
+        """Note the loss on the device; read the flag (a host sync) every ``trainer.log_every`` steps.
+        Returns whether this is such a logging step."""
+        loss = loss.detach()
+        self._recent_losses.append((self.global_step, loss))
+        bad = ~torch.isfinite(loss)
+        first = self._first_bad_step if self._first_bad_step is not None else torch.full_like(loss, -1, dtype=torch.long)
+        self._first_bad_step = torch.where(bad & (first < 0), self.global_step, first)
+        every = self._trainer.log_every_n_steps if self._trainer is not None else 1
+        logging_step = self.global_step % max(1, every) == 0
+        if logging_step:
+            self.raise_if_diverged()
+        return logging_step
+
+    def raise_if_diverged(self) -> None:
+        """Raise :class:`NonFiniteLossError` if a training loss so far was NaN or infinite."""
+        if self._first_bad_step is None or int(self._first_bad_step) < 0:
+            return
+        step = int(self._first_bad_step)
+        steps, values = zip(*self._recent_losses)
+        values = torch.stack(values).float().tolist()
+        value = values[steps.index(step)] if step in steps else float("nan")
+        history = ", ".join(f"{v:.4g}" for v in values)
+        raise NonFiniteLossError(
+            f"training loss became {value} at step {step} (found at epoch {self.current_epoch}); "
+            f"last {len(values)} losses: [{history}]."
+        )
+
+    def on_train_end(self) -> None:
+        self.raise_if_diverged()
 
 
 def _save_ema(module: ViTModule, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:

@@ -52,7 +52,7 @@ from .artifacts import (
     resolve_run_dir,
     write_json,
 )
-from .callbacks import CtrlCStops, LastCheckpoint, Throughput
+from .callbacks import CtrlCStops, LastCheckpoint, LossProgressBar, Throughput
 from .checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -217,8 +217,9 @@ def _fit(
     # First, so that its step timing ends before other callbacks' batch-end work; a deterministic run times nothing.
     kernels = TrainingKernelChooser(pin="sdpa" if config.trainer.deterministic else None)
     ctrl_c = CtrlCStops()
+    bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
     trainer = build_trainer(
-        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *callbacks], model=module.model
+        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *bar, *callbacks], model=module.model
     )
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)

@@ -64,7 +64,8 @@ class TestAccuracyTimer(Callback):
         seconds = paused_at - self._start - self._paused
         with torch.no_grad(), trainer.precision_plugin.forward_context():  # the run's own autocast
             accuracy = evaluate_model(
-                pl_module.inference_model, trainer.datamodule.test_dataloader(), tta=pl_module.task.tta, fill=pl_module.task.fill
+                pl_module.inference_model, trainer.datamodule.loader(trainer.datamodule.bundle.test, 2 * trainer.datamodule.batch_size, train=False),
+                tta=pl_module.task.tta, fill=pl_module.task.fill
             ).top1
         self.points.append(AccuracyPoint(round(seconds, 2), trainer.global_step, round(accuracy, 3)))
         self._paused += time.perf_counter() - paused_at
