@@ -1,7 +1,7 @@
 """Attention maps of a ViT for image files: one PNG per image.
 
-    vitkit maps --checkpoint runs/shapes/model.safetensors images/ --out maps/
-    vitkit maps --checkpoint runs/quickstart/latest/model.safetensors --test-images 4 --out maps/
+    vitkit maps runs/shapes/model.safetensors images/ --out maps/
+    vitkit maps runs/quickstart/latest/model.safetensors --test-images 4 --out maps/
     vitkit maps --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         cat.jpg dog.png --out maps/ --method all --layer -1 --discard-ratio 0.9
 

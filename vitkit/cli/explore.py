@@ -1,8 +1,8 @@
 """An attention explorer of a ViT: one self-contained HTML file to click through every layer, head
 and patch, offline.
 
-    vitkit explore --checkpoint runs/quickstart/latest/model.safetensors --test-images 2 --out explorer.html
-    vitkit explore --checkpoint runs/shapes/model.safetensors images/ --out explorer.html --layers 0,5,11
+    vitkit explore runs/quickstart/latest/model.safetensors --test-images 2 --out explorer.html
+    vitkit explore runs/shapes/model.safetensors images/ --out explorer.html --layers 0,5,11
     vitkit explore --model vit_small_patch16_224 --timm-weights vit_s.safetensors cat.jpg --out cat.html
 
 Model sources are those of vitkit maps: a vitkit model file or training checkpoint,

@@ -2,8 +2,8 @@
 insertion, positive and negative perturbation areas, the parameter-randomisation check and the
 time per image, on the model's own test images.
 
-    vitkit faithfulness --checkpoint runs/fashion_mnist_fast/latest/model.safetensors --out faith/
-    vitkit faithfulness --checkpoint model.safetensors --images 100 --methods chefer lrp random \\
+    vitkit faithfulness runs/fashion_mnist_fast/latest/model.safetensors --out faith/
+    vitkit faithfulness model.safetensors --images 100 --methods chefer lrp random \\
         --baseline blur --steps 8 --out faith/
     vitkit faithfulness --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         --data name=imagefolder root=/data/imagenette --images 200 --out faith/
@@ -116,5 +116,5 @@ def verdict(report: FaithfulnessReport, args: argparse.Namespace) -> str:
 def maps_command(args: argparse.Namespace, method: str) -> str:
     """``vitkit maps`` of the same model with ``method`` (``all``: every map it draws)."""
     if args.checkpoint is not None:
-        return f"vitkit maps --checkpoint {args.checkpoint} --method {method} --test-images 8 --out maps/"
+        return f"vitkit maps {args.checkpoint} --method {method} --test-images 8 --out maps/"
     return f"vitkit maps --model {args.model} --timm-weights {args.timm_weights} --method {method} IMAGES --out maps/"

@@ -1,8 +1,8 @@
 """Prune attention heads of a trained model and trace accuracy against the heads removed.
 
-    vitkit prune --checkpoint runs/quickstart/<timestamp>/model.safetensors --out prune/
-    vitkit prune --checkpoint best.ckpt --data root=/data/cifar num_workers=0 --max-drop 0.5 --out prune/
-    vitkit prune --checkpoint runs/fashion/<timestamp>/model.safetensors --recover-epochs 2 --out prune/
+    vitkit prune runs/quickstart/<timestamp>/model.safetensors --out prune/
+    vitkit prune best.ckpt --data root=/data/cifar num_workers=0 --max-drop 0.5 --out prune/
+    vitkit prune runs/fashion/<timestamp>/model.safetensors --recover-epochs 2 --out prune/
 
 One shot (--heads N keeps the N most important heads, --ratio R prunes that share of them): the
 heads are scored once, by importance on the unpruned model, and the lowest are removed together;

@@ -51,6 +51,6 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
         f"run directory: {run_dir} (summary.json has the rest)",
         "next:",
         f"  vitkit evaluate {model}",
-        f"  vitkit maps --checkpoint {model} --test-images 4 --out maps/",
+        f"  vitkit maps {model} --test-images 4 --out maps/",
         f"  vitkit predict {model} IMAGE_OR_FOLDER",
     ])
