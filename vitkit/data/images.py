@@ -50,6 +50,15 @@ class ImageReadError(VitkitError, OSError):
         super().__init__(f"cannot read image {self.path}: {reason}")
 
 
+def is_grayscale(path: str | os.PathLike) -> bool:
+    """``path`` is stored as one channel (8- or 16-bit gray, or 1-bit), read from its header."""
+    try:
+        with Image.open(path) as image:
+            return image.mode in _GRAY_MODES
+    except _DECODE_ERRORS:
+        return False  # unreadable: reported where it is loaded, and no reason to drop colour
+
+
 def load_image(path: str | os.PathLike, in_chans: int | None = None) -> Image.Image:
     """Decode ``path`` completely, turned upright by its EXIF orientation (as photo viewers show it).
 

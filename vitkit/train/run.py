@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
-from ..data import DataInfo
+from ..data import DataInfo, settle_unset
 from ..errors import VitkitError
 from ..io import save_model
 from ..kernels import autotune_report
@@ -136,6 +136,10 @@ def train(
         if advice:
             rank_zero_info(advice)
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
+    data, notes = settle_unset(config.data)
+    config = dataclasses.replace(config, data=data)  # config.yaml records the channels chosen
+    for note in notes:
+        rank_zero_info(note)
     weights = load_starting_weights(config.model, resume)
     if weights is not None:
         data, note = pretrained_data(config.data, weights)
