@@ -3,6 +3,8 @@ few labelled images per class (few-shot fine-tuning), relabelled in the order gi
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from tiny_runs import tiny_recipe
@@ -10,6 +12,7 @@ from tiny_runs import tiny_recipe
 from vitkit.data import DataConfig, build_datasets
 from vitkit.data.info import DataFileError
 from vitkit.train import RecipeError, load_recipe, train
+from vitkit.train.datamodule import ViTDataModule
 
 
 def images_by_label(dataset) -> dict[int, set[bytes]]:
@@ -55,9 +58,18 @@ def test_bad_class_choices_are_one_line() -> None:
         load_recipe({"data": {"name": "shapes", "train_per_class": 3}})
 
 
-def test_a_training_split_smaller_than_one_batch_is_refused_before_a_run_starts(tmp_path) -> None:
-    recipe = tiny_recipe(tmp_path / "runs")
+def test_a_training_split_smaller_than_one_batch_trains_in_smaller_batches_with_a_note(tmp_path, caplog) -> None:
+    recipe = tiny_recipe(tmp_path / "runs", limit_val_batches=1, limit_test_batches=1)
     recipe["data"]["train_per_class"] = 2  # 20 images, batch 32
-    with pytest.raises(RecipeError, match=r"training split has 20 images, fewer than one batch"):
-        train(recipe)
-    assert not (tmp_path / "runs").exists()
+    with caplog.at_level(logging.INFO):
+        result = train(recipe)
+    assert ("note: trainer.batch_size 32 is more than the 20 training images; batches of 4 instead (5 full batches "
+            "an epoch; set trainer.batch_size to choose).") in caplog.messages
+    assert result.summary["global_steps"] == 5 and load_recipe(result.run_dir / "config.yaml").trainer.batch_size == 4
+
+
+def test_a_split_smaller_than_one_batch_per_device_is_refused(tmp_path) -> None:
+    datamodule = ViTDataModule(DataConfig(name="digits", num_workers=0, classes=[0, 1], train_per_class=2), 2)
+    assert datamodule.fit_batch() is None
+    with pytest.raises(RecipeError, match=r"training split has 4 images, fewer than one batch .* x 4 device"):
+        datamodule.check_batch(replicas=4)

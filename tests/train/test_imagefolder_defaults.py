@@ -7,26 +7,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
-from tiny_runs import short_recipe
+from tiny_runs import gray_folder, short_recipe
 
 from vitkit.data import DataConfig, settle_unset
 from vitkit.io import load_model_and_extra
 from vitkit.train import train
-
-
-def gray_folder(root: Path, mode: str = "L") -> Path:
-    """root/{train,val}/{a,b}/ with 8 and 2 non-square (12 wide, 10 high) images per class."""
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 8), ("val", 2)):
-        for name in ("a", "b"):
-            (root / split / name).mkdir(parents=True)
-            for index in range(count):
-                pixels = rng.integers(0, 255, (10, 12) if mode == "L" else (10, 12, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(root / split / name / f"{index}.png")
-    return root
 
 
 def test_a_recipe_training_on_whole_images_evaluates_whole_images_and_gray_images_train_one_channel(

@@ -146,6 +146,12 @@ def train(
         config = dataclasses.replace(config, data=data)  # the run's config.yaml records what was used
         rank_zero_info(note)
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
+    if (note := datamodule.fit_batch()) is not None:  # config.yaml records the batch used
+        config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, batch_size=datamodule.batch_size))
+        rank_zero_info(note)
+    if (note := datamodule.fit_workers(usable_cores())) is not None:
+        config = dataclasses.replace(config, data=datamodule.config)
+        rank_zero_info(note)
     datamodule.check_batch()  # before a run directory is claimed (each DDP process checks again at fit)
     module = build_module(config, datamodule.info, weights)
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
