@@ -73,3 +73,14 @@ def test_a_split_smaller_than_one_batch_per_device_is_refused(tmp_path) -> None:
     assert datamodule.fit_batch() is None
     with pytest.raises(RecipeError, match=r"training split has 4 images, fewer than one batch .* x 4 device"):
         datamodule.check_batch(replicas=4)
+
+
+def test_explained_test_images_are_spread_over_the_classes_by_a_seed() -> None:
+    from vitkit.data.arrays import spread_over_classes
+
+    labels = np.repeat([0, 1, 2], [5, 3, 1])  # stored class by class, as an image folder is
+    chosen = spread_over_classes(labels, 6, seed=0)
+    assert labels[chosen].tolist() == [0, 1, 2, 0, 1, 0]  # one of each class in turn, until a class runs out
+    assert len(set(chosen.tolist())) == 6 and spread_over_classes(labels, 6, seed=0).tolist() == chosen.tolist()
+    assert spread_over_classes(labels, 6, seed=1).tolist() != chosen.tolist()  # another seed, other images
+    assert sorted(spread_over_classes(labels, 100, seed=0).tolist()) == list(range(9))  # all, when fewer

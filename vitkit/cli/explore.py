@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     # Refused from the configuration, before any image is read or any attention computed.
     explorer_size(model, count, tuple(info.img_size), args.layers).check(args.max_bytes)
     start = time.perf_counter()
-    loaded = load_test_images(model, extra, min(args.test_images, count)) if args.test_images else []
+    loaded = load_test_images(model, extra, min(args.test_images, count), args.seed) if args.test_images else []
     note = ConversionNote(info)
     files, failed = load_image_files(paths[: count - len(loaded)], info, note)
     loaded += files
