@@ -21,7 +21,7 @@ from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_
 
 from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
 from ..data.arrays import spread_over_classes
-from ..data.images import convert_channels, describe_conversion
+from ..data.images import convert_channels, describe_conversion, files_under
 from ..errors import UnsupportedModelError, UsageError, VitkitError
 from ..io import load_model_and_extra, read_weights_file
 from ..models import VisionTransformer, from_timm
@@ -126,12 +126,13 @@ def _flag(key: str) -> str:
 
 
 def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files given directly, plus the image files (by suffix, recursively, sorted) of folders; a
-    file found twice (given and inside a given folder) is listed once."""
+    """Files given directly, plus the image files (by suffix, recursively through symlinked folders
+    as training reads them, sorted) of folders; a file found twice (given and inside a given folder)
+    is listed once."""
     found: dict[str, Path] = {}
     for entry in map(Path, paths):
         if entry.is_dir():
-            files = sorted(p for p in entry.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            files = sorted(p for p in files_under(entry) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         else:
             files = [entry]
         for file in files:
