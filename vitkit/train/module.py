@@ -210,6 +210,8 @@ class ViTClassifier(L.LightningModule):
         loss, acc1, acc5 = batch_metrics(average_views(views), targets)
         self.log_dict({f"{stage}/loss": loss, f"{stage}/acc5": acc5}, sync_dist=True, batch_size=len(targets))
         self.log(f"{stage}/acc1", acc1, sync_dist=True, batch_size=len(targets), prog_bar=True)
+        if stage == "test":  # how many images the accuracy covers (trainer.limit_test_batches may cut it)
+            self.log("test/images", float(len(targets)), reduce_fx="sum", sync_dist=True, batch_size=len(targets))
         if len(views) > 1:  # the images alone, beside the averaged views, so that the gain is measured
             single = accuracy(views[0], targets)[0]
             self.log(f"{stage}/acc1_one_view", single, sync_dist=True, batch_size=len(targets))

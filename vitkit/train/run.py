@@ -259,6 +259,8 @@ def _fit(
         "val_acc": _metric(validated, "val/acc1"),
         "test_acc": _metric(tested, "test/acc1"),
         "test_acc5": _metric(tested, "test/acc5"),
+        # [images the test accuracy covers, images of the test split]; fewer with trainer.limit_test_batches
+        "test_images": [round(_metric(tested, "test/images") or 0), len(datamodule.bundle.test)],
         "tta": config.trainer.tta,
         "val_tta": module.val_tta,  # the module resolves an unset one to tta
         **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
