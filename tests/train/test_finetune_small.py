@@ -31,10 +31,14 @@ def test_the_small_fine_tuning_recipe_needs_only_the_folder_and_the_model(
     root = gray_folder(tmp_path / "folder")  # 2 classes x 8 gray training images
     source = vitkit.VisionTransformer(img_size=16, in_chans=1, patch_size=4, embed_dim=16, depth=2, num_heads=2,
                                       num_classes=5)
-    model_file = vitkit.save_model(source, tmp_path / "source.safetensors", extra={"class_names": list("vwxyz")})
+    (tmp_path / "source").mkdir()
+    model_file = vitkit.save_model(source, tmp_path / "source" / "model.safetensors", extra={"class_names": list("vwxyz")})
+    (tmp_path / "latest").symlink_to(tmp_path / "source", target_is_directory=True)  # as runs/<recipe>/latest
     with caplog.at_level(logging.INFO):
-        result = train("finetune_small", [f"data.root={root}", f"model.pretrained={model_file}",
+        result = train("finetune_small", [f"data.root={root}", f"model.pretrained={tmp_path / 'latest' / 'model.safetensors'}",
                                           f"output.dir={tmp_path / 'runs'}", *QUICK])
     assert "note: trainer.batch_size 32 is more than the 16 training images; batches of 4 instead" in caplog.text
     model, extra = load_model_and_extra(result.run_dir / "model.safetensors")
     assert model.config.num_classes == 2 and model.config.in_chans == 1 and extra["crop_pct"] == 1.0
+    real = str(model_file.resolve())  # the weights this run started from, not the link the next run moves
+    assert result.summary["model"].startswith(f"fine-tuned from {real},") and extra["pretrained"]["pretrained"] == real

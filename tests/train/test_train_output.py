@@ -43,3 +43,5 @@ def test_closing_line_names_each_view_count_the_summary_scored(load_tool) -> Non
     plain = {**summary, "tta": "none"}
     del plain["test_acc_one_view"], plain["test_acc_mirrored"]
     assert load_tool("train").closing_lines(plain, Path("runs/r")).splitlines()[0].startswith("test accuracy 94.61% (top-5")
+    mixed = load_tool("train").closing_lines({**plain, "precision": "bf16-mixed"}, Path("runs/r")).splitlines()[0]
+    assert mixed.startswith("test accuracy 94.61%, in bf16-mixed (top-5")  # prune and evaluate score in float32

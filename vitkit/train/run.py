@@ -140,6 +140,7 @@ def train(
     config = dataclasses.replace(config, data=data)  # config.yaml records the channels chosen
     for note in notes:
         rank_zero_info(note)
+    config = settle_pretrained_path(config)
     weights = load_starting_weights(config.model, resume)
     if weights is not None:
         data, note = pretrained_data(config.data, weights)
@@ -162,6 +163,16 @@ def train(
     run_dir = resolve_run_dir(config, resume)
     with _own_run_dir(run_dir, adopted=run_dir == adopted_run_dir(resume)):
         return _fit(config, datamodule, module, teacher, run_dir, resume, callbacks, started)
+
+
+def settle_pretrained_path(config: RecipeConfig) -> RecipeConfig:
+    """``config`` with a ``model.pretrained`` file given through links (``runs/<recipe>/latest/...``,
+    which the next run moves) replaced by the file itself, so that config.yaml, summary.json and the
+    model file record the weights this run started from."""
+    pretrained = config.model.pretrained
+    if pretrained is None or pretrained.startswith("timm:") or not Path(pretrained).exists():
+        return config  # timm weights, or a missing file that load_starting_weights names
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, pretrained=str(Path(pretrained).resolve())))
 
 
 #: Recipe keys a resumed run may change: how long and on what it runs, not what it learns.
