@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(PY) tools/train.py recipes/quickstart.yaml
-	$(PY) tools/attention_maps.py --checkpoint runs/quickstart/latest/model.safetensors \
+	$(PY) tools/attention_maps.py runs/quickstart/latest/model.safetensors \
 		--test-images 6 --out runs/quickstart/latest/attention_maps
 
 test: setup

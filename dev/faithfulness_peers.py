@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.cli.faithfulness import first_test_images
 from vitkit.explain import LRPRules, faithfulness
 from vitkit.explain.faithfulness import pool_per_patch
 from vitkit.explain.map_methods import BUILTIN_METHODS, MapMethod, map_method
@@ -103,12 +102,16 @@ def peer_methods(model: vitkit.VisionTransformer) -> list[tuple[str, MapMethod]]
     return peers
 
 
-def first_validation_images(model: vitkit.VisionTransformer, extra: dict, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``count`` validation images and labels: tuning never sees the table's test images."""
+def first_images(
+    model: vitkit.VisionTransformer, extra: dict, count: int, split: str = "test"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` images and labels of ``split`` (docs/results.md's tables; the datasets
+    measured there store their test images in mixed class order). The lrp sweep tunes on ``val``,
+    so that tuning never sees the table's test images."""
     from vitkit.train.evaluate import datasets_for
 
-    val = datasets_for(model, extra).val
-    pairs = [val[index] for index in range(min(count, len(val)))]
+    dataset = getattr(datasets_for(model, extra), split)
+    pairs = [dataset[index] for index in range(min(count, len(dataset)))]
     return torch.stack([image for image, _ in pairs]), torch.tensor([label for _, label in pairs])
 
 
@@ -142,9 +145,9 @@ def main() -> None:
         model, extra = load_model_and_extra(args.checkpoint)
         model.eval()
         if args.lrp_sweep:
-            images, labels = first_validation_images(model, extra, args.images)
+            images, labels = first_images(model, extra, args.images, split="val")
         else:
-            images, labels = first_test_images(model, extra, [], args.images)
+            images, labels = first_images(model, extra, args.images)
     if args.lrp_sweep:
         sweep_lrp(model, images, labels, args.batch_size)
         return

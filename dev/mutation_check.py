@@ -209,6 +209,20 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("io", "vitkit/io.py", "return torch.load(path, map_location=map_location, weights_only=True)",
              "return torch.load(path, map_location=map_location, weights_only=False)",
              ("tests/train/test_train_config.py",), "checkpoints unpickled"),
+    # what a new user meets first (issue 52)
+    Mutation("usability", "vitkit/data/config.py", "return 1.0 if self.trains_on_whole_images() else self.defaults.crop_pct",
+             "return self.defaults.crop_pct", ("tests/train/test_imagefolder_defaults.py",),
+             "a folder trained on whole images evaluated on its centre crop"),
+    Mutation("usability", "vitkit/data/arrays.py", "return np.asarray(order[:count], dtype=np.int64)",
+             "return np.arange(min(count, len(labels)), dtype=np.int64)", ("tests/data/test_class_subsets.py",),
+             "the first test images explained, not a draw across the classes"),
+    Mutation("usability", "vitkit/train/datamodule.py", "if images >= self.batch_size:", "if True:",
+             ("tests/data/test_class_subsets.py",), "a batch larger than the data not clamped"),
+    Mutation("usability", "vitkit/cli/parsers.py", "args.checkpoint, *rest = rest", "rest = rest",
+             ("tests/cli/test_cli.py",), "the positional model file ignored"),
+    Mutation("usability", "vitkit/explain/faithfulness_report.py", "if on_batch is not None and on_batch(done):",
+             "if on_batch is not None and on_batch(done) and False:", ("tests/explain/test_faithfulness_cli.py",),
+             "a stopped faithfulness run measures every image"),
 )
 
 

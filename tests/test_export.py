@@ -113,9 +113,9 @@ def test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_
     model = noisy(vitkit.VisionTransformer(**TINY))
     checkpoint = vitkit.save_model(model, tmp_path / "model.safetensors", extra={"class_names": list("abcde")})
     out = tmp_path / "model.onnx"
-    assert export.main(["--checkpoint", str(checkpoint), "--out", str(out), "--dynamic-batch"]) == 0
+    assert export.main([str(checkpoint), "--out", str(out)]) == 0  # the model positional, the batch dynamic
     assert read_preprocessing(out)["class_names"] == list("abcde")
-    images = torch.randn(2, 3, 16, 16)
+    images = torch.randn(4, 3, 16, 16)  # a served batch of 4
     np.testing.assert_allclose(run_onnx(out, images), model(images).detach().numpy(), atol=1e-4, rtol=1e-4)
     capsys.readouterr()
     assert export.main(["--checkpoint", str(checkpoint), "--out", str(out)]) == 2
@@ -142,7 +142,7 @@ def test_predict_on_the_onnx_file_gives_the_model_file_s_output(tmp_path: Path, 
         images.append(path)
     for fixed in (False, True):  # a graph of batch 1 runs image by image
         out = tmp_path / f"model{int(fixed)}.onnx"
-        assert export.main(["--checkpoint", str(checkpoint), "--out", str(out), *([] if fixed else ["--dynamic-batch"])]) == 0
+        assert export.main(["--checkpoint", str(checkpoint), "--out", str(out), *(["--no-dynamic-batch"] if fixed else [])]) == 0
         from_onnx, from_file = vitkit.predict(out, images, top_k=3), vitkit.predict(checkpoint, images, top_k=3)
         for a, b in zip(from_onnx, from_file):
             assert a.indices == b.indices and a.classes == b.classes

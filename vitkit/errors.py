@@ -7,6 +7,9 @@ escapes a tool is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 
 class VitkitError(Exception):
     """A user-facing error: bad input, not a bug. The message is one complete sentence or more."""
@@ -22,3 +25,20 @@ class UsageError(VitkitError):
 class UnsupportedModelError(VitkitError, ValueError):
     """A model or checkpoint from another library (timm) uses an architecture feature vitkit lacks;
     the message names the features."""
+
+
+class MissingDependencyError(VitkitError, ImportError):
+    """An optional dependency that a feature needs is not installed; the message names the extra."""
+
+
+def require(module: str, extra: str, feature: str) -> ModuleType:
+    """``import module`` for ``feature``, or :class:`MissingDependencyError` naming the package
+    extra that installs it (``pip install "vitkit[onnx]"``) rather than a traceback."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        missing = error.name or module
+        raise MissingDependencyError(
+            f"{feature} needs {missing}, which is not installed: pip install \"vitkit[{extra}]\" "
+            f"(or pip install -e \".[{extra}]\" in a clone)."
+        ) from None

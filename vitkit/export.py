@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import VitkitError
+from .errors import VitkitError, require
 from .layers import AttentionBase
 from .models import VisionTransformer
 from .output_dirs import check_output_file, write_output_file
@@ -66,8 +66,8 @@ def export_onnx(
         ExportError: the size does not fit the model, or the exporter refused the model (one line).
         OutputDirError: ``path`` exists and not ``force``, or is a folder.
     """
-    import onnx
-
+    onnx = require("onnx", "onnx", "ONNX export")
+    require("onnxscript", "onnx", "ONNX export")  # torch's dynamo exporter writes through it
     path = check_output_file(path, "--out", force)
     height, width = img_size if img_size is not None else model.config.img_size
     config = model.config
@@ -110,15 +110,15 @@ def quantize_dynamic(source: str | os.PathLike, path: str | os.PathLike, *, forc
     """onnxruntime's dynamic int8 quantisation of ``source``'s ``MatMul``/``Gemm`` weights (the
     linear layers; activations are quantised per batch at run time) written to ``path``, atomically,
     with the same preprocessing metadata."""
-    from onnxruntime.quantization import QuantType
-    from onnxruntime.quantization import quantize_dynamic as ort_quantize
+    quantization = require("onnxruntime.quantization", "onnx", "int8 quantisation (--quantize)")
 
     path = check_output_file(path, "--out", force)
     with tempfile.TemporaryDirectory(prefix="vitkit-int8-") as folder:
         staged = Path(folder) / "int8.onnx"
         logging.disable(logging.WARNING)  # its advice to run shape inference first, printed for every model
         try:
-            ort_quantize(str(source), str(staged), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+            quantization.quantize_dynamic(str(source), str(staged), weight_type=quantization.QuantType.QInt8,
+                                          op_types_to_quantize=["MatMul", "Gemm"])
         finally:
             logging.disable(logging.NOTSET)
         data = staged.read_bytes()
@@ -127,8 +127,7 @@ def quantize_dynamic(source: str | os.PathLike, path: str | os.PathLike, *, forc
 
 def read_preprocessing(path: str | os.PathLike) -> dict[str, Any]:
     """The preprocessing (:data:`PREPROCESSING_KEY`) an exported file records; ``{}`` without it."""
-    import onnx
-
+    onnx = require("onnx", "onnx", "reading an .onnx file")
     proto = onnx.load(str(path), load_external_data=False)
     values = {entry.key: entry.value for entry in proto.metadata_props}
     return json.loads(values.get(PREPROCESSING_KEY, "{}"))
@@ -144,8 +143,7 @@ class OnnxClassifier:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        import onnxruntime
-
+        onnxruntime = require("onnxruntime", "onnx", "running an .onnx file")
         self.path = Path(path)
         self.session = onnxruntime.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
         (graph_input,), (output,) = self.session.get_inputs(), self.session.get_outputs()

@@ -139,3 +139,31 @@ def test_help_shows_a_default_only_where_it_says_something(command: str) -> None
     text = " ".join(parsers.build(command, MODULES[command]).format_help().split())
     assert "(default: None)" not in text and "(default: [])" not in text
     assert not re.search(r"default[^()]*\) \(default:", text)  # never two defaults for one option
+
+
+
+#: Every command that explains, exports or prunes a model, with the rest of its arguments.
+MODEL_COMMANDS = {
+    "maps": ["x.png", "--out", "o"], "explore": ["x.png", "--out", "o.html"], "faithfulness": ["--out", "o"],
+    "report": ["--out", "o"], "prune": ["--out", "o"], "export": ["--out", "o.onnx"], "localize": [],
+}
+
+
+@pytest.mark.parametrize("command", sorted(MODEL_COMMANDS))
+def test_every_model_command_takes_the_model_positionally_and_as_checkpoint(
+    command: str, capsys: pytest.CaptureFixture
+) -> None:
+    module, rest = MODULES[command], MODEL_COMMANDS[command]
+    positional = parsers.parse(command, module, ["m.safetensors", *rest])
+    alias = parsers.parse(command, module, ["--checkpoint", "m.safetensors", *rest])
+    assert positional.checkpoint == alias.checkpoint == "m.safetensors"
+    if command in ("maps", "explore"):  # after the model come the images
+        assert positional.images == alias.images == ["x.png"]
+    refused = [[arg for arg in rest if arg != "x.png"]]  # no model at all
+    if command not in ("maps", "explore", "localize"):  # there a second positional is an image or an override
+        refused.append(["--checkpoint", "a.safetensors", "b.safetensors", *rest])  # the model twice
+    for argv in refused:
+        with pytest.raises(SystemExit) as stop:
+            parsers.parse(command, module, argv)
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].startswith(f"vitkit {command}: error: ")

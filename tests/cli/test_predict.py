@@ -123,6 +123,10 @@ def test_predict_command_writes_csv_and_names_the_unreadable_file(
     block_image(3).save(folder / "a.png")
     block_image(4).save(folder / "sub" / "b.png")
     (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not a png")
+    (tmp_path / "elsewhere").mkdir()
+    block_image(5).save(tmp_path / "elsewhere" / "c.png")
+    (folder / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)  # followed, as train does
+    (folder / "loop").symlink_to(folder, target_is_directory=True)  # a link to a parent ends, not loops
     out = tmp_path / "predictions.csv"
     code = predict_main([str(trained), str(folder), "--top-k", "2", "--csv", str(out), "--batch-size", "1"])
     captured = capsys.readouterr()
@@ -133,12 +137,13 @@ def test_predict_command_writes_csv_and_names_the_unreadable_file(
     with open(out, newline="") as handle:
         rows = list(csv.reader(handle))
     assert rows[0] == ["path", "class_1", "probability_1", "class_2", "probability_2"]
-    expected = vitkit.predict(trained, [folder / "a.png", folder / "sub" / "b.png"], top_k=2)
-    assert [Path(row[0]).name for row in rows[1:]] == ["a.png", "b.png"]
+    expected = vitkit.predict(trained, [folder / "a.png", folder / "linked" / "c.png", folder / "sub" / "b.png"], top_k=2)
+    assert [Path(row[0]).name for row in rows[1:]] == ["a.png", "c.png", "b.png"]
     for row, prediction in zip(rows[1:], expected):
         assert (row[1], row[3]) == prediction.classes
         assert np.allclose([float(row[2]), float(row[4])], prediction.probabilities, atol=1e-6)
-    assert "a.png: " in captured.out and "note: images converted" in captured.out
+    assert "a.png: " not in captured.out and "note: images converted" in captured.out  # the CSV has the rows
+    assert f"wrote 3 prediction(s) to {out}" in captured.out
 
 
 def test_predict_command_exit_statuses(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

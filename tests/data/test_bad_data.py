@@ -34,6 +34,7 @@ from vitkit.data import (
     load_image,
     make_subset,
 )
+from vitkit.data.arrays import spread_over_classes
 from vitkit.data.images import check_image
 from vitkit.data.transforms import build_eval_transform
 from vitkit.io import load_model_and_extra
@@ -318,7 +319,8 @@ def test_figure_title_names_prediction_and_true_class_with_layer_note_and_color_
         assert _has_color_bar(np.asarray(figure.convert("RGB")))
     assert "head 0 | head 1 | head 2" in description
     assert "attention of each head in layer 0 (counted from 0: layers 0-1, heads 0-2)" in description
-    _, label = build_datasets(DataConfig(**extra["data_config"])).test[0]
+    test_set = build_datasets(DataConfig(**extra["data_config"])).test
+    _, label = test_set[int(spread_over_classes(test_set.labels, 1, seed=0)[0])]  # the test image drawn
     true_class = info.class_names[label]
     with Image.open(out / f"test_000_{true_class}.png") as figure:
         assert figure.text["Title"].endswith(f", true {true_class}") and "predicted" in figure.text["Title"]

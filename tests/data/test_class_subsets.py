@@ -3,6 +3,8 @@ few labelled images per class (few-shot fine-tuning), relabelled in the order gi
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from tiny_runs import tiny_recipe
@@ -10,6 +12,7 @@ from tiny_runs import tiny_recipe
 from vitkit.data import DataConfig, build_datasets
 from vitkit.data.info import DataFileError
 from vitkit.train import RecipeError, load_recipe, train
+from vitkit.train.datamodule import ViTDataModule
 
 
 def images_by_label(dataset) -> dict[int, set[bytes]]:
@@ -55,9 +58,29 @@ def test_bad_class_choices_are_one_line() -> None:
         load_recipe({"data": {"name": "shapes", "train_per_class": 3}})
 
 
-def test_a_training_split_smaller_than_one_batch_is_refused_before_a_run_starts(tmp_path) -> None:
-    recipe = tiny_recipe(tmp_path / "runs")
+def test_a_training_split_smaller_than_one_batch_trains_in_smaller_batches_with_a_note(tmp_path, caplog) -> None:
+    recipe = tiny_recipe(tmp_path / "runs", limit_val_batches=1, limit_test_batches=1)
     recipe["data"]["train_per_class"] = 2  # 20 images, batch 32
-    with pytest.raises(RecipeError, match=r"training split has 20 images, fewer than one batch"):
-        train(recipe)
-    assert not (tmp_path / "runs").exists()
+    with caplog.at_level(logging.INFO):
+        result = train(recipe)
+    assert ("note: trainer.batch_size 32 is more than the 20 training images; batches of 4 instead (5 full batches "
+            "an epoch; set trainer.batch_size to choose).") in caplog.messages
+    assert result.summary["global_steps"] == 5 and load_recipe(result.run_dir / "config.yaml").trainer.batch_size == 4
+
+
+def test_a_split_smaller_than_one_batch_per_device_is_refused(tmp_path) -> None:
+    datamodule = ViTDataModule(DataConfig(name="digits", num_workers=0, classes=[0, 1], train_per_class=2), 2)
+    assert datamodule.fit_batch() is None
+    with pytest.raises(RecipeError, match=r"training split has 4 images, fewer than one batch .* x 4 device"):
+        datamodule.check_batch(replicas=4)
+
+
+def test_explained_test_images_are_spread_over_the_classes_by_a_seed() -> None:
+    from vitkit.data.arrays import spread_over_classes
+
+    labels = np.repeat([0, 1, 2], [5, 3, 1])  # stored class by class, as an image folder is
+    chosen = spread_over_classes(labels, 6, seed=0)
+    assert labels[chosen].tolist() == [0, 1, 2, 0, 1, 0]  # one of each class in turn, until a class runs out
+    assert len(set(chosen.tolist())) == 6 and spread_over_classes(labels, 6, seed=0).tolist() == chosen.tolist()
+    assert spread_over_classes(labels, 6, seed=1).tolist() != chosen.tolist()  # another seed, other images
+    assert sorted(spread_over_classes(labels, 100, seed=0).tolist()) == list(range(9))  # all, when fewer

@@ -188,9 +188,11 @@ def test_attention_report_without_warnings_writes_no_warnings_file_and_says_so_l
 @pytest.mark.slow
 def test_localization_tool_prints_trained_and_random_rows(checkpoint: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "loc"
-    assert tool_main("localization")(["--checkpoint", str(checkpoint), "--num-images", "8", "--out", str(out)]) == 0
+    assert tool_main("localization")([str(checkpoint), "--num-images", "8", "--out", str(out)]) == 0
     table = (out / "localization.md").read_text()
     printed = capsys.readouterr().out
+    assert tool_main("localization")([str(checkpoint), "trainer.max_epochs=1"]) == 2  # overrides need --recipe
+    assert capsys.readouterr().err.startswith("error: recipe overrides (trainer.max_epochs=1) need --recipe")
     assert table in printed and "explaining the label class, pointing tolerance 2 px" in printed
     for row in ("| trained | rollout |", "| trained | grad_rollout |", "| trained | chefer |",
                 "| random weights | rollout |"):

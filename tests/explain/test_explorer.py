@@ -247,8 +247,9 @@ def test_explore_writes_one_file_of_test_images(
     assert load_tool("explore").main(["--checkpoint", str(checkpoint), "--test-images", "2", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.parent.iterdir()) == ["explorer.html"]
     payload = payload_of(out.read_text())
-    assert [r["name"] for r in payload["images"]] == ["test image 0", "test image 1"]
+    assert [r["name"].split(" ")[:2] for r in payload["images"]] == [["test", "image"]] * 2
     assert all(r["label"] is not None and r["labelName"] for r in payload["images"])
+    assert payload["images"][0]["label"] != payload["images"][1]["label"]  # drawn across the classes
     assert "wrote" in capsys.readouterr().out
 
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 from tiny_models import save_tiny, tiny_shapes_model
 
+from vitkit.cli import faithfulness as command
 from vitkit.cli.faithfulness import main, verdict
 from vitkit.explain import FaithfulnessReport, MethodResult
 from vitkit.output_dirs import MARKER
@@ -38,9 +41,12 @@ def test_the_table_figure_and_next_step(checkpoint: Path, tmp_path: Path, capsys
         assert row["images"] == "6" and 0 <= float(row["deletion_auc"]) <= 1 and 0 <= float(row["positive_auc"]) <= 100
     assert rows["random"]["sanity_spearman"] == "" and rows["lrp"]["sanity_spearman"] != ""
     printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0] == "note: 6 test images drawn across 6 classes (seed 0; --seed to draw others)."
+    assert printed[1].startswith("note: about ") and " min for the 6 images (the first 6 took " in printed[1]
+    printed = printed[2:]
     assert printed[0].startswith("| method | deletion_auc |") and len(printed) >= 8
     assert printed[-1].startswith("most faithful here (insertion minus deletion): ")
-    assert f"vitkit maps --checkpoint {checkpoint} --method " in printed[-1]  # the next step
+    assert f"vitkit maps {checkpoint} --method " in printed[-1]  # the next step
     assert (tmp_path / "all" / "faithfulness.png").stat().st_size > 10_000
     assert (tmp_path / "all" / "faithfulness.md").read_text().startswith("| method |")
     assert json.loads((tmp_path / "all" / MARKER).read_text())["state"] == "complete"
@@ -93,10 +99,33 @@ def test_the_verdict_names_a_map_vitkit_maps_can_draw(checkpoint: Path) -> None:
     args = argparse.Namespace(checkpoint=str(checkpoint))
     drawn = verdict(report_of({"chefer": (0.3, 0.5), "lrp": (0.2, 0.6), "random": (0.4, 0.4)}), args)
     assert drawn.startswith("most faithful here (insertion minus deletion): lrp (deletion 0.200, insertion 0.600)")
-    assert drawn.endswith(f"next: draw it with vitkit maps --checkpoint {checkpoint} --method lrp --test-images 8 --out maps/")
+    assert drawn.endswith(f"next: draw it with vitkit maps {checkpoint} --method lrp --test-images 8 --out maps/")
     # the best method is not one vitkit maps draws: the best one it draws is named instead
     undrawn = verdict(report_of({"integrated_gradients": (0.1, 0.7), "rollout": (0.3, 0.4), "chefer": (0.3, 0.5)}), args)
     assert undrawn.startswith("most faithful here (insertion minus deletion): integrated_gradients (deletion 0.100")
     assert "vitkit maps does not draw it; the most faithful map it draws is chefer (deletion 0.300, insertion 0.500)" in undrawn
     assert undrawn.endswith("--method chefer --test-images 8 --out maps/")
     assert verdict(report_of({"attention": (0.3, 0.4), "random": (0.4, 0.4)}), args).endswith("--method all --test-images 8 --out maps/")
+
+
+def test_sigterm_writes_the_table_of_the_images_measured_so_far(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    measured = command.faithfulness
+
+    def stopped_after_one_batch(*args, on_batch, **kwargs):  # SIGTERM arrives while the first batch runs
+        def hook(done: int) -> bool:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return on_batch(done)
+        return measured(*args, on_batch=hook, **kwargs)
+
+    monkeypatch.setattr(command, "faithfulness", stopped_after_one_batch)
+    out = tmp_path / "stopped"
+    argv = [str(checkpoint), "--images", "6", "--batch-size", "2", "--steps", "4", "--methods", "chefer", "random",
+            "--out", str(out)]
+    assert main(argv) == 143
+    with open(out / "faithfulness.csv", newline="") as handle:
+        assert [(row["method"], row["images"]) for row in csv.DictReader(handle)] == [("chefer", "2"), ("random", "2")]
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("stopped by SIGTERM after 2 of 6 images: the table covers those")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back

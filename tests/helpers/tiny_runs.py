@@ -1,6 +1,6 @@
 """A tiny training recipe (a 2-block ViT on 8x8 digits) and helpers to run the tools on it, for
-tests (imported by test modules): a short-run recipe, a snapshot of a folder's bytes and a
-callback that records what each training step saw."""
+tests (imported by test modules): a short-run recipe, a snapshot of a folder's bytes, a
+callback that records what each training step saw, and a tiny image folder."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import yaml
+from PIL import Image
 
 ROOT = Path(__file__).parents[2]
 #: Trainer limits that keep a run to a few steps.
@@ -100,3 +102,16 @@ class Recorder(L.Callback):
         self._handle.remove()
         if pl_module.ema is not None:
             self.ema_weights.append(pl_module.ema.module.head.weight.detach().clone())
+
+
+def gray_folder(root: Path, mode: str = "L") -> Path:
+    """root/{train,val}/{a,b}/ with 8 and 2 random non-square (12 wide, 10 high) images per class,
+    grayscale PNGs (``mode='RGB'``: colour)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 8), ("val", 2)):
+        for name in ("a", "b"):
+            (root / split / name).mkdir(parents=True)
+            for index in range(count):
+                pixels = rng.integers(0, 255, (10, 12) if mode == "L" else (10, 12, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{index}.png")
+    return root

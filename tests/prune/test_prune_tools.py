@@ -20,18 +20,23 @@ TINY_DATA = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 
 
 
 @pytest.mark.slow
-def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, tmp_path: Path, load_tool) -> None:
+def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(
+    seed: int, tmp_path: Path, load_tool, capsys: pytest.CaptureFixture
+) -> None:
     model = vitkit.create_model(
         "vit_cifar_tiny", img_size=8, in_chans=1, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=10
     )
     extra = {"dataset": "digits", "recipe": "tiny", "data_config": TINY_DATA}
-    checkpoint = vitkit.save_model(model, tmp_path / "model.safetensors", extra=extra)
+    (tmp_path / "run").mkdir()
+    checkpoint = vitkit.save_model(model, tmp_path / "run" / "model.safetensors", extra=extra)
+    (tmp_path / "latest").symlink_to(tmp_path / "run", target_is_directory=True)  # as runs/<recipe>/latest
     out = tmp_path / "prune"
     code = load_tool("prune_heads").main(
-        ["--checkpoint", str(checkpoint), "--out", str(out), "--random-seeds", "2", "--rounds", "2",
+        [str(tmp_path / "latest" / "model.safetensors"), "--out", str(out), "--random-seeds", "2", "--rounds", "2",
          "--step-fraction", "0.5", "--max-drop", "100"]
     )
     assert code == 0
+    assert "test accuracy (one view, float32: not the training summary's" in capsys.readouterr().out
     with open(out / "curves.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     orders = {row["order"] for row in rows}
@@ -53,6 +58,7 @@ def test_prune_heads_tool_writes_curves_and_a_loadable_pruned_model(seed: int, t
     pruned, saved_extra = load_model_and_extra(out / "pruned.safetensors")
     assert pruned.heads_per_layer() == [0, 0]
     assert saved_extra["recipe"] == "tiny" and saved_extra["pruning"]["heads_per_layer"] == [0, 0]
+    assert saved_extra["pruning"]["source"] == str(checkpoint.resolve())  # the file, not the moving link
 
 
 def test_prune_heads_tool_reports_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture, load_tool) -> None:

@@ -51,3 +51,13 @@ def test_a_run_on_a_busy_machine_prints_the_note_before_training(
         run_module.train(short_recipe(tmp_path, num_threads=2))
     assert any("note: other work keeps about 3.0 of the 2 usable cores busy" in r.getMessage() for r in caplog.records)
     assert threads.BUSY_LOAD < 3.0
+
+
+def test_more_data_workers_than_usable_cores_are_clamped_to_the_cores_with_a_note() -> None:
+    from vitkit.data import DataConfig
+    from vitkit.train.datamodule import ViTDataModule
+
+    datamodule = ViTDataModule(DataConfig(name="digits", num_workers=4), 32)
+    assert datamodule.fit_workers(cores=4) is None and datamodule.config.num_workers == 4
+    assert datamodule.fit_workers(cores=2) == "note: data.num_workers 4 is more than the 2 usable CPU cores; 2 workers instead."
+    assert datamodule.config.num_workers == 2 and datamodule.loader(datamodule.bundle.val, 8, train=False).num_workers == 2

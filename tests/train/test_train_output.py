@@ -22,6 +22,8 @@ def test_training_ends_with_a_few_lines_and_no_lightning_banners(
     closing = lines[lines.index(next(line for line in lines if line.startswith("test accuracy"))):]
     assert len(closing) <= 8 and closing[0].startswith(f"test accuracy {summary['test_acc']:.2f}%")
     assert f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s" in closing[0]
+    tested, total = summary["test_images"]  # SHORT's 2 test batches of 64: the accuracy says what it covers
+    assert tested == 128 < total and f" on 128 of {total} test images (trainer.limit_test_batches)" in closing[0]
     assert any(line == f"run directory: {run_dir} (summary.json has the rest)" for line in closing)
     assert any(f"vitkit predict {run_dir / 'model.safetensors'}" in line for line in closing)
     assert "attention_kernels" not in out  # the summary's bulk stays in summary.json
@@ -41,3 +43,5 @@ def test_closing_line_names_each_view_count_the_summary_scored(load_tool) -> Non
     plain = {**summary, "tta": "none"}
     del plain["test_acc_one_view"], plain["test_acc_mirrored"]
     assert load_tool("train").closing_lines(plain, Path("runs/r")).splitlines()[0].startswith("test accuracy 94.61% (top-5")
+    mixed = load_tool("train").closing_lines({**plain, "precision": "bf16-mixed"}, Path("runs/r")).splitlines()[0]
+    assert mixed.startswith("test accuracy 94.61%, in bf16-mixed (top-5")  # prune and evaluate score in float32

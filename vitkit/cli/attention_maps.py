@@ -1,7 +1,7 @@
 """Attention maps of a ViT for image files: one PNG per image.
 
-    vitkit maps --checkpoint runs/shapes/model.safetensors images/ --out maps/
-    vitkit maps --checkpoint runs/quickstart/latest/model.safetensors --test-images 4 --out maps/
+    vitkit maps runs/shapes/model.safetensors images/ --out maps/
+    vitkit maps runs/quickstart/latest/model.safetensors --test-images 4 --out maps/
     vitkit maps --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         cat.jpg dog.png --out maps/ --method all --layer -1 --discard-ratio 0.9
 
@@ -163,11 +163,12 @@ def scores_of_maps(
     return map_scores(model, images, maps, tuple(model.config.patch_size), capture.targets, args.score_steps)
 
 
-def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path) -> list[Sample]:
-    """The first ``count`` preprocessed test images of the model's dataset, figures named after their label."""
+def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: int, out: Path, seed: int) -> list[Sample]:
+    """``count`` preprocessed test images of the model's dataset spread over its classes by ``seed``,
+    figures named after their label."""
     return [
         Sample(loaded.name, loaded.image, loaded.label, out / f"test_{index:03d}_{file_safe(info.class_names[loaded.label])}.png")
-        for index, loaded in enumerate(load_test_images(model, extra, count))
+        for index, loaded in enumerate(load_test_images(model, extra, count, seed))
     ]
 
 
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     samples: list[Sample] = []
     if args.test_images:
-        samples = test_samples(model, extra, info, args.test_images, out)
+        samples = test_samples(model, extra, info, args.test_images, out, args.seed)
     figures = [out / name for name in figure_names(paths, {s.figure.relative_to(out) for s in samples})]
     clashes = output_clashes(out, args.images, paths, [*figures, *(s.figure for s in samples)])
     if clashes:

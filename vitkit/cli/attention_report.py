@@ -1,6 +1,6 @@
 """Head diagnostics of a ViT (a checklist of attention pathologies, automated).
 
-    vitkit report --checkpoint runs/quickstart/<run>/model.safetensors --out report/
+    vitkit report runs/quickstart/<run>/model.safetensors --out report/
     vitkit report --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         --data name=imagefolder root=/data/imagenette --out report/
 

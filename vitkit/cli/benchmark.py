@@ -559,9 +559,9 @@ def _onnx_accuracy(model: nn.Module, extra: dict[str, Any], runners: dict[str, C
 
 
 def _ort_version() -> str:
-    import onnxruntime
+    from vitkit.errors import require
 
-    return onnxruntime.__version__
+    return require("onnxruntime", "onnx", "the onnx section").__version__
 
 
 def main(argv: list[str] | None = None) -> int:

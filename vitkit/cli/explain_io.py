@@ -20,7 +20,8 @@ from PIL import Image
 from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
-from ..data.images import convert_channels, describe_conversion
+from ..data.arrays import spread_over_classes
+from ..data.images import convert_channels, describe_conversion, files_under
 from ..errors import UnsupportedModelError, UsageError, VitkitError
 from ..io import load_model_and_extra, read_weights_file
 from ..models import VisionTransformer, from_timm
@@ -125,12 +126,13 @@ def _flag(key: str) -> str:
 
 
 def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files given directly, plus the image files (by suffix, recursively, sorted) of folders; a
-    file found twice (given and inside a given folder) is listed once."""
+    """Files given directly, plus the image files (by suffix, recursively through symlinked folders
+    as training reads them, sorted) of folders; a file found twice (given and inside a given folder)
+    is listed once."""
     found: dict[str, Path] = {}
     for entry in map(Path, paths):
         if entry.is_dir():
-            files = sorted(p for p in entry.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            files = sorted(p for p in files_under(entry) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         else:
             files = [entry]
         for file in files:
@@ -246,16 +248,21 @@ class LoadedImage(NamedTuple):
     path: Path | None  # the file it was read from (None for test images)
 
 
-def load_test_images(model: VisionTransformer, extra: dict[str, Any], count: int) -> list[LoadedImage]:
-    """The first ``count`` preprocessed test images of the dataset the model was trained on
-    (``extra["data_config"]``, see :func:`load_explained_model`), with their labels; data that no
-    longer fits ``model`` is refused (:func:`~vitkit.train.evaluate.datasets_for`)."""
-    test_set = datasets_for(model, extra).test
-    loaded = []
-    for index in range(min(count, len(test_set))):
-        image, label = test_set[index]
-        loaded.append(LoadedImage(f"test image {index}", image, label, None))
-    return loaded
+def load_test_images(
+    model: VisionTransformer, extra: dict[str, Any], count: int, seed: int, overrides: Sequence[str] = ()
+) -> list[LoadedImage]:
+    """``count`` preprocessed test images of the dataset the model was trained on
+    (``extra["data_config"]`` changed by ``overrides``, see :func:`load_explained_model`), spread
+    over its classes by ``seed`` (:func:`~vitkit.data.arrays.spread_over_classes`), with their labels;
+    prints a ``note:`` saying so. Data that no longer fits ``model`` is refused
+    (:func:`~vitkit.train.evaluate.datasets_for`), an empty test split too."""
+    test_set = datasets_for(model, extra, list(overrides)).test
+    if len(test_set) == 0:
+        raise UsageError("the test split is empty: give data with a test split (--data ...).")
+    chosen = spread_over_classes(test_set.labels, count, seed)
+    classes = len(set(test_set.labels[chosen].tolist()))
+    print(f"note: {len(chosen)} test images drawn across {classes} classes (seed {seed}; --seed to draw others).")
+    return [LoadedImage(f"test image {index}", *test_set[index], None) for index in chosen.tolist()]
 
 
 def load_image_files(

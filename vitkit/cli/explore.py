@@ -1,8 +1,8 @@
 """An attention explorer of a ViT: one self-contained HTML file to click through every layer, head
 and patch, offline.
 
-    vitkit explore --checkpoint runs/quickstart/latest/model.safetensors --test-images 2 --out explorer.html
-    vitkit explore --checkpoint runs/shapes/model.safetensors images/ --out explorer.html --layers 0,5,11
+    vitkit explore runs/quickstart/latest/model.safetensors --test-images 2 --out explorer.html
+    vitkit explore runs/shapes/model.safetensors images/ --out explorer.html --layers 0,5,11
     vitkit explore --model vit_small_patch16_224 --timm-weights vit_s.safetensors cat.jpg --out cat.html
 
 Model sources are those of vitkit maps: a vitkit model file or training checkpoint,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     # Refused from the configuration, before any image is read or any attention computed.
     explorer_size(model, count, tuple(info.img_size), args.layers).check(args.max_bytes)
     start = time.perf_counter()
-    loaded = load_test_images(model, extra, min(args.test_images, count)) if args.test_images else []
+    loaded = load_test_images(model, extra, min(args.test_images, count), args.seed) if args.test_images else []
     note = ConversionNote(info)
     files, failed = load_image_files(paths[: count - len(loaded)], info, note)
     loaded += files

@@ -1,12 +1,12 @@
 """Export a trained model to ONNX, with its preprocessing in the file's metadata.
 
-    vitkit export --checkpoint runs/quickstart/latest/model.safetensors --format onnx --out quickstart.onnx --dynamic-batch
+    vitkit export runs/quickstart/latest/model.safetensors --format onnx --out quickstart.onnx
     vitkit export --model vit_small_patch16_224 --timm-weights vit_s.safetensors --out vit_s.onnx --opset 18
 
 The graph maps [B, C, H, W] images (normalised as for training) to [B, num_classes] logits; its
 metadata "vitkit_preprocessing" holds the model file's mean, std, image size, crop and class names.
-torch's dynamo exporter writes it (vitkit.export_onnx), attention through SDPA. --dynamic-batch makes
-the batch size symbolic (default: 1); --img-size exports another input size of a model built with
+torch's dynamo exporter writes it (vitkit.export_onnx), attention through SDPA. The batch size
+is symbolic, as in timm's onnx_export.py (--no-dynamic-batch: fixed at 1); --img-size exports another input size of a model built with
 dynamic_img_size. --quantize dynamic writes int8 weights for the linear layers (onnxruntime's
 dynamic quantisation; docs/deploy.md has its accuracy and speed). An existing --out file is refused
 unless --force; the file is written atomically.

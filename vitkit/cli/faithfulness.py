@@ -2,14 +2,16 @@
 insertion, positive and negative perturbation areas, the parameter-randomisation check and the
 time per image, on the model's own test images.
 
-    vitkit faithfulness --checkpoint runs/fashion_mnist_fast/latest/model.safetensors --out faith/
-    vitkit faithfulness --checkpoint model.safetensors --images 100 --methods chefer lrp random \\
+    vitkit faithfulness runs/fashion_mnist_fast/latest/model.safetensors --out faith/
+    vitkit faithfulness model.safetensors --images 100 --methods chefer lrp random \\
         --baseline blur --steps 8 --out faith/
     vitkit faithfulness --model vit_small_patch16_224 --timm-weights vit_s.safetensors \\
         --data name=imagefolder root=/data/imagenette --images 200 --out faith/
 
-The images are the first --images of the test split the model file records (``--data key=value``
-changes it, and names the data of timm weights). Each method explains the predicted class of each
+The images are --images test images of the split the model file records (``--data key=value``
+changes it, and names the data of timm weights), spread over its classes (one of each class in turn,
+drawn by --seed). After the first batch a note gives the expected time; SIGTERM or Ctrl-C stops
+after the batch under way and writes the table of the images measured (exit status 143 or 130). Each method explains the predicted class of each
 image; its patches are then deleted (replaced by the dataset mean, or a blurred copy with
 ``--baseline blur``) or revealed on that baseline in the map's order over --steps steps (default
 one patch per step). Deletion and insertion are areas under the explained class's probability
@@ -26,19 +28,19 @@ OUT/faithfulness.md the table.
 from __future__ import annotations
 
 import argparse
+import signal
+import time
 from pathlib import Path
 
 import torch
 
-from vitkit import VisionTransformer
 from vitkit.errors import UsageError
 from vitkit.explain import METHODS, FaithfulnessReport, LRPRules, faithfulness
 from vitkit.explain.render import faithfulness_figure
 from vitkit.files import atomic_write, markdown_table, write_csv
 from vitkit.output_dirs import claim_output_dir
-from vitkit.train.evaluate import datasets_for
 
-from .explain_io import load_model_from_arguments
+from .explain_io import load_model_from_arguments, load_test_images
 from .main import run_command
 
 #: The maps ``vitkit maps --method`` draws one by one (per-head grids explain no class).
@@ -50,17 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     return run_command("faithfulness", argv)
 
 
-def first_test_images(
-    model: VisionTransformer, extra: dict, overrides: list[str], count: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``count`` test images ``[N, C, H, W]`` and labels ``[N]`` of the model's data."""
-    test_set = datasets_for(model, extra, overrides).test
-    if len(test_set) == 0:
-        raise UsageError("the test split is empty: give data with a test split (--data ...).")
-    pairs = [test_set[index] for index in range(min(count, len(test_set)))]
-    return torch.stack([image for image, _ in pairs]), torch.tensor([label for _, label in pairs])
-
-
 def run(args: argparse.Namespace) -> int:
     model, extra = load_model_from_arguments(args)
     if model.config.num_classes == 0:
@@ -69,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if repeated:
         raise UsageError(f"--methods names {', '.join(repeated)} more than once; name each method once.")
     out = Path(args.out)
-    images, labels = first_test_images(model, extra, args.data, args.images)
+    loaded = load_test_images(model, extra, args.images, args.seed, args.data)
+    images, labels = torch.stack([image.image for image in loaded]), torch.tensor([image.label for image in loaded])
     grid_rows, grid_columns = model.patch_embed.grid_size(*images.shape[2:])
     patches = grid_rows * grid_columns
     if args.steps is not None and args.steps > patches:
@@ -78,21 +70,66 @@ def run(args: argparse.Namespace) -> int:
     claim_output_dir(out, "faithfulness")
     rules = LRPRules(attention=args.lrp_attention, linear_gamma=args.linear_gamma, patch_gamma=args.patch_gamma)
     torch.manual_seed(args.seed)
-    report = faithfulness(
-        model, images, labels, args.methods, baseline=args.baseline, steps=args.steps, batch_size=args.batch_size,
-        sanity=not args.no_sanity, seed=args.seed, rules=rules, progress=True,
-    )
+    with StopSignals() as stop:
+        report = faithfulness(
+            model, images, labels, args.methods, baseline=args.baseline, steps=args.steps, batch_size=args.batch_size,
+            sanity=not args.no_sanity, seed=args.seed, rules=rules, progress=True,
+            on_batch=Forecast(len(images), stop),
+        )
     rows = report.rows()
     write_csv(out / "faithfulness.csv", rows)
     table = markdown_table([{key: "-" if value is None else value for key, value in row.items()} for row in rows])
     atomic_write(out / "faithfulness.md", lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
     steps = len(report.fractions) - 1
-    title = f"{len(images)} test images, {steps} steps over {grid_rows}x{grid_columns} patches, {args.baseline} baseline"
+    title = f"{report.num_images} test images, {steps} steps over {grid_rows}x{grid_columns} patches, {args.baseline} baseline"
     atomic_write(out / "faithfulness.png", lambda tmp: faithfulness_figure(report, tmp, title))
     print(table, end="")
     print(f"wrote faithfulness.csv, faithfulness.md and faithfulness.png to {out}.")
+    if stop.signal is not None:
+        print(f"stopped by {stop.name} after {report.num_images} of {len(images)} images: the table covers those "
+              f"(the images field says how many); run again with --images {report.num_images} to finish sooner.")
+        return 128 + stop.signal
     print(verdict(report, args))
     return 0
+
+
+class StopSignals:
+    """Within ``with``: SIGTERM and Ctrl-C (SIGINT) are recorded (``signal``, ``name``) instead of
+    ending the process, so the batch under way finishes and what was measured is written."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.name = ""
+        self._previous: dict[int, object] = {}
+
+    def _record(self, number: int, frame: object) -> None:
+        self.signal, self.name = number, signal.Signals(number).name
+
+    def __enter__(self) -> StopSignals:
+        for number in (signal.SIGTERM, signal.SIGINT):
+            self._previous[number] = signal.signal(number, self._record)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+class Forecast:
+    """``faithfulness(on_batch=...)``: after the first batch, one ``note:`` line with the expected
+    time of all ``total`` images; after each batch, whether ``stop`` recorded a signal."""
+
+    def __init__(self, total: int, stop: StopSignals) -> None:
+        self.total, self.stop, self.started = total, stop, time.perf_counter()
+
+    def __call__(self, done: int) -> bool:
+        if self.started is not None:
+            seconds = (time.perf_counter() - self.started) * self.total / done
+            self.started = None
+            print(f"note: about {seconds / 60:.1f} min for the {self.total} images (the first {done} took "
+                  f"{seconds * done / self.total:.0f} s); SIGTERM or Ctrl-C writes the table of the images done so far.",
+                  flush=True)
+        return self.stop.signal is not None
 
 
 def verdict(report: FaithfulnessReport, args: argparse.Namespace) -> str:
@@ -116,5 +153,5 @@ def verdict(report: FaithfulnessReport, args: argparse.Namespace) -> str:
 def maps_command(args: argparse.Namespace, method: str) -> str:
     """``vitkit maps`` of the same model with ``method`` (``all``: every map it draws)."""
     if args.checkpoint is not None:
-        return f"vitkit maps --checkpoint {args.checkpoint} --method {method} --test-images 8 --out maps/"
+        return f"vitkit maps {args.checkpoint} --method {method} --test-images 8 --out maps/"
     return f"vitkit maps --model {args.model} --timm-weights {args.timm_weights} --method {method} IMAGES --out maps/"

@@ -1,6 +1,6 @@
 """Do attention maps find the object? Rollout maps of a trained shapes model vs random weights.
 
-    vitkit localize --checkpoint runs/<recipe>/<run>/model.safetensors --out loc/
+    vitkit localize runs/<recipe>/<run>/model.safetensors --out loc/
     vitkit localize --recipe recipes/quickstart.yaml data.name=shapes data.img_size=32 \\
         model.patch_size=4 --out loc/              # trains first, then scores
 
@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.checkpoint is not None and args.overrides:
+        raise UsageError(f"recipe overrides ({' '.join(args.overrides)}) need --recipe; a model file is localized as it is.")
     checkpoint = args.checkpoint or train(args.recipe, args.overrides).run_dir / "model.safetensors"
     model, extra = load_model_and_extra(checkpoint)
     model.eval()

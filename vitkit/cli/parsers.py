@@ -90,7 +90,10 @@ def build(command: str, module: str) -> argparse.ArgumentParser:
 def parse(command: str, module: str, argv: list[str]) -> argparse.Namespace:
     """``argv`` parsed for ``command``; recipe overrides may come after options (``--resume CKPT x=1``)."""
     parser = build(command, module)
-    return parser.parse_intermixed_args(argv) if module in INTERMIXED else parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv) if module in INTERMIXED else parser.parse_args(argv)
+    if hasattr(args, "model_inputs"):
+        settle_model(parser, args)
+    return args
 
 
 # --- shared groups ----------------------------------------------------------------------------
@@ -101,12 +104,37 @@ def recipe_arguments(parser: argparse.ArgumentParser, overrides: str = "dotted k
     parser.add_argument("overrides", nargs="*", help=f"{overrides}, e.g. trainer.max_epochs=5")
 
 
-def model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--checkpoint CKPT | --model NAME --timm-weights FILE [--mean ...] [--std ...] [--crop-pct P]``,
-    for :func:`vitkit.cli.explain_io.load_model_from_arguments`."""
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="vitkit model file (.safetensors from training / save_model, or a .ckpt)")
+#: The positional model file's help, the same for every command that takes one.
+MODEL_HELP = "vitkit model file (.safetensors from training / save_model, or a .ckpt)"
+
+
+def model_arguments(parser: argparse.ArgumentParser, inputs: str | None = None) -> None:
+    """``MODEL | --model NAME --timm-weights FILE [--mean ...] [--std ...] [--crop-pct P]``, for
+    :func:`vitkit.cli.explain_io.load_model_from_arguments`; ``--checkpoint MODEL`` is the older
+    spelling of ``MODEL``. With ``inputs`` (``"images"``), MODEL is the first of that positional
+    list (:func:`settle_model`), as in ``vitkit predict MODEL IMAGE...``."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", metavar="MODEL", help="the model file, as the positional MODEL (an older spelling)")
     timm_weights_arguments(parser, source)
+    if inputs is None:
+        parser.add_argument("model_file", nargs="?", metavar="MODEL", help=MODEL_HELP)
+    parser.set_defaults(model_inputs=inputs)
+
+
+def settle_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.checkpoint`` from the positional MODEL (the first of ``args.<model_inputs>`` where the
+    command takes more positionals), unless ``--checkpoint`` or ``--model`` named the model; a
+    model named twice, or not at all, is a usage error."""
+    rest = getattr(args, args.model_inputs) if args.model_inputs else [args.model_file] * (args.model_file is not None)
+    named = args.checkpoint is not None or args.model is not None or getattr(args, "recipe", None) is not None
+    if not named:
+        if not rest:
+            parser.error(f"give the model file: {parser.prog} MODEL ... (or --model NAME --timm-weights FILE)")
+        args.checkpoint, *rest = rest
+    elif not args.model_inputs and rest:
+        parser.error(f"the model is given twice ({rest[0]} and {args.checkpoint or args.model}); give it once, as MODEL")
+    if args.model_inputs:
+        setattr(args, args.model_inputs, rest)
 
 
 def timm_weights_arguments(parser: argparse.ArgumentParser, group: argparse._ActionsContainer | None = None) -> None:
@@ -132,6 +160,11 @@ def data_arguments(parser: argparse.ArgumentParser) -> None:
         "--data", nargs="*", default=[], metavar="KEY=VALUE",
         help="changes to the data options saved with the model (DataConfig), e.g. root=/data/cifar num_workers=0",
     )
+
+
+def test_seed_argument(parser: argparse.ArgumentParser) -> None:
+    """``--seed``: which test images ``--test-images N`` draws (one of each class in turn)."""
+    parser.add_argument("--seed", type=int, default=0, help="seed of the test images --test-images draws")
 
 
 def force_argument(parser: argparse.ArgumentParser, flag: str) -> None:
@@ -202,7 +235,8 @@ def export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="the .onnx file to write")
     force_argument(parser, "--out")
     parser.add_argument("--opset", type=int_at_least(7), help="ONNX opset (None: the exporter's default)")
-    parser.add_argument("--dynamic-batch", action="store_true", help="any batch size (else the graph takes batch 1)")
+    parser.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=True,
+                        help="any batch size, as timm's onnx_export.py (--no-dynamic-batch: a graph of batch 1)")
     parser.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"),
                         help="input size (None: the model's; another needs a dynamic_img_size model)")
     parser.add_argument("--quantize", choices=("dynamic",),
@@ -223,13 +257,21 @@ def predict(parser: argparse.ArgumentParser) -> None:
     tta_argument(parser)
 
 
+def model_and_images(parser: argparse.ArgumentParser) -> None:
+    """``MODEL [IMAGE_OR_FOLDER ...]`` (``vitkit maps``, ``vitkit explore``)."""
+    model_arguments(parser, inputs="images")
+    parser.add_argument("images", nargs="*", metavar="[MODEL] IMAGE_OR_FOLDER",
+                        help=f"the model file ({MODEL_HELP}) unless --checkpoint or --model gives it, then image files "
+                        "and/or folders")
+
+
 def attention_maps(parser: argparse.ArgumentParser) -> None:
-    model_arguments(parser)
-    parser.add_argument("images", nargs="*", help="image files and/or folders")
+    model_and_images(parser)
     parser.add_argument(
         "--test-images", type=int_at_least(0), default=0, metavar="N",
-        help="also explain the first N test images of the dataset the checkpoint was trained on",
+        help="also explain N test images of the dataset the model was trained on, spread over its classes",
     )
+    test_seed_argument(parser)
     parser.add_argument("--out", required=True, help="output folder for the PNGs")
     parser.add_argument("--method", choices=(*METHODS, "all"), default="all", help="maps drawn")
     parser.add_argument("--layer", type=int, default=-1, help="block shown in the per-head grid (-1: the last)")
@@ -254,7 +296,9 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
     model_arguments(parser)
     data_arguments(parser)
     parser.add_argument("--out", required=True, help="output folder for faithfulness.csv, .md and .png")
-    parser.add_argument("--images", type=positive_int, default=500, help="first N test images measured")
+    parser.add_argument("--images", type=positive_int, default=500,
+                        help="test images measured, spread over the classes by --seed (the Fashion-MNIST fast model: about 4 s each "
+                        "on 2 cores)")
     parser.add_argument("--methods", nargs="+", choices=FAITHFULNESS_METHODS, default=list(FAITHFULNESS_METHODS),
                         help="methods measured (attention: the last attended layer's class-token attention; "
                         "random: chance level)")
@@ -264,7 +308,8 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
                         help="perturbation steps over the patch grid (default: one patch per step)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
     parser.add_argument("--no-sanity", action="store_true", help="skip the parameter-randomisation check (halves the time)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random map and of the re-drawn weights")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the test images drawn, the random map and the re-drawn weights")
     parser.add_argument("--lrp-attention", choices=LRP_ATTENTION_RULES, default="cp",
                         help="lrp inside the attention: cp holds the attention weights constant (lxt's choice for "
                         "ViTs), attnlrp propagates through the softmax")
@@ -273,12 +318,12 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
 
 
 def explore(parser: argparse.ArgumentParser) -> None:
-    model_arguments(parser)
-    parser.add_argument("images", nargs="*", help="image files and/or folders")
+    model_and_images(parser)
     parser.add_argument(
         "--test-images", type=int_at_least(0), default=0, metavar="N",
-        help="also explore the first N test images of the dataset the checkpoint was trained on",
+        help="also explore N test images of the dataset the model was trained on, spread over its classes",
     )
+    test_seed_argument(parser)
     parser.add_argument("--out", required=True, help="the HTML file to write")
     force_argument(parser, "--out")
     parser.add_argument("--layers", type=layer_list, default=None, help="blocks to embed, e.g. 0,5,11 (None: all)")
@@ -305,10 +350,13 @@ def attention_report(parser: argparse.ArgumentParser) -> None:
 
 
 def localization(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="model trained on shapes (.safetensors or .ckpt)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", metavar="MODEL", help="the model file, as the positional MODEL (an older spelling)")
     source.add_argument("--recipe", help="train this recipe first (with the dotted overrides given after it)")
-    parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. data.name=shapes trainer.max_epochs=10")
+    parser.add_argument("overrides", nargs="*", metavar="MODEL | OVERRIDE",
+                        help="the model trained on shapes (.safetensors or .ckpt), or with --recipe its overrides, "
+                        "e.g. data.name=shapes trainer.max_epochs=10")
+    parser.set_defaults(model_inputs="overrides", model=None)
     data_arguments(parser)
     parser.add_argument("--num-images", type=positive_int, default=500, help="test images scored")
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="rollout: how heads are combined")
@@ -327,7 +375,9 @@ PRUNE_ORDERS = ("importance", "importance-l2", "random", "entropy")
 
 
 def prune_heads(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="model.safetensors or a training .ckpt")
+    parser.add_argument("model_file", nargs="?", metavar="MODEL", help="model.safetensors or a training .ckpt")
+    parser.add_argument("--checkpoint", metavar="MODEL", help="the model file, as the positional MODEL (an older spelling)")
+    parser.set_defaults(model_inputs=None, model=None)
     data_arguments(parser)
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--orders", nargs="+", choices=PRUNE_ORDERS, default=list(PRUNE_ORDERS),

@@ -9,7 +9,8 @@ Images are preprocessed as the model file records (size, channels, crop, mean/st
 weights as timm's pretrained_cfg of --model says (as vitkit maps does); an .onnx file from vitkit
 export runs on onnxruntime with the preprocessing its metadata records, and gives the same output. Folders are
 read recursively (image suffixes only), in batches. Each line (and CSV row) gives the file, then
-the top-k classes, most probable first, with their probabilities. An unreadable file gets one
+the top-k classes, most probable first, with their probabilities (with --csv, only the file has
+them). Symlinked folders are followed, as training follows them. An unreadable file gets one
 error line naming it, and the rest are classified; the exit status then says that files were
 skipped (2 when none could be read). A model without a classifier (num_classes=0, e.g. timm's
 DINOv2) is refused: it gives features, not classes.
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
             images.append(image)
         for path, prediction in zip(read, predict(model, images, args.top_k, info=info, batch_size=args.batch_size, tta=tta)):
             ranked = list(zip(prediction.classes, prediction.probabilities))
-            tqdm.write(f"{path}: " + ", ".join(f"{name} ({p:.1%})" for name, p in ranked))
+            if not args.csv:  # with --csv the file holds them, and one line per image would bury the rest
+                tqdm.write(f"{path}: " + ", ".join(f"{name} ({p:.1%})" for name, p in ranked))
             rows.append([as_text(str(path)), *(value for name, p in ranked for value in (as_text(name), f"{p:.6f}"))])
     if (message := note.message()) is not None:
         print(message)

@@ -1,8 +1,8 @@
 """Prune attention heads of a trained model and trace accuracy against the heads removed.
 
-    vitkit prune --checkpoint runs/quickstart/<timestamp>/model.safetensors --out prune/
-    vitkit prune --checkpoint best.ckpt --data root=/data/cifar num_workers=0 --max-drop 0.5 --out prune/
-    vitkit prune --checkpoint runs/fashion/<timestamp>/model.safetensors --recover-epochs 2 --out prune/
+    vitkit prune runs/quickstart/<timestamp>/model.safetensors --out prune/
+    vitkit prune best.ckpt --data root=/data/cifar num_workers=0 --max-drop 0.5 --out prune/
+    vitkit prune runs/fashion/<timestamp>/model.safetensors --recover-epochs 2 --out prune/
 
 One shot (--heads N keeps the N most important heads, --ratio R prunes that share of them): the
 heads are scored once, by importance on the unpruned model, and the lowest are removed together;
@@ -298,7 +298,7 @@ def prune(args: argparse.Namespace) -> dict:
         test_acc, test_images = [t.top1 for t in tests], [tests[0].num_images, len(splits.test.dataset)]
     seconds_full, seconds_pruned = time_forward([model, pruned], timing_batch, rounds=args.rounds)
     pruning = {"max_drop": args.max_drop, "one_shot": "one-shot" in plan,
-               **pruning_record(str(args.checkpoint), chosen.pruned, pruned)}
+               **pruning_record(str(Path(args.checkpoint).resolve()), chosen.pruned, pruned)}  # not a moving latest/ link
     save_model(pruned, out / "pruned.safetensors", extra={**extra, "pruning": pruning})
     summary = {
         **pruning,
@@ -365,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
     if summary["test_images"] and summary["test_images"][0] < summary["test_images"][1]:
         split += f" ({summary['test_images'][0]:,} of {summary['test_images'][1]:,} images: --max-batches)"
     how = "in one shot (importance)" if summary["one_shot"] else f"within {args.max_drop:g} pt (chosen on val)"
-    print(f"pruned {full - kept}/{full} heads {how}: {split} accuracy "
+    print(f"pruned {full - kept}/{full} heads {how}: {split} accuracy (one view, float32: not the training "
+          "summary's, which scores under the recipe's views and precision) "
           f"{acc_full:.2f}% -> {acc_kept:.2f}%, parameters {summary['parameters'][0]:,} -> {summary['parameters'][1]:,}, "
           f"speed-up x{summary['speedup']:.2f} (batch {summary['timing_batch']}, median of {args.rounds} rounds)")
     if "recovery" in summary:

@@ -45,12 +45,17 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
     views = "" if summary.get("tta", "none") == "none" else f" with {summary['tta']} views, {percent('test_acc_one_view')} without"
     if "test_acc_mirrored" in summary:
         views += f", {percent('test_acc_mirrored')} with hflip's two"
+    if summary.get("precision", "32-true") != "32-true":  # prune and evaluate score in float32: say which this is
+        views += f", in {summary['precision']}"
+    tested, total = summary.get("test_images") or (None, None)
+    if tested is not None and tested < total:
+        views += f" on {tested:,} of {total:,} test images (trainer.limit_test_batches)"
     return "\n".join([
         f"test accuracy {percent('test_acc')}{views} (top-5 {percent('test_acc5')}, validation {percent('val_acc')}), "
         f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
         f"run directory: {run_dir} (summary.json has the rest)",
         "next:",
         f"  vitkit evaluate {model}",
-        f"  vitkit maps --checkpoint {model} --test-images 4 --out maps/",
+        f"  vitkit maps {model} --test-images 4 --out maps/",
         f"  vitkit predict {model} IMAGE_OR_FOLDER",
     ])

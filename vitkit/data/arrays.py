@@ -85,6 +85,21 @@ def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) 
     return [np.sort(np.concatenate(part)) for part in parts]
 
 
+def spread_over_classes(labels: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """``count`` indices of ``labels`` (all when fewer), as evenly over the classes as they allow:
+    one image of each class in turn, each class's images in an order drawn by ``seed``. A split
+    stored class by class (an image folder's) thus gives every class rather than the first one's
+    first files.
+
+    Returns:
+        the chosen indices, in the order taken (class 0's first, class 1's first, ..., class 0's second).
+    """
+    rng = np.random.default_rng(seed)
+    members = [rng.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
+    order = [group[turn] for turn in range(max(map(len, members), default=0)) for group in members if turn < len(group)]
+    return np.asarray(order[:count], dtype=np.int64)
+
+
 #: Float32 working memory of :func:`resize_images` per chunk of images.
 RESIZE_CHUNK_BYTES = 64 * 2**20
 

@@ -20,6 +20,7 @@ from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
 from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
 from .imagefolder import ImageFolderDataset, scan_image_folder
+from .images import is_grayscale
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataFileError, DataInfo, DatasetBundle
 from .mnist import MNIST_SOURCES, load_mnist
 from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
@@ -44,9 +45,42 @@ def data_info(cfg: DataConfig, class_names: Sequence[str], mean: Sequence[float]
         mean=convert_stats(cfg.mean or mean, cfg.resolved_in_chans()),
         std=convert_stats(cfg.std or std, cfg.resolved_in_chans()),
         name=cfg.name,
-        crop_pct=cfg.crop_pct,
+        crop_pct=cfg.resolved_crop_pct(),
+        crop_mode="squash" if cfg.trains_on_whole_images() else "center",  # as training resizes: both sides
         interpolation=cfg.interpolation or "bilinear",
     )
+
+
+#: Images checked for their channels when an image folder's ``data.in_chans`` is unset.
+CHANNEL_SAMPLE = 64
+
+
+def settle_unset(cfg: DataConfig) -> tuple[DataConfig, list[str]]:
+    """``cfg`` with the options that depend on the files chosen, and a ``note:`` line per choice
+    made on the user's behalf: an image folder's ``in_chans`` left unset is read from its training
+    images (1 when every one of up to :data:`CHANNEL_SAMPLE`, spread over the classes, is grayscale,
+    as torchvision users expect a gray folder to train a gray model; else 3), and its eval crop is
+    said, since the folder default (0.875) applies only to ``random_resized`` training."""
+    if cfg.name != "imagefolder":
+        return cfg, []
+    notes = []
+    if cfg.in_chans is None:
+        _, scanned = scan_image_folder(Path(cfg.root), verify=False)
+        files = scanned["train"].files
+        sample = files[:: max(1, len(files) // CHANNEL_SAMPLE)][:CHANNEL_SAMPLE]
+        gray = all(is_grayscale(path) for path in sample)
+        cfg = dataclasses.replace(cfg, in_chans=1 if gray else 3)
+        kind = "grayscale: a 1-channel model" if gray else "in colour: a 3-channel (RGB) model"
+        notes.append(f"note: the training images of {cfg.root} are {kind} (data.in_chans={cfg.in_chans} to choose).")
+    if cfg.crop_pct is None:
+        crop = cfg.resolved_crop_pct()
+        if crop == 1.0:
+            seen = f"whole images, resized to {'x'.join(map(str, cfg.resolved_img_size()[::-1]))} as training resizes them"
+        else:
+            seen = f"the central {crop:.1%} of each image (data.crop_pct {crop}, the image-folder default for crops)"
+        notes.append(f"note: validation, test and the saved model see {seen} (augment.crop "
+                     f"{cfg.augment.crop or cfg.defaults.crop}); set data.crop_pct to change.")
+    return cfg, notes
 
 
 def choose_classes(

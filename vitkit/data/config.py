@@ -148,7 +148,8 @@ class DataConfig(Config):
             ``test/<class>/*``). Digits and shapes need none.
         download: download CIFAR or (Fashion-)MNIST into ``root`` when its files are absent.
         img_size: output image size, int or (H, W); ``None``: dataset default.
-        in_chans: 1 (grayscale) or 3 (RGB) output channels; ``None``: dataset default (digits 1).
+        in_chans: 1 (grayscale) or 3 (RGB) output channels; ``None``: dataset default (digits 1;
+            an image folder's training run reads it from the images, see :func:`~vitkit.data.settle_unset`).
         num_workers: DataLoader worker processes.
         val_fraction: share of the training set held out for validation (CIFAR, MNIST, digits, shapes).
         test_fraction: share held out for testing (digits, shapes; CIFAR and MNIST have official test sets).
@@ -159,7 +160,8 @@ class DataConfig(Config):
         mean: per-channel normalisation mean; ``None``: the dataset's statistics.
         std: per-channel normalisation std; ``None``: the dataset's statistics.
         crop_pct: eval transform resizes the shorter side to ``img_size / crop_pct`` then
-            centre-crops; ``None``: dataset default (1.0, imagefolder 0.875).
+            centre-crops; ``None``: what training sees, 1.0 (the whole image) when ``augment.crop``
+            is ``'pad'`` or ``'resize'``, else the dataset default (imagefolder 0.875).
         interpolation: the eval resize's resampling filter (timm's names); ``None``: bilinear, or
             with ``model.pretrained`` the filter the weights were trained with.
         shapes_num_samples: total number of generated shapes images (split like digits).
@@ -242,6 +244,18 @@ class DataConfig(Config):
         """Channels of the output images."""
         return self.defaults.in_chans if self.in_chans is None else self.in_chans
 
+    def trains_on_whole_images(self) -> bool:
+        """Training sees each whole image (resized, then padded and shifted or not): ``augment.crop``
+        ``'pad'`` or ``'resize'``, against ``'random_resized'``'s crops of it."""
+        return self.augment.enabled and (self.augment.crop or self.defaults.crop) in ("pad", "resize")
+
+    def resolved_crop_pct(self) -> float:
+        """The eval crop: ``crop_pct``, or unset 1.0 for a recipe that trains on whole images (evaluation
+        sees what training saw), else the dataset's default."""
+        if self.crop_pct is not None:
+            return self.crop_pct
+        return 1.0 if self.trains_on_whole_images() else self.defaults.crop_pct
+
     def resolved(self) -> DataConfig:
         """A copy with every ``None`` option replaced by the dataset's default."""
         defaults = self.defaults
@@ -254,6 +268,6 @@ class DataConfig(Config):
             self,
             img_size=self.resolved_img_size(),
             in_chans=self.resolved_in_chans(),
-            crop_pct=defaults.crop_pct if self.crop_pct is None else self.crop_pct,
+            crop_pct=self.resolved_crop_pct(),
             augment=augment,
         )

@@ -26,7 +26,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..errors import VitkitError
 from .arrays import Transform
-from .images import ImageReadError, check_image, load_image
+from .images import ImageReadError, check_image, files_under, load_image
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,9 @@ def find_classes(split_dir: Path) -> list[str]:
 
 
 def image_files(folder: Path) -> list[Path]:
-    """Sorted files under ``folder`` (recursively; none if it is missing) with an image extension."""
-    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
+    """Sorted files under ``folder`` (recursively, through symlinked folders; none if it is missing)
+    with an image extension."""
+    return sorted(p for p in files_under(folder) if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
 
 
 def scan_image_folder(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,28 @@ class ImageReadError(VitkitError, OSError):
         self.path = Path(path)
         self.reason = reason
         super().__init__(f"cannot read image {self.path}: {reason}")
+
+
+def files_under(folder: str | os.PathLike) -> Iterator[Path]:
+    """Every file under ``folder``, recursively, symlinked folders followed as torchvision's
+    ``ImageFolder`` follows them (each real folder once, so a link to a parent ends, not loops)."""
+    seen: set[str] = set()
+    for root, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        yield from (Path(root, name) for name in files)
+
+
+def is_grayscale(path: str | os.PathLike) -> bool:
+    """``path`` is stored as one channel (8- or 16-bit gray, or 1-bit), read from its header."""
+    try:
+        with Image.open(path) as image:
+            return image.mode in _GRAY_MODES
+    except _DECODE_ERRORS:
+        return False  # unreadable: reported where it is loaded, and no reason to drop colour
 
 
 def load_image(path: str | os.PathLike, in_chans: int | None = None) -> Image.Image:

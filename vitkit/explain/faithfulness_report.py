@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -131,6 +131,7 @@ def faithfulness(
     seed: int = 0,
     rules: LRPRules | None = None,
     progress: bool = False,
+    on_batch: Callable[[int], bool] | None = None,
 ) -> FaithfulnessReport:
     """Measure ``methods`` on ``model`` and ``images`` ``[N, C, H, W]`` (normalised as for evaluation).
 
@@ -150,6 +151,9 @@ def faithfulness(
         seed: seeds ``random`` and the randomised model.
         rules: ``lrp``'s rules (default :class:`~vitkit.explain.lrp.LRPRules()`).
         progress: show a tqdm bar over batches and methods.
+        on_batch: called after each batch with the number of images measured so far; ``True``
+            stops there, and the report covers those images (a command stopped by a signal
+            writes a partial table).
     """
     if model.config.num_classes == 0:
         raise HeadlessModelError("faithfulness measures how a map explains a class, and this model has no classifier.")
@@ -165,7 +169,7 @@ def faithfulness(
     collected: dict[str, dict[str, list[torch.Tensor]]] = {name: {} for name in names}
     seconds = dict.fromkeys(names, 0.0)
     correlations: dict[str, list[torch.Tensor]] = {name: [] for name in names}
-    fractions = None
+    fractions, done = None, 0
     batches = range(0, len(images), batch_size)
     bar = tqdm(total=len(batches) * len(named), desc="faithfulness", disable=not progress, leave=False)
     for first in batches:
@@ -186,6 +190,9 @@ def faithfulness(
             if randomized is not None and name != "random":
                 correlations[name].append(spearman(maps.flatten(1), method(randomized, batch, targets).flatten(1)).cpu())
             bar.update(1)
+        done = min(first + batch_size, len(images))
+        if on_batch is not None and on_batch(done):
+            break
     bar.close()
     results = []
     for name in names:
@@ -193,8 +200,8 @@ def faithfulness(
         results.append(MethodResult(
             name=name,
             scores={test: torch.cat(parts[test]) for test in TESTS},
-            curves={test: torch.stack(parts[f"curve_{test}"]).sum(0) / len(images) for test in TESTS},
-            seconds_per_image=seconds[name] / len(images),
+            curves={test: torch.stack(parts[f"curve_{test}"]).sum(0) / done for test in TESTS},
+            seconds_per_image=seconds[name] / done,
             sanity=float(torch.cat(correlations[name]).mean()) if correlations[name] else None,
         ))
-    return FaithfulnessReport(results=results, fractions=fractions, baseline=baseline, num_images=len(images))
+    return FaithfulnessReport(results=results, fractions=fractions, baseline=baseline, num_images=done)

@@ -10,6 +10,7 @@ path. The same random draws in the same order give the same batches as the host 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import Any, Literal
@@ -21,6 +22,9 @@ from torch.utils.data import DataLoader, Dataset
 from ..data import ArrayDataset, DataConfig, DataInfo, DatasetBundle, build_datasets
 from ..data.batch_transforms import BatchTransform
 from .schema import RecipeError
+
+#: Full batches an epoch that a clamped batch size leaves (:meth:`ViTDataModule.fit_batch`).
+MIN_BATCHES = 4
 
 Split = Literal["train", "val", "test"]
 
@@ -83,6 +87,28 @@ class ViTDataModule(L.LightningDataModule):
     def info(self) -> DataInfo:
         """Classes, image geometry and normalisation."""
         return self.bundle.info
+
+    def fit_batch(self) -> str | None:
+        """Clamp the batch size to a training split smaller than one batch (every batch would be
+        dropped): the largest power of two that gives at least :data:`MIN_BATCHES` full batches an
+        epoch; the ``note:`` line that says so, or ``None`` when the batch fits."""
+        images = len(self.bundle.train)
+        if images >= self.batch_size:
+            return None
+        wanted, self.batch_size = self.batch_size, 1 << max(0, (images // MIN_BATCHES).bit_length() - 1)
+        return (f"note: trainer.batch_size {wanted} is more than the {images} training images; batches of "
+                f"{self.batch_size} instead ({images // self.batch_size} full batches an epoch; set "
+                "trainer.batch_size to choose).")
+
+    def fit_workers(self, cores: int) -> str | None:
+        """Clamp ``data.num_workers`` to the ``cores`` this process may use (more worker processes
+        only compete for them, and torch's DataLoader warns for each loader); the ``note:`` line that
+        says so, or ``None``."""
+        wanted = self.config.num_workers
+        if wanted <= cores:
+            return None
+        self.config = dataclasses.replace(self.config, num_workers=cores)
+        return f"note: data.num_workers {wanted} is more than the {cores} usable CPU cores; {cores} workers instead."
 
     def check_batch(self, replicas: int = 1) -> None:
         """Refuse a training split smaller than one batch on each of ``replicas`` processes (every

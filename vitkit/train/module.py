@@ -215,6 +215,8 @@ class ViTModule(L.LightningModule):
         self.log(f"{stage}/loss", out.loss, sync_dist=True, batch_size=out.batch_size, prog_bar=progress == "loss")
         for key, value in out.metrics.items():
             self.log(f"{stage}/{key}", value, sync_dist=True, batch_size=out.batch_size, prog_bar=key == progress)
+        if stage == "test":  # how many images the accuracy covers (trainer.limit_test_batches may cut it)
+            self.log("test/images", float(out.batch_size), reduce_fx="sum", sync_dist=True, batch_size=out.batch_size)
 
     def _check_finite(self, loss: torch.Tensor) -> bool:
         """Note the loss on the device; read the flag (a host sync) every ``trainer.log_every`` steps.

@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
-from ..data import DataInfo
+from ..data import DataInfo, settle_unset
 from ..errors import VitkitError
 from ..io import save_model
 from ..kernels import autotune_report
@@ -137,12 +137,23 @@ def train(
         if advice:
             rank_zero_info(advice)
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
+    data, notes = settle_unset(config.data)
+    config = dataclasses.replace(config, data=data)  # config.yaml records the channels chosen
+    for note in notes:
+        rank_zero_info(note)
+    config = settle_pretrained_path(config)
     weights = load_starting_weights(config.model, resume)
     if weights is not None:
         data, note = pretrained_data(config.data, weights)
         config = dataclasses.replace(config, data=data)  # the run's config.yaml records what was used
         rank_zero_info(note)
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
+    if (note := datamodule.fit_batch()) is not None:  # config.yaml records the batch used
+        config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, batch_size=datamodule.batch_size))
+        rank_zero_info(note)
+    if (note := datamodule.fit_workers(usable_cores())) is not None:
+        config = dataclasses.replace(config, data=datamodule.config)
+        rank_zero_info(note)
     datamodule.check_batch()  # before a run directory is claimed (each DDP process checks again at fit)
     module = build_module(config, datamodule.info, weights)
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
@@ -153,6 +164,16 @@ def train(
     run_dir = resolve_run_dir(config, resume)
     with _own_run_dir(run_dir, adopted=run_dir == adopted_run_dir(resume)):
         return _fit(config, datamodule, module, teacher, run_dir, resume, callbacks, started)
+
+
+def settle_pretrained_path(config: RecipeConfig) -> RecipeConfig:
+    """``config`` with a ``model.pretrained`` file given through links (``runs/<recipe>/latest/...``,
+    which the next run moves) replaced by the file itself, so that config.yaml, summary.json and the
+    model file record the weights this run started from."""
+    pretrained = config.model.pretrained
+    if pretrained is None or pretrained.startswith("timm:") or not Path(pretrained).exists():
+        return config  # timm weights, or a missing file that load_starting_weights names
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, pretrained=str(Path(pretrained).resolve())))
 
 
 #: Recipe keys a resumed run may change: how long and on what it runs, not what it learns.
@@ -251,6 +272,8 @@ def _fit(
         "val_acc": _metric(validated, "val/acc1"),
         "test_acc": _metric(tested, "test/acc1"),
         "test_acc5": _metric(tested, "test/acc5"),
+        # [images the test accuracy covers, images of the test split]; fewer with trainer.limit_test_batches
+        "test_images": [round(_metric(tested, "test/images") or 0), len(datamodule.bundle.test)],
         "tta": config.trainer.tta,
         "val_tta": module.task.val_tta,  # the task resolves an unset one to tta
         **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
