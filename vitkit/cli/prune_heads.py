@@ -69,7 +69,7 @@ from vitkit.evaluation import evaluate_model
 from vitkit.files import write_csv
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, count_parameters, vit_flops
-from vitkit.output_dirs import claim_output_dir
+from vitkit.output_dirs import check_output_dir, claim_output_dir
 from vitkit.prune import (
     PruningStep,
     RecoveredStep,
@@ -221,11 +221,12 @@ def describe_plan(plan: dict[str, int], cost: BatchCost) -> str:
 def prune(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
+    check_output_dir(args.out, "prune_heads", inputs=[args.checkpoint])  # before the model is read
     model, extra = load_model_and_extra(args.checkpoint)
     model.eval()
     resolve_target(args, model)
     recovery = plan_recovery(args, Path(args.out), extra)
-    out = claim_output_dir(args.out, "prune_heads")
+    out = claim_output_dir(args.out, "prune_heads", inputs=[args.checkpoint])
     splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
     train_loader, val, info = splits.train, splits.val, splits.info
     check_model_fits(model, info)
