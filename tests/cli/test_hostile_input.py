@@ -642,3 +642,57 @@ def test_orphan_model_file_temporaries_are_removed_at_resume(finished: RunResult
     epochs = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] + 1
     train(short_recipe(tmp_path / "runs", max_epochs=epochs), resume=run_dir / "checkpoints" / "last.ckpt")
     assert not orphan.exists() and (run_dir / MARKER).is_file()
+
+
+# --- fourth sweep (issue 51) -------------------------------------------------------------------
+
+
+def test_prune_heads_refuses_an_out_folder_holding_its_own_input_model(tmp_path: Path, capsys, load_tool) -> None:
+    """A rerun into its own folder replaces its results, so the model it reads must not be one of them."""
+    out = mark(tmp_path / "prune", "prune_heads")
+    model = save_tiny(tiny_shapes_model(), out / "pruned.safetensors")
+    before = snapshot(out)
+    code = load_tool("prune_heads").main(["--checkpoint", str(model), "--out", str(out)])
+    assert code == 2 and "holds this command's input" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("override", ["optim.clip_grad=null", "data.train_per_class=10", "data.mean=[0.5]",
+                                      "data.std=[0.25]"])
+def test_resuming_with_a_key_changed_to_or_from_null_is_refused(finished: RunResult, tmp_path: Path,
+                                                                 override: str) -> None:
+    run_dir = _copy_run(finished, tmp_path)
+    before = snapshot(run_dir)
+    epochs = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] + 2
+    key = override.split("=")[0]
+    with pytest.raises(RecipeError, match=f"differs from the one .* started with: {key} ") as error:
+        train(run_dir / "config.yaml", [override, f"trainer.max_epochs={epochs}"],
+              resume=run_dir / "checkpoints" / "last.ckpt")
+    assert "\n" not in str(error.value) and snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("use", ["claim", "hold", "mark"])
+def test_a_marker_that_is_a_symlink_is_refused_and_its_target_never_written(tmp_path: Path, use: str) -> None:
+    elsewhere = tmp_path / "precious.txt"
+    elsewhere.write_text("keep me\n")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / MARKER).symlink_to(elsewhere)
+    with pytest.raises(OutputDirError, match="is not a regular file"):
+        if use == "claim":
+            claim_output_dir(folder, "faithfulness")
+        elif use == "hold":
+            with hold(folder):
+                pass
+        else:
+            mark(folder, "train")
+    release_output_dirs(complete=True)
+    assert elsewhere.read_text() == "keep me\n" and (folder / MARKER).is_symlink()
+
+
+def test_a_marker_that_is_a_folder_is_refused_in_one_line(tmp_path: Path, capsys, load_tool) -> None:
+    folder = tmp_path / "out"
+    (folder / MARKER).mkdir(parents=True)
+    path = save_tiny(tiny_shapes_model(), tmp_path / "m.safetensors")
+    assert load_tool("evaluate").main([str(path), "--out", str(folder)]) == 2
+    assert "is not a regular file" in _one_error_line(capsys.readouterr().err)
