@@ -201,7 +201,7 @@ def export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("onnx",), default="onnx", help="file format")
     parser.add_argument("--out", required=True, help="the .onnx file to write")
     force_argument(parser, "--out")
-    parser.add_argument("--opset", type=int_at_least(7), help="ONNX opset (None: the exporter's default)")
+    parser.add_argument("--opset", type=int_at_least(1), help="ONNX opset, 18 to torch's newest (None: the exporter's default)")
     parser.add_argument("--dynamic-batch", action="store_true", help="any batch size (else the graph takes batch 1)")
     parser.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"),
                         help="input size (None: the model's; another needs a dynamic_img_size model)")
