@@ -696,3 +696,26 @@ def test_a_marker_that_is_a_folder_is_refused_in_one_line(tmp_path: Path, capsys
     path = save_tiny(tiny_shapes_model(), tmp_path / "m.safetensors")
     assert load_tool("evaluate").main([str(path), "--out", str(folder)]) == 2
     assert "is not a regular file" in _one_error_line(capsys.readouterr().err)
+
+
+def test_faithfulness_of_a_model_without_heads_is_one_line_before_out_is_claimed(headless: Path, tmp_path: Path,
+                                                                                   capsys, load_tool) -> None:
+    out = tmp_path / "f"
+    code = load_tool("faithfulness").main(["--checkpoint", str(headless), "--out", str(out), "--images", "2"])
+    assert code == 2 and "every head of every layer" in _one_error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("tool, base", [
+    ("faithfulness", ["--checkpoint", "m.safetensors", "--out", "o"]),
+    ("localization", ["--checkpoint", "m.safetensors"]),
+])
+@pytest.mark.parametrize("seed", ["1180591620717411303424", "-1"])
+def test_a_seed_out_of_range_is_a_usage_error_before_anything_is_claimed(tool: str, base: list[str], seed: str,
+                                                                         tmp_path: Path, capsys, load_tool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        load_tool(tool).main([*base, "--seed", seed])
+    assert exited.value.code == 2 and "--seed: must be in [0, 4294967295]" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
