@@ -719,3 +719,33 @@ def test_a_seed_out_of_range_is_a_usage_error_before_anything_is_claimed(tool: s
         load_tool(tool).main([*base, "--seed", seed])
     assert exited.value.code == 2 and "--seed: must be in [0, 4294967295]" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_override_value_holding_a_hash_is_taken_whole_not_cut_as_a_comment(tmp_path: Path) -> None:
+    assert load_recipe(short_recipe(tmp_path), ["model.pretrained=/a #b.safetensors"]).model.pretrained == "/a #b.safetensors"
+    with pytest.raises(RecipeError, match="must be an integer, got '2 #x'"):
+        load_recipe(short_recipe(tmp_path), ["trainer.max_epochs=2 #x"])
+    from vitkit.cli.prune_heads import RecipeRecovery
+    from vitkit.schema import parse_overrides
+
+    recovery = RecipeRecovery(Path("r.yaml"), 1, 1e-3, 1e-5, [], tmp_path, {}, "m")
+    values, _ = parse_overrides(recovery.overrides(Path("/x/a #1: [b]/p.safetensors"), Path("/x/a #1: [b]")))
+    assert values["model"]["pretrained"] == "/x/a #1: [b]/p.safetensors" and values["output"]["dir"] == "/x/a #1: [b]"
+
+
+def test_a_yaml_tag_and_an_unknown_lora_target_are_one_line_naming_what_is_allowed(tmp_path: Path) -> None:
+    recipe = tmp_path / "evil.yaml"
+    recipe.write_text("name: !!python/object:os.system\n  x\n")
+    with pytest.raises(RecipeError, match="at line 1, column 7") as error:
+        load_recipe(recipe)
+    assert "\n" not in str(error.value)
+    with pytest.raises(RecipeError, match="a list of values from 'qkv', 'proj', 'fc1', 'fc2'"):
+        load_recipe(short_recipe(tmp_path), ["model.lora.targets=[qkv, head]"])
+
+
+def test_lora_skips_a_pruned_block_without_heads() -> None:
+    from vitkit.layers.lora import LoraConfig, add_lora
+
+    model = prune_heads(tiny_shapes_model(), {0: [0, 1, 2]})
+    adapted = add_lora(model, LoraConfig(rank=2))
+    assert adapted == ["blocks.1.attn.qkv", "blocks.1.attn.proj"]

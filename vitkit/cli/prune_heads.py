@@ -116,11 +116,11 @@ class RecipeRecovery:
     def overrides(self, pretrained: Path, folder: Path) -> list[str]:
         """The recipe's changes: the pruned weights as they are (classifier kept, no timm options),
         the fine-tuning schedule, ``folder`` for the run and the ``--data`` changes."""
-        return [
-            f"model.pretrained={pretrained}", "model.pretrained_file=null", "model.pretrained_kwargs={}",
+        return [  # paths as JSON strings, which YAML reads whole ('#', ': ', '[' and all)
+            f"model.pretrained={json.dumps(str(pretrained))}", "model.pretrained_file=null", "model.pretrained_kwargs={}",
             "model.reset_head=false", "model.impl=vitkit",
             f"optim.lr={self.lr!r}", f"optim.min_lr={self.min_lr!r}", "optim.warmup_epochs=0",
-            f"trainer.max_epochs={self.epochs}", f"output.dir={folder}",
+            f"trainer.max_epochs={self.epochs}", f"output.dir={json.dumps(str(folder))}",
             *(f"data.{item}" for item in self.data),
         ]
 
