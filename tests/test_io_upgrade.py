@@ -121,3 +121,61 @@ def test_save_model_without_a_suffix_writes_safetensors_that_load_model_finds_by
     images = torch.randn(1, 3, 8, 8)
     for name in ("pruned", "pruned.safetensors"):
         torch.testing.assert_close(load_model(tmp_path / name).eval()(images), model(images))
+
+
+# --- damaged files of an older format: one line naming the bad tensor, as today's files get ------
+
+
+def write_format_1_rope(path: Path, damage: str = "") -> Path:
+    """An axial-RoPE model as format 1 wrote it: a learned ``pos_embed`` with a row for the class
+    token; ``damage`` drops (``'no-cls'``) or misshapes (``'bad-cls'``) the class token."""
+    model = vitkit.VisionTransformer(img_size=8, patch_size=4, num_classes=3, embed_dim=16, depth=1, num_heads=2,
+                                     rope="axial", pos_embed="learn")
+    config = model.config.to_dict()
+    for key in ("block", "attn_layer", "mlp_layer", "pos_drop_rate"):  # fields format 1 did not have
+        config.pop(key, None)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state["pos_embed"] = torch.cat([torch.zeros(1, 1, 16), state["pos_embed"]], dim=1)
+    if damage == "no-cls":
+        del state["cls_token"]
+    elif damage == "bad-cls":
+        state["cls_token"] = torch.zeros(1, 1, 8)
+    save_file(state, path, metadata={FORMAT_KEY: "1", CONFIG_KEY: json.dumps(config), EXTRA_KEY: "{}"})
+    return path
+
+
+@pytest.mark.parametrize(("damage", "named"), [("no-cls", "cls_token missing"),
+                                               ("bad-cls", "cls_token is [1, 1, 8], the model needs [1, 1, 16]")])
+def test_a_damaged_format_1_rope_file_is_one_line_naming_the_class_token(tmp_path: Path, damage: str, named: str) -> None:
+    load_model(write_format_1_rope(tmp_path / "whole.safetensors"))  # the undamaged file loads
+    with pytest.raises(ModelFileError, match="do not match its model config") as error:
+        load_model(write_format_1_rope(tmp_path / "damaged.safetensors", damage))
+    assert named in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["blocks.99.attn.log_scale", "blocks.x.attn.log_scale"])
+def test_a_format_2_log_scale_of_no_block_is_named_as_an_unexpected_tensor(tmp_path: Path, name: str) -> None:
+    path = write_format_2(lsa_model(), tmp_path / "old.safetensors")
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    state = {**load_file(path), name: torch.tensor(0.0)}
+    save_file(state, tmp_path / "damaged.safetensors", metadata=metadata)
+    with pytest.raises(ModelFileError, match=f"unexpected {name}") as error:
+        load_model(tmp_path / "damaged.safetensors")
+    assert "not a readable safetensors file" not in str(error.value)
+
+
+@pytest.mark.parametrize("optimizer_states", [
+    5,
+    [{"state": {}, "param_groups": [{"weight_decay": 0.05}, {"weight_decay": 0.0, "params": [2]}]}],
+    [{"state": {7: {}}, "param_groups": [{"weight_decay": 0.05, "params": [0]}, {"weight_decay": 0.0, "params": [1]}]}],
+    [{"state": [], "param_groups": [{"weight_decay": "x", "params": [0]}, {"weight_decay": 0.0, "params": [1]}]}],
+], ids=["an-int", "a-group-without-params", "state-of-no-parameter", "a-string-decay"])
+def test_a_damaged_old_checkpoint_s_optimiser_state_is_left_for_the_resume_check_to_name(optimizer_states) -> None:
+    checkpoint = {"hyper_parameters": {"vit_config": {"locality_attention": False}, FORMAT_KEY: "2"}, "state_dict": {},
+                  "optimizer_states": optimizer_states, "lr_schedulers": 3}
+    upgraded = upgrade_checkpoint(checkpoint)  # no KeyError or TypeError
+    assert upgraded["optimizer_states"] == optimizer_states and upgraded["lr_schedulers"] == 3

@@ -26,18 +26,28 @@ import numpy as np
 import torch
 
 from .errors import VitkitError, require
+from .io import ModelFileError, check_extra, first_line, metadata_object
 from .layers import AttentionBase
-from .models import VisionTransformer
+from .models import VisionTransformer, ViTConfig
 from .output_dirs import check_output_file, write_output_file
+from .schema import ConfigError
 
 #: The ``metadata_props`` key holding the model's preprocessing (its ``extra``) as JSON.
 PREPROCESSING_KEY = "vitkit_preprocessing"
-#: The graph's input and output names.
-INPUT_NAME, OUTPUT_NAME = "images", "logits"
+#: The graph's input and output names; a model without a classifier outputs ``features``.
+INPUT_NAME, OUTPUT_NAME, FEATURES_NAME = "images", "logits", "features"
+#: The oldest opset torch's exporter writes itself (older ones only through a converter that
+#: cannot convert LayerNormalization, and then it silently keeps 18); the newest is torch's
+#: ``ONNX_MAX_OPSET``.
+MIN_OPSET = 18
 
 
 class ExportError(VitkitError, ValueError):
     """A model, size or option the exporter cannot take."""
+
+
+class OnnxFileError(ModelFileError):
+    """An ``.onnx`` file that is not a graph vitkit exported, or whose metadata is damaged."""
 
 
 def export_onnx(
@@ -57,18 +67,26 @@ def export_onnx(
         model: a vitkit model (eval mode is used; the model is left as it was).
         path: the ``.onnx`` file; an existing one is refused unless ``force``.
         extra: the preprocessing to record (a model file's ``extra``: ``mean``, ``std``, ...).
-        opset: ONNX opset (``None``: the exporter's default).
+        opset: ONNX opset, :data:`MIN_OPSET` to torch's newest (``None``: the exporter's default);
+            the file is refused unless it holds that opset.
         dynamic_batch: the batch dimension is symbolic (any batch size); else fixed at 1.
         img_size: ``(H, W)`` of the graph's input; default the model's ``img_size``. Another
-            size needs ``dynamic_img_size`` and whole patches.
+            size needs ``dynamic_img_size``, whole patches and the model's token limit.
+
+    The output is named ``logits``, or ``features`` for a model without a classifier.
 
     Raises:
-        ExportError: the size does not fit the model, or the exporter refused the model (one line).
+        ExportError: the size or opset does not fit, or the exporter refused the model (one line).
         OutputDirError: ``path`` exists and not ``force``, or is a folder.
     """
     onnx = require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")  # torch's dynamo exporter writes through it
+    from torch.onnx._constants import ONNX_MAX_OPSET
+
     path = check_output_file(path, "--out", force)
+    if opset is not None and not MIN_OPSET <= opset <= ONNX_MAX_OPSET:
+        raise ExportError(f"--opset {opset}: torch's exporter writes opsets {MIN_OPSET} to {ONNX_MAX_OPSET}; choose one "
+                          "of them (or leave --opset out for its default).")
     height, width = img_size if img_size is not None else model.config.img_size
     config = model.config
     if (height, width) != tuple(config.img_size):
@@ -77,6 +95,11 @@ def export_onnx(
                               "the model has no dynamic_img_size; export at its own size.")
         if height % config.patch_size[0] or width % config.patch_size[1]:
             raise ExportError(f"--img-size {height} {width} is not a whole number of {list(config.patch_size)} patches.")
+        try:  # the model's own bounds (the token limit), before a graph of a million patches is traced
+            config.replace(img_size=(height, width))
+        except ConfigError as error:
+            raise ExportError(f"--img-size {height} {width} does not fit the model: {error}") from None
+    output = OUTPUT_NAME if config.num_classes else FEATURES_NAME
     images = torch.zeros(2 if dynamic_batch else 1, config.in_chans, height, width)
     kernels = {module: module.attn_impl for module in model.modules() if isinstance(module, AttentionBase)}
     was_training = model.training
@@ -89,7 +112,7 @@ def export_onnx(
             try:
                 torch.onnx.export(
                     model, (images,), str(staged), dynamo=True, opset_version=opset, input_names=[INPUT_NAME],
-                    output_names=[OUTPUT_NAME], dynamic_shapes={"images": {0: "batch"}} if dynamic_batch else None,
+                    output_names=[output], dynamic_shapes={"images": {0: "batch"}} if dynamic_batch else None,
                     verbose=False,
                 )
             except Exception as error:  # the exporter's errors have no common type
@@ -101,6 +124,9 @@ def export_onnx(
         for module, kernel in kernels.items():
             module.attn_impl = kernel
         model.train(was_training)
+    written = next((entry.version for entry in proto.opset_import if entry.domain in ("", "ai.onnx")), None)
+    if opset is not None and written != opset:  # the exporter falls back to another opset with a warning only
+        raise ExportError(f"--opset {opset}: torch's exporter wrote opset {written} instead; choose --opset {written}.")
     entry = proto.metadata_props.add()
     entry.key, entry.value = PREPROCESSING_KEY, json.dumps(extra or {})
     return write_output_file(path, "--out", lambda tmp: onnx.save(proto, tmp), force)
@@ -126,35 +152,88 @@ def quantize_dynamic(source: str | os.PathLike, path: str | os.PathLike, *, forc
 
 
 def read_preprocessing(path: str | os.PathLike) -> dict[str, Any]:
-    """The preprocessing (:data:`PREPROCESSING_KEY`) an exported file records; ``{}`` without it."""
+    """The preprocessing (:data:`PREPROCESSING_KEY`) an exported file records, as written
+    (:class:`OnnxClassifier` checks it against its graph); ``{}`` without it.
+
+    Raises:
+        OnnxFileError: the file is not ONNX, or the metadata is not a JSON object.
+    """
     onnx = require("onnx", "onnx", "reading an .onnx file")
-    proto = onnx.load(str(path), load_external_data=False)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # protobuf's DecodeError, OSError: no common type
+        raise OnnxFileError(f"{path} is not a readable ONNX file ({first_line(error)[:300]}).") from None
     values = {entry.key: entry.value for entry in proto.metadata_props}
-    return json.loads(values.get(PREPROCESSING_KEY, "{}"))
+    return metadata_object(values.get(PREPROCESSING_KEY, "{}"), PREPROCESSING_KEY, Path(path))
 
 
 class OnnxClassifier:
     """An exported model run by onnxruntime (CPU): called like the model, ``[B, C, H, W]`` float32
     images to ``[B, num_classes]`` logits; a graph of fixed batch 1 is run image by image.
 
+    The file is checked as a model file is before anything runs: one input ``[B, C, H, W]`` of a
+    size vitkit takes, one output, and metadata that passes :func:`~vitkit.io.check_extra` against
+    them (one class name per output, one mean/std per channel, the graph's own image size).
+
     Attributes:
-        extra: the preprocessing the file records (:func:`read_preprocessing`).
-        num_classes: the width of the graph's output.
+        extra: the preprocessing the file records, checked.
+        num_classes: the width of the graph's output (0 for an exported feature extractor).
+
+    Raises:
+        OnnxFileError: missing, a folder, not ONNX, not a graph of one image input and one output,
+            or damaged metadata; one line naming the file.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         onnxruntime = require("onnxruntime", "onnx", "running an .onnx file")
         self.path = Path(path)
-        self.session = onnxruntime.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
-        (graph_input,), (output,) = self.session.get_inputs(), self.session.get_outputs()
+        if not self.path.is_file():
+            what = "is a folder" if self.path.is_dir() else "does not exist"
+            raise OnnxFileError(f"ONNX model {self.path} {what}; give the .onnx file vitkit export wrote.")
+        try:
+            self.session = onnxruntime.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+        except Exception as error:  # onnxruntime's InvalidProtobuf, Fail, ...: no common type
+            raise OnnxFileError(
+                f"{self.path} is not a readable ONNX model ({first_line(error)[:300]}); the file is damaged or was not "
+                "written by vitkit export."
+            ) from None
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        if len(inputs) != 1 or len(outputs) != 1 or len(inputs[0].shape) != 4:
+            raise OnnxFileError(
+                f"{self.path} has {len(inputs)} input(s) and {len(outputs)} output(s); vitkit runs graphs of one "
+                "[B, C, H, W] image input and one output, as vitkit export writes."
+            )
+        (graph_input,), (output,) = inputs, outputs
         self.input_name = graph_input.name
         self.fixed_batch = isinstance(graph_input.shape[0], int)
-        self.num_classes = int(output.shape[-1])
-        self.extra = read_preprocessing(self.path)
+        config = self._config(graph_input.shape[1:], output)
+        self.num_classes = config.num_classes
+        text = self.session.get_modelmeta().custom_metadata_map.get(PREPROCESSING_KEY, "{}")
+        self.extra = check_extra(metadata_object(text, PREPROCESSING_KEY, self.path), config,
+                                 f"the metadata of {self.path}", OnnxFileError)
+
+    def _config(self, image_dims: list[Any], output: Any) -> ViTConfig:
+        """A stand-in config of the graph's input and output (one patch the image's size), for
+        :func:`~vitkit.io.check_extra`: bounds the image size before any image is resized."""
+        classes = 0 if output.name == FEATURES_NAME else output.shape[-1] if output.shape else None
+        if not all(isinstance(dim, int) for dim in (*image_dims, classes)):
+            raise OnnxFileError(f"{self.path}: its input {image_dims} or output {output.shape} has symbolic sizes "
+                                "other than the batch; vitkit export fixes channels, image size and classes.")
+        channels, height, width = image_dims
+        try:
+            return ViTConfig(img_size=(height, width), patch_size=(height, width), in_chans=channels,
+                             num_classes=classes, embed_dim=1, depth=1, num_heads=1)
+        except ConfigError as error:
+            raise OnnxFileError(f"{self.path}: its input [B, {channels}, {height}, {width}] with {classes} outputs is "
+                                f"not a model vitkit runs ({error})") from None
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         batches = images.split(1) if self.fixed_batch else (images,)
-        outputs = [self.session.run(None, {self.input_name: b.float().contiguous().numpy()})[0] for b in batches]
+        try:
+            outputs = [self.session.run(None, {self.input_name: b.float().contiguous().numpy()})[0] for b in batches]
+        except Exception as error:  # onnxruntime's run-time errors: no common type
+            raise OnnxFileError(f"{self.path} failed when run by onnxruntime ({first_line(error)[:300]}); the graph is "
+                                "damaged or was not written by vitkit export.") from None
         return torch.from_numpy(np.concatenate(outputs))
 
 

@@ -51,7 +51,7 @@ def load_predictor(
 
 
 def prediction_settings(
-    model: VisionTransformer, extra: dict[str, Any], source: str, tta: TestTimeAugmentation | None = None
+    model: VisionTransformer | OnnxClassifier, extra: dict[str, Any], source: str, tta: TestTimeAugmentation | None = None
 ) -> tuple[DataInfo, TestTimeAugmentation]:
     """The preprocessing that a model's metadata ``extra`` records, and ``tta``, or (``None``)
     the test-time augmentation it records (:func:`~vitkit.evaluation.recorded_tta`); ``source``
@@ -67,9 +67,11 @@ def prediction_settings(
     return DataInfo.from_extra(extra), recorded_tta(extra, source) if tta is None else tta
 
 
-def refuse_headless(model: VisionTransformer, source: str) -> None:
-    """Raise :class:`PredictionError` for a model without a classifier (``num_classes=0``)."""
-    if model.config.num_classes == 0:
+def refuse_headless(model: VisionTransformer | OnnxClassifier, source: str) -> None:
+    """Raise :class:`PredictionError` for a model without a classifier (``num_classes=0``; an
+    exported one's graph outputs ``features``)."""
+    num_classes = model.num_classes if isinstance(model, OnnxClassifier) else model.config.num_classes
+    if num_classes == 0:
         raise PredictionError(
             f"{source} has no classifier (num_classes=0): it gives features, not classes; for its pooled "
             "[B, D] features call the model itself, or fine-tune a classifier on it (docs/finetune.md)."
@@ -163,11 +165,7 @@ def predict(
         model_or_path = OnnxClassifier(model_or_path)
     if isinstance(model_or_path, OnnxClassifier):  # onnxruntime, with the preprocessing its metadata records
         runner = model_or_path
-        source = str(runner.path)
-        if runner.num_classes == 0:
-            raise PredictionError(f"{source} has no classifier (an exported feature extractor): it gives features, not classes.")
-        saved = DataInfo.from_extra(runner.extra)
-        tta = recorded_tta(runner.extra, source) if tta is None else tta
+        saved, tta = prediction_settings(runner, runner.extra, str(runner.path), tta)
         return _predict_batches(runner, _as_list(images), info or saved, tta, top_k, batch_size)
     if isinstance(model_or_path, VisionTransformer):
         refuse_headless(model_or_path, "the model")

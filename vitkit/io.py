@@ -24,7 +24,7 @@ from .errors import VitkitError
 from .files import atomic_write
 from .layers.lora import LoraError, merge_lora_state_dict
 from .models.config import ViTConfig
-from .models.timm_interop import preprocessing_extra
+from .models.timm_interop import EvalCropMode, Interpolation, preprocessing_extra
 from .models.vision_transformer import VisionTransformer
 from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
 
@@ -119,7 +119,7 @@ def _read_metadata(metadata: dict[str, str], path: Path) -> tuple[dict[str, Any]
             f"{path} is a vitkit model file of format {metadata[FORMAT_KEY]!r}, newer than this vitkit reads "
             f"({FORMAT_VERSION}); upgrade vitkit."
         )
-    return _json_object(metadata[CONFIG_KEY], CONFIG_KEY, path), _json_object(metadata.get(EXTRA_KEY, "{}"), EXTRA_KEY, path)
+    return metadata_object(metadata[CONFIG_KEY], CONFIG_KEY, path), metadata_object(metadata.get(EXTRA_KEY, "{}"), EXTRA_KEY, path)
 
 
 def _config(values: dict[str, Any], source: str, error: type[ConfigError]) -> ViTConfig:
@@ -191,19 +191,26 @@ def upgrade_state(state: dict[str, torch.Tensor], config: ViTConfig, version: st
     if version == FORMAT_VERSION:
         return state
     state = dict(state)
+    heads = config.heads_per_layer()
     for name in [name for name in state if name.endswith(".attn.log_scale") and state[name].dim() == 0]:
-        heads = config.heads_per_layer()[int(name.split(".")[1])] if name.startswith("blocks.") else 0
-        state[name.removesuffix("log_scale") + "temperature"] = state.pop(name).exp().expand(heads).clone()
+        parts = name.split(".")
+        if parts[0] == "blocks" and len(parts) == 4 and parts[1].isdigit() and int(parts[1]) < len(heads):
+            state[name.removesuffix("log_scale") + "temperature"] = state.pop(name).exp().expand(heads[int(parts[1])]).clone()
+        # any other log_scale is left as it is, for the shape check to name
     table = state.get("pos_embed")
     prefix = config.num_prefix_tokens
-    if config.rope == "none" or table is None or table.shape[1] != prefix + config.num_patches or not prefix:
+    if config.rope == "none" or table is None or table.dim() != 3 or table.shape[1] != prefix + config.num_patches \
+            or not prefix:
         return state
+    tokens = [(name, count) for name, count in (("cls_token", int(config.class_token)),
+                                                ("dist_token", int(config.distilled)), ("reg_token", config.reg_tokens))
+              if count]
+    if any(state.get(name) is None or tuple(state[name].shape) != (1, count, table.shape[2]) for name, count in tokens):
+        return state  # a damaged file: the shape check names the missing or misshapen token
     state["pos_embed"] = table[:, prefix:]
     rows = iter(table[:, :prefix].split(1, dim=1))
-    for name, count in (("cls_token", int(config.class_token)), ("dist_token", int(config.distilled)),
-                        ("reg_token", config.reg_tokens)):
-        if count:
-            state[name] = state[name] + torch.cat([next(rows) for _ in range(count)], dim=1)
+    for name, count in tokens:
+        state[name] = state[name] + torch.cat([next(rows) for _ in range(count)], dim=1)
     return state
 
 
@@ -231,15 +238,24 @@ def upgrade_checkpoint(checkpoint: Any) -> Any:
                 del upgraded[prefix + key]
             upgraded.update({prefix + k: v for k, v in upgrade_state(part, config, version).items()})
         checkpoint["state_dict"] = upgraded
-    if _older_than(version, "3"):
-        checkpoint["optimizer_states"] = [_timm_group_order(state) for state in checkpoint.get("optimizer_states", [])]
-        checkpoint["lr_schedulers"] = [_timm_group_order_of_schedule(s) for s in checkpoint.get("lr_schedulers", [])]
+    if _older_than(version, "3"):  # anything but lists is left as it is, for check_resumable to name
+        states, schedules = checkpoint.get("optimizer_states", []), checkpoint.get("lr_schedulers", [])
+        if isinstance(states, list):
+            checkpoint["optimizer_states"] = [_timm_group_order(state) for state in states]
+        if isinstance(schedules, list):
+            checkpoint["lr_schedulers"] = [_timm_group_order_of_schedule(s) for s in schedules]
     return checkpoint
 
 
-def _decayed_first(groups: list[dict[str, Any]]) -> bool:
-    """Two weight-decay groups in vitkit's former order: decayed, then undecayed."""
-    return len(groups) == 2 and groups[0].get("weight_decay", 0) > 0 and groups[1].get("weight_decay", 0) == 0
+def _decayed_first(groups: Any) -> bool:
+    """Two weight-decay groups in vitkit's former order: decayed, then undecayed (each a mapping
+    with a list of integer ``params``: a damaged group is never reordered)."""
+    if not (isinstance(groups, list) and len(groups) == 2 and all(
+            isinstance(group, dict) and isinstance(group.get("params"), list)
+            and all(isinstance(p, int) for p in group["params"])
+            and isinstance(group.get("weight_decay", 0), (int, float)) for group in groups)):
+        return False
+    return groups[0].get("weight_decay", 0) > 0 and groups[1].get("weight_decay", 0) == 0
 
 
 def _timm_group_order(state: Any) -> Any:
@@ -250,6 +266,8 @@ def _timm_group_order(state: Any) -> Any:
     first, second = state["param_groups"]
     order = [*second["params"], *first["params"]]
     renumber = {old: new for new, old in enumerate(order)}
+    if not isinstance(state.get("state", {}), dict) or not set(state.get("state", {})) <= set(renumber):
+        return state
     groups = [
         {**second, "params": [renumber[p] for p in second["params"]]},
         {**first, "params": [renumber[p] for p in first["params"]]},
@@ -274,6 +292,8 @@ EXTRA_FIELDS: dict[str, Any] = {
     "img_size": tuple[int, int] | None,
     "in_chans": Literal[1, 3] | None,
     "crop_pct": float | None,
+    "crop_mode": EvalCropMode | None,
+    "interpolation": Interpolation | None,
     "dataset": str | None,
     "recipe": str | None,
     "data_config": dict | None,
@@ -309,6 +329,7 @@ def check_extra(extra: Any, config: ViTConfig, source: str, error: type[ConfigEr
             if values is not None and len(values) != config.in_chans:
                 raise FieldError(key, f"has {len(values)} values for the model's {config.in_chans} channel(s).")
         _check_img_size(checked["img_size"], config)
+        _check_resize(checked["crop_pct"], checked["img_size"] or config.img_size)
     except FieldError as problem:
         raise error(f"{problem.key} in {source} {problem.problem}") from None
     return {key: list(value) if isinstance(value, tuple) else value for key, value in checked.items() if key in extra}
@@ -329,6 +350,19 @@ def _check_img_size(size: tuple[int, int] | None, config: ViTConfig) -> None:
         config.replace(img_size=tuple(size))
     except ValueError as problem:
         raise FieldError("img_size", f"is {list(size)}, which the model cannot take: {problem}") from None
+
+
+def _check_resize(crop_pct: float | None, size: tuple[int, int]) -> None:
+    """The eval resize (``size / crop_pct`` before the crop) must stay within twice the largest
+    image side: a tiny ``crop_pct`` would otherwise allocate gigabytes for one image.
+
+    Raises:
+        FieldError: it does not.
+    """
+    if crop_pct is not None and max(size) / crop_pct > 2 * MAX_IMG_SIDE:
+        smallest = max(size) / (2 * MAX_IMG_SIDE)
+        raise FieldError("crop_pct", f"is {crop_pct}, which resizes images to {max(size) / crop_pct:,.0f} pixels before "
+                         f"the {max(size)}-pixel crop; it must be at least {smallest:.4g}.")
 
 
 def shape_mismatches(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> str:
@@ -367,8 +401,13 @@ def check_tensor_shapes(
         )
 
 
-def _json_object(text: str, key: str, path: Path) -> dict[str, Any]:
-    """The JSON object stored under metadata ``key`` of model file ``path``."""
+def metadata_object(text: str, key: str, path: Path) -> dict[str, Any]:
+    """The JSON object stored under metadata ``key`` of model file ``path`` (a ``.safetensors`` or
+    an exported ``.onnx`` file).
+
+    Raises:
+        ModelFileError: not JSON (nested too deeply, an integer of over 4,300 digits), or not an object.
+    """
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as error:  # ValueError: also an integer of over 4300 digits
@@ -462,12 +501,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     except pickle.UnpicklingError as error:
         raise UnsafeCheckpointError(
             f"refusing to load {path}: it contains pickled objects other than tensors and plain Python "
-            f"containers ({_first_line(error)}). vitkit checkpoints never do, so the file was not written by "
+            f"containers ({first_line(error)}). vitkit checkpoints never do, so the file was not written by "
             "vitkit or has been tampered with; it is not loaded because unpickling it could run arbitrary code."
         ) from None
     except (RuntimeError, EOFError, KeyError, ValueError) as error:
         raise CheckpointError(
-            f"{path} is not a readable PyTorch checkpoint: it is truncated or corrupt ({_first_line(error)}); "
+            f"{path} is not a readable PyTorch checkpoint: it is truncated or corrupt ({first_line(error)}); "
             "use another checkpoint of the run (checkpoints/last.ckpt or best.ckpt)."
         ) from None
 
@@ -490,7 +529,7 @@ def read_weights_file(
             with safe_open(str(path), framework="pt") as handle:
                 state = {key: handle.get_tensor(key) for key in handle.keys()}
         except (SafetensorError, OSError, ValueError) as problem:
-            raise error(f"{what}: {path} is not a readable safetensors file ({_first_line(problem)}).") from None
+            raise error(f"{what}: {path} is not a readable safetensors file ({first_line(problem)}).") from None
         check_finite(state, f"{what} {path}", error)
         return state
     try:
@@ -507,7 +546,8 @@ def read_weights_file(
     return state
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type's name without one), for a one-line error."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 

@@ -16,6 +16,8 @@ knows a folder is its own:
   files, and the marker's ``state`` says ``running`` until the command finished, so a folder that a
   killed command left half-written is named as such by the next run. The kernel releases
   the lock when the process ends, however it ends, so a killed run leaves no stale lock.
+- the marker is opened without following links, and one that is not a regular file (a symlink
+  to a file elsewhere, a folder) is refused: writing it never reaches outside the folder.
 
 A command's single output file (``explore --out page.html``, ``predict --csv out.csv``) has no
 folder of its own to mark: :func:`check_output_file` refuses one that exists (a symlink too, even
@@ -26,10 +28,13 @@ a dangling one) unless ``--force``, and one that is an input of the command even
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -60,7 +65,7 @@ def written_by(folder: str | os.PathLike) -> str | None:
     """What the marker of ``folder`` names (``'train'``, a tool's name), or ``None`` without one."""
     path = Path(folder) / MARKER
     try:
-        if not path.is_file():
+        if not stat.S_ISREG(path.lstat().st_mode):  # a link is no marker: vitkit writes its markers itself
             return None
         value = json.loads(path.read_text()).get("written_by")
     except (OSError, ValueError, AttributeError):
@@ -72,12 +77,17 @@ def mark(folder: str | os.PathLike, kind: str) -> Path:
     """Create ``folder`` if needed and write its marker naming ``kind``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / MARKER
-    marker.write_text(json.dumps({"written_by": kind}) + "\n")
+    fd = _open_marker(folder / MARKER)
+    try:
+        _write_marker(fd, {"written_by": kind})
+    finally:
+        os.close(fd)
     return folder
 
 
-def check_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = ()) -> Path:
+def check_output_dir(
+    folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = (), inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
     """``folder``, if ``tool`` may write its results there (nothing is created): a tool checks this
     before its work, so a refused folder costs nothing, and claims it (:func:`claim_output_dir`)
     once it has results, so refused input leaves no empty folder behind.
@@ -87,10 +97,12 @@ def check_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterab
         tool: the tool's name, stored in the marker.
         extra_results: more file names the tool writes (refused without a marker, like
             :data:`RESULT_FILES`).
+        inputs: files the tool reads (its model): never inside ``folder``, where its results
+            (``pruned.safetensors``, ...) could replace them.
 
     Raises:
-        OutputDirError: ``folder`` is a file, another tool's or a training run's folder, or holds
-            result files vitkit did not mark.
+        OutputDirError: ``folder`` is a file, another tool's or a training run's folder, holds
+            result files vitkit did not mark, or holds one of ``inputs``.
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -109,6 +121,12 @@ def check_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterab
                 f"--out {folder} already holds {', '.join(found)}, not written by {tool} (or by an older vitkit); "
                 "choose another folder, or move those files first."
             )
+    inside = next((source for source in inputs if Path(source).resolve().parent == folder.resolve()), None)
+    if inside is not None:
+        raise OutputDirError(
+            f"--out {folder} holds this command's input {inside}, which its results could replace; choose another "
+            "folder (or move the input out of it)."
+        )
     return folder
 
 
@@ -116,27 +134,30 @@ def check_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterab
 _CLAIMED: list[tuple[Path, int]] = []
 
 
-def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = ()) -> Path:
+def claim_output_dir(
+    folder: str | os.PathLike, tool: str, extra_results: Iterable[str] = (), inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
     """``folder``, checked (:func:`check_output_dir`), created, marked as ``tool``'s and locked
     (``state: running``) until :func:`release_output_dirs` (the command's end).
 
     Raises:
         OutputDirError: as :func:`check_output_dir`, or another process is writing into ``folder``.
     """
-    folder = check_output_dir(folder, tool, extra_results)
+    folder = check_output_dir(folder, tool, extra_results, inputs)
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / MARKER
-    fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_marker(marker)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        holder = _holder(fd)
         os.close(fd)
         raise OutputDirError(
-            f"--out {folder} is in use by another vitkit process{_holder(marker)} writing {tool}'s results; "
+            f"--out {folder} is in use by another vitkit process{holder} writing {tool}'s results; "
             "wait for it to finish, or choose another folder."
         ) from None
-    previous = _marker_values(marker)
-    marker.write_text(json.dumps({"written_by": tool, "state": "running", "pid": os.getpid()}) + "\n")
+    previous = _marker_values(fd)
+    _write_marker(fd, {"written_by": tool, "state": "running", "pid": os.getpid()})
     _CLAIMED.append((folder, fd))
     if previous.get("state") == "running":
         print(f"note: the previous {tool} run into {folder} did not finish (it was stopped); this run replaces "
@@ -147,17 +168,48 @@ def claim_output_dir(folder: str | os.PathLike, tool: str, extra_results: Iterab
 def release_output_dirs(complete: bool) -> None:
     """Unlock the folders this process claimed, marking them ``complete`` when the command
     finished (``complete``); a failed or stopped command leaves ``running`` for the next run to see."""
-    for folder, fd in _CLAIMED:
+    for _, fd in _CLAIMED:
         if complete:
-            marker = folder / MARKER
-            marker.write_text(json.dumps({**_marker_values(marker), "state": "complete"}) + "\n")
+            _write_marker(fd, {**_marker_values(fd), "state": "complete"})
         os.close(fd)
     _CLAIMED.clear()
 
 
-def _marker_values(marker: Path) -> dict:
+def _open_marker(marker: Path) -> int:
+    """A read-write descriptor of ``marker``, created if missing, opened without following a
+    symlink: a marker that is a link (to a file anywhere), a folder, a FIFO or a device is refused,
+    so that vitkit never writes outside the folder it marks.
+
+    Raises:
+        OutputDirError: ``marker`` is not a regular file.
+    """
+    refused = OutputDirError(
+        f"{marker} is not a regular file (a symlink, a folder or a device), so vitkit will not write its marker "
+        "there; remove it, or choose another folder."
+    )
     try:
-        values = json.loads(marker.read_text())
+        fd = os.open(marker, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise refused from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise refused
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _write_marker(fd: int, values: dict) -> None:
+    """Replace the marker open as ``fd`` with ``values``' JSON."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(values) + "\n").encode(), 0)
+
+
+def _marker_values(fd: int) -> dict:
+    """The JSON object of the marker open as ``fd``; ``{}`` for anything else."""
+    try:
+        values = json.loads(os.pread(fd, 1 << 16, 0))
     except (OSError, ValueError):
         return {}
     return values if isinstance(values, dict) else {}
@@ -190,7 +242,20 @@ def check_output_file(
         raise OutputDirError(f"{flag} {path} is one of this command's inputs; choose another file.")
     if not force and (path.exists() or path.is_symlink()):
         raise OutputDirError(f"{flag} {path} already exists; add --force to replace it, or choose another file.")
+    _check_writable(blocking or Path.cwd(), path, flag)
     return path
+
+
+def _check_writable(folder: Path, path: Path, flag: str) -> None:
+    """Create and remove a temporary file in ``folder`` (the nearest existing folder of ``path``),
+    so that a folder where no file can be written (``/proc``, read-only) is named before the work."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as error:
+        raise OutputDirError(f"{flag} {path}: no file can be written in {folder} ({error.strerror}); "
+                             "choose another folder.") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def write_output_file(path: str | os.PathLike, flag: str, write: Callable[[str], None], force: bool = False) -> Path:
@@ -220,31 +285,23 @@ def hold(folder: str | os.PathLike) -> Iterator[None]:
     Raises:
         OutputDirError: another process holds it (the message gives its process id).
     """
-    marker = Path(folder) / MARKER
-    fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_marker(Path(folder) / MARKER)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder(marker)
+            holder = _holder(fd)
             raise OutputDirError(
                 f"{folder} is in use by another vitkit process{holder} (a run still training, or another "
                 "--resume of it); wait for it to finish, or resume a copy of the checkpoint into a new run."
             ) from None
-        _set_holder(marker)
+        _write_marker(fd, {**_marker_values(fd), "pid": os.getpid()})  # for the message a second process gets
         yield
     finally:
         os.close(fd)  # closing releases the lock
 
 
-def _holder(marker: Path) -> str:
-    try:
-        pid = json.loads(marker.read_text()).get("pid")
-    except (OSError, ValueError, AttributeError):
-        return ""
+def _holder(fd: int) -> str:
+    """`` (pid N)`` of the process the marker open as ``fd`` names, or ``""``."""
+    pid = _marker_values(fd).get("pid")
     return f" (pid {pid})" if isinstance(pid, int) else ""
-
-
-def _set_holder(marker: Path) -> None:
-    """Record the lock holder's pid in the marker (for the message a second process gets)."""
-    marker.write_text(json.dumps({**_marker_values(marker), "pid": os.getpid()}) + "\n")

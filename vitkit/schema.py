@@ -21,6 +21,7 @@ import difflib
 import functools
 import math
 import operator
+import re
 import reprlib
 import types
 import typing
@@ -303,12 +304,17 @@ def _expanded_size(
     return size
 
 
+#: Where YAML starts a comment: a ``#`` at the start or after whitespace.
+_YAML_COMMENT = re.compile(r"(^|\s)#")
+
+
 def parse_overrides(
     overrides: Iterable[str], *, error: type[ConfigError] = ConfigError
 ) -> tuple[dict[str, Any], frozenset[str]]:
     """``['trainer.max_epochs=5', 'model.num_heads=4']`` to a nested dict and its dotted keys.
     Values are read as YAML (``true``, ``null``, ``[1, 2]``, numbers); strings are coerced later.
-    A malformed item raises ``error``."""
+    A value YAML would cut at a comment (``path/a #1.safetensors``) is taken whole, as a string;
+    quote it (``'a #1'``) to have YAML read it. A malformed item raises ``error``."""
     nested: dict[str, Any] = {}
     keys = set()
     for item in overrides:
@@ -323,6 +329,8 @@ def parse_overrides(
             value = load_yaml(text, source=f"override {key}", error=error) if text.strip() else ""
         except yaml.YAMLError:
             value = text
+        if _YAML_COMMENT.search(text) and text.lstrip()[:1] not in ("'", '"'):
+            value = text.strip()  # YAML would cut "a #b.safetensors" at the '#': no override holds a comment
         if key in keys:
             raise error(f"override {describe(key, with_type=False)} is given twice; give each key once.")
         *parents, leaf = key.split(".")
@@ -393,6 +401,8 @@ def type_name(hint: Any) -> str:
             return f"{type_name(args[0])} or a list of 2 of them"
         if origin is tuple and args and args[-1] is not Ellipsis:
             return f"a list of {len(args)} values ({', '.join(type_name(a) for a in args)})"
+        if args and typing.get_origin(args[0]) is Literal:
+            return f"a list of values from {', '.join(repr(arg) for arg in typing.get_args(args[0]))}"
         plurals = {int: "integers", float: "finite numbers", str: "strings", bool: "true/false values"}
         return f"a list of {plurals.get(args[0], 'values') if args else 'values'}"
     if hint is type(None):

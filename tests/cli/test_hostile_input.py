@@ -642,3 +642,110 @@ def test_orphan_model_file_temporaries_are_removed_at_resume(finished: RunResult
     epochs = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] + 1
     train(short_recipe(tmp_path / "runs", max_epochs=epochs), resume=run_dir / "checkpoints" / "last.ckpt")
     assert not orphan.exists() and (run_dir / MARKER).is_file()
+
+
+# --- fourth sweep (issue 51) -------------------------------------------------------------------
+
+
+def test_prune_heads_refuses_an_out_folder_holding_its_own_input_model(tmp_path: Path, capsys, load_tool) -> None:
+    """A rerun into its own folder replaces its results, so the model it reads must not be one of them."""
+    out = mark(tmp_path / "prune", "prune_heads")
+    model = save_tiny(tiny_shapes_model(), out / "pruned.safetensors")
+    before = snapshot(out)
+    code = load_tool("prune_heads").main(["--checkpoint", str(model), "--out", str(out)])
+    assert code == 2 and "holds this command's input" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("override", ["optim.clip_grad=null", "data.train_per_class=10", "data.mean=[0.5]",
+                                      "data.std=[0.25]"])
+def test_resuming_with_a_key_changed_to_or_from_null_is_refused(finished: RunResult, tmp_path: Path,
+                                                                 override: str) -> None:
+    run_dir = _copy_run(finished, tmp_path)
+    before = snapshot(run_dir)
+    epochs = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] + 2
+    key = override.split("=")[0]
+    with pytest.raises(RecipeError, match=f"differs from the one .* started with: {key} ") as error:
+        train(run_dir / "config.yaml", [override, f"trainer.max_epochs={epochs}"],
+              resume=run_dir / "checkpoints" / "last.ckpt")
+    assert "\n" not in str(error.value) and snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("use", ["claim", "hold", "mark"])
+def test_a_marker_that_is_a_symlink_is_refused_and_its_target_never_written(tmp_path: Path, use: str) -> None:
+    elsewhere = tmp_path / "precious.txt"
+    elsewhere.write_text("keep me\n")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / MARKER).symlink_to(elsewhere)
+    with pytest.raises(OutputDirError, match="is not a regular file"):
+        if use == "claim":
+            claim_output_dir(folder, "faithfulness")
+        elif use == "hold":
+            with hold(folder):
+                pass
+        else:
+            mark(folder, "train")
+    release_output_dirs(complete=True)
+    assert elsewhere.read_text() == "keep me\n" and (folder / MARKER).is_symlink()
+
+
+def test_a_marker_that_is_a_folder_is_refused_in_one_line(tmp_path: Path, capsys, load_tool) -> None:
+    folder = tmp_path / "out"
+    (folder / MARKER).mkdir(parents=True)
+    path = save_tiny(tiny_shapes_model(), tmp_path / "m.safetensors")
+    assert load_tool("evaluate").main([str(path), "--out", str(folder)]) == 2
+    assert "is not a regular file" in _one_error_line(capsys.readouterr().err)
+
+
+def test_faithfulness_of_a_model_without_heads_is_one_line_before_out_is_claimed(headless: Path, tmp_path: Path,
+                                                                                   capsys, load_tool) -> None:
+    out = tmp_path / "f"
+    code = load_tool("faithfulness").main(["--checkpoint", str(headless), "--out", str(out), "--images", "2"])
+    assert code == 2 and "every head of every layer" in _one_error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("tool, base", [
+    ("faithfulness", ["--checkpoint", "m.safetensors", "--out", "o"]),
+    ("localization", ["--checkpoint", "m.safetensors"]),
+])
+@pytest.mark.parametrize("seed", ["1180591620717411303424", "-1"])
+def test_a_seed_out_of_range_is_a_usage_error_before_anything_is_claimed(tool: str, base: list[str], seed: str,
+                                                                         tmp_path: Path, capsys, load_tool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        load_tool(tool).main([*base, "--seed", seed])
+    assert exited.value.code == 2 and "--seed: must be in [0, 4294967295]" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_override_value_holding_a_hash_is_taken_whole_not_cut_as_a_comment(tmp_path: Path) -> None:
+    assert load_recipe(short_recipe(tmp_path), ["model.pretrained=/a #b.safetensors"]).model.pretrained == "/a #b.safetensors"
+    with pytest.raises(RecipeError, match="must be an integer, got '2 #x'"):
+        load_recipe(short_recipe(tmp_path), ["trainer.max_epochs=2 #x"])
+    from vitkit.cli.prune_heads import RecipeRecovery
+    from vitkit.schema import parse_overrides
+
+    recovery = RecipeRecovery(Path("r.yaml"), 1, 1e-3, 1e-5, [], tmp_path, {}, "m")
+    values, _ = parse_overrides(recovery.overrides(Path("/x/a #1: [b]/p.safetensors"), Path("/x/a #1: [b]")))
+    assert values["model"]["pretrained"] == "/x/a #1: [b]/p.safetensors" and values["output"]["dir"] == "/x/a #1: [b]"
+
+
+def test_a_yaml_tag_and_an_unknown_lora_target_are_one_line_naming_what_is_allowed(tmp_path: Path) -> None:
+    recipe = tmp_path / "evil.yaml"
+    recipe.write_text("name: !!python/object:os.system\n  x\n")
+    with pytest.raises(RecipeError, match="at line 1, column 7") as error:
+        load_recipe(recipe)
+    assert "\n" not in str(error.value)
+    with pytest.raises(RecipeError, match="a list of values from 'qkv', 'proj', 'fc1', 'fc2'"):
+        load_recipe(short_recipe(tmp_path), ["model.lora.targets=[qkv, head]"])
+
+
+def test_lora_skips_a_pruned_block_without_heads() -> None:
+    from vitkit.layers.lora import LoraConfig, add_lora
+
+    model = prune_heads(tiny_shapes_model(), {0: [0, 1, 2]})
+    adapted = add_lora(model, LoraConfig(rank=2))
+    assert adapted == ["blocks.1.attn.qkv", "blocks.1.attn.proj"]

@@ -30,16 +30,19 @@ SKIPPED_INPUTS = 3
 STOPPED_BY_SIGTERM = 143
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An ``argparse`` type of whole numbers of at least ``minimum``."""
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An ``argparse`` type of whole numbers of at least ``minimum`` (and at most ``maximum``)."""
+    wanted = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected a whole number {'of ' * (maximum is None)}{wanted}, got "
+                                             f"{text[:120]!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            shown = str(value) if len(str(value)) <= 40 else f"a number of {len(str(value))} digits"
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {shown}")
         return value
 
     return parse
@@ -47,6 +50,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 #: ``argparse`` type of counts and sizes (``--batch-size``): an integer of at least 1.
 positive_int = int_at_least(1)
+#: ``argparse`` type of seeds: 0 to 2**32 - 1, as a recipe's ``trainer.seed``.
+seed_int = int_at_least(0, 2**32 - 1)
 
 
 def number_in(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False

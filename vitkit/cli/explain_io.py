@@ -23,7 +23,7 @@ from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
 from ..data.arrays import spread_over_classes
 from ..data.images import convert_channels, describe_conversion, files_under
 from ..errors import UnsupportedModelError, UsageError, VitkitError
-from ..io import load_model_and_extra, read_weights_file
+from ..io import MODEL_SUFFIX, load_model_and_extra, read_weights_file
 from ..models import VisionTransformer, from_timm
 from ..models.timm_interop import pretrained_preprocessing
 from ..train.evaluate import datasets_for
@@ -51,6 +51,14 @@ def load_model_from_arguments(args: argparse.Namespace) -> tuple[VisionTransform
             f"{info.img_size[0]}: {extra['preprocessing']}."
         )
     return model, extra
+
+
+def model_inputs(args: argparse.Namespace) -> list[Path]:
+    """The files :func:`load_model_from_arguments` reads for ``args`` (the model file, as
+    :func:`~vitkit.io.load_model_and_extra` finds it, and ``--timm-weights``): a command never
+    writes over them (:func:`~vitkit.output_dirs.check_output_file`'s ``inputs``)."""
+    files = [Path(source) for source in (args.checkpoint, args.timm_weights) if source is not None]
+    return [*files, *(file.with_name(file.name + MODEL_SUFFIX) for file in files if not file.suffix)]
 
 
 def load_explained_model(

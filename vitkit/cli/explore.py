@@ -42,6 +42,7 @@ from .explain_io import (
     load_image_files,
     load_model_from_arguments,
     load_test_images,
+    model_inputs,
 )
 from .main import run_command
 
@@ -53,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     paths = find_images(args.images)
-    sources = [source for source in (args.checkpoint, args.timm_weights) if source is not None]
-    out = check_output_file(args.out, "--out", args.force, inputs=[*sources, *paths])
+    out = check_output_file(args.out, "--out", args.force, inputs=[*model_inputs(args), *paths])
     model, extra = load_model_from_arguments(args)
     info = DataInfo.from_extra(extra)
     wanted = args.test_images + len(paths)

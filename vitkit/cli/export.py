@@ -6,10 +6,11 @@
 The graph maps [B, C, H, W] images (normalised as for training) to [B, num_classes] logits; its
 metadata "vitkit_preprocessing" holds the model file's mean, std, image size, crop and class names.
 torch's dynamo exporter writes it (vitkit.export_onnx), attention through SDPA. The batch size
-is symbolic, as in timm's onnx_export.py (--no-dynamic-batch: fixed at 1); --img-size exports another input size of a model built with
-dynamic_img_size. --quantize dynamic writes int8 weights for the linear layers (onnxruntime's
-dynamic quantisation; docs/deploy.md has its accuracy and speed). An existing --out file is refused
-unless --force; the file is written atomically.
+is symbolic, as in timm's onnx_export.py (--no-dynamic-batch: fixed at 1); --img-size exports another
+input size of a model built with dynamic_img_size (within its token limit). --opset takes 18 to torch's
+newest. --quantize dynamic writes int8 weights for the linear layers (onnxruntime's dynamic
+quantisation; docs/deploy.md has its accuracy and speed). An existing --out file is refused unless
+--force, the model file and --timm-weights even then; the file is written atomically.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .explain_io import load_model_from_arguments
+from .explain_io import load_model_from_arguments, model_inputs
 from .main import run_command
 
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from vitkit.export import export_onnx, quantize_dynamic
     from vitkit.output_dirs import check_output_file
 
-    check_output_file(args.out, "--out", args.force)  # before the model is loaded
+    check_output_file(args.out, "--out", args.force, inputs=model_inputs(args))  # before the model is loaded
     model, extra = load_model_from_arguments(args)
     options = dict(extra=extra, opset=args.opset, dynamic_batch=args.dynamic_batch,
                    img_size=tuple(args.img_size) if args.img_size else None)
@@ -43,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = export_onnx(model, args.out, force=args.force, **options)
     size = Path(path).stat().st_size
+    height, width = args.img_size or model.config.img_size
     print(f"wrote {path} ({size / 1e6:.1f} MB, input images [{'B' if args.dynamic_batch else 1}, "
-          f"{model.config.in_chans}, {args.img_size[0] if args.img_size else model.config.img_size[0]}, "
-          f"{args.img_size[1] if args.img_size else model.config.img_size[1]}] -> logits)")
+          f"{model.config.in_chans}, {height}, {width}] -> {'logits' if model.config.num_classes else 'features'})")
     print(f"next: run it with onnxruntime: python -c \"import onnxruntime as ort; s = ort.InferenceSession('{path}')\"")
     return 0

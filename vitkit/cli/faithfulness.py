@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     model, extra = load_model_from_arguments(args)
     if model.config.num_classes == 0:
         raise UsageError("the model has no classifier (num_classes=0): faithfulness measures how maps explain a class.")
+    if "attention" in args.methods and not any(model.heads_per_layer()):
+        raise UsageError("every head of every layer of the model was pruned: it has no attention for the 'attention' "
+                         "method to read; leave it out of --methods.")
     repeated = sorted({method for method in args.methods if args.methods.count(method) > 1})
     if repeated:
         raise UsageError(f"--methods names {', '.join(repeated)} more than once; name each method once.")

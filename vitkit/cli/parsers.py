@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from .common import int_at_least, number_in, positive_int
+from .common import int_at_least, number_in, positive_int, seed_int
 
 EXIT_STATUS_HELP = """exit status (every command):
   0    done
@@ -234,7 +234,7 @@ def export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("onnx",), default="onnx", help="file format")
     parser.add_argument("--out", required=True, help="the .onnx file to write")
     force_argument(parser, "--out")
-    parser.add_argument("--opset", type=int_at_least(7), help="ONNX opset (None: the exporter's default)")
+    parser.add_argument("--opset", type=int_at_least(1), help="ONNX opset, 18 to torch's newest (None: the exporter's default)")
     parser.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=True,
                         help="any batch size, as timm's onnx_export.py (--no-dynamic-batch: a graph of batch 1)")
     parser.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"),
@@ -308,7 +308,7 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
                         help="perturbation steps over the patch grid (default: one patch per step)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
     parser.add_argument("--no-sanity", action="store_true", help="skip the parameter-randomisation check (halves the time)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=seed_int, default=0,
                         help="seed of the test images drawn, the random map and the re-drawn weights")
     parser.add_argument("--lrp-attention", choices=LRP_ATTENTION_RULES, default="cp",
                         help="lrp inside the attention: cp holds the attention weights constant (lxt's choice for "
@@ -362,7 +362,7 @@ def localization(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="rollout: how heads are combined")
     parser.add_argument("--discard-ratio", type=number_in(0, 1, high_open=True), default=0.0,
                         help="rollouts: share of each layer's weakest entries zeroed")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random-weight model")
+    parser.add_argument("--seed", type=seed_int, default=0, help="seed of the random-weight model")
     parser.add_argument("--explain", choices=("label", "predicted"), default="label",
                         help="class the gradient methods explain (the pointing game cues the true label)")
     parser.add_argument("--tolerance", type=number_in(0), default=None,
@@ -419,7 +419,7 @@ def ablate_heads(parser: argparse.ArgumentParser) -> None:
 
 def init_ablation(parser: argparse.ArgumentParser) -> None:
     recipe_arguments(parser, "dotted key=value overrides for every run")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="trainer.seed values")
+    parser.add_argument("--seeds", type=seed_int, nargs="+", default=[0, 1, 2], help="trainer.seed values")
     parser.add_argument("--no-parts", action="store_true", help="skip the one-part-at-a-time variants")
     parser.add_argument("--variants", nargs="+", metavar="LABEL", default=None,
                         help="train only these variants (labels as the table prints them, e.g. 'timm scheme')")
@@ -448,7 +448,7 @@ def make_subset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classes", type=positive_int, required=True, help="number of classes to keep")
     parser.add_argument("--images", type=positive_int, required=True, help="training images per class")
     parser.add_argument("--val-images", type=positive_int, default=None, help="val/test images per class (None: all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random draw")
+    parser.add_argument("--seed", type=seed_int, default=0, help="seed of the random draw")
     parser.add_argument("--copy", action="store_true", help="copy files instead of symlinking them")
 
 

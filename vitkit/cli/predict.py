@@ -30,14 +30,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vitkit.data import DataInfo, ImageReadError, load_image
+from vitkit.data import ImageReadError, load_image
 from vitkit.errors import UsageError
-from vitkit.evaluation import recorded_tta
 from vitkit.inference import predict, prediction_settings
 from vitkit.output_dirs import check_output_file, write_output_file
 
 from .common import SKIPPED_INPUTS, USAGE_ERROR
-from .explain_io import ConversionNote, find_images, load_model_from_arguments
+from .explain_io import ConversionNote, find_images, load_model_from_arguments, model_inputs
 from .main import run_command
 
 
@@ -59,16 +58,15 @@ def run(args: argparse.Namespace) -> int:
     if not paths:
         raise UsageError(f"no image files in {', '.join(images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")
     if args.csv:
-        model_file = args.checkpoint or args.timm_weights
-        check_output_file(args.csv, "--csv", args.force, inputs=[model_file, *paths])
+        check_output_file(args.csv, "--csv", args.force, inputs=[*model_inputs(args), *paths])
     if args.checkpoint is not None and Path(args.checkpoint).suffix == ".onnx":  # run by onnxruntime
         from vitkit.export import OnnxClassifier
 
         model = OnnxClassifier(args.checkpoint)
-        info, tta = DataInfo.from_extra(model.extra), args.tta or recorded_tta(model.extra, args.checkpoint)
+        extra = model.extra
     else:
         model, extra = load_model_from_arguments(args)
-        info, tta = prediction_settings(model, extra, args.checkpoint or args.model, args.tta)
+    info, tta = prediction_settings(model, extra, args.checkpoint or args.model, args.tta)
     note = ConversionNote(info)
     rows: list[list[str]] = []
     failed: list[str] = []

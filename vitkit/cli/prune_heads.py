@@ -69,7 +69,7 @@ from vitkit.evaluation import evaluate_model
 from vitkit.files import write_csv
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, count_parameters, vit_flops
-from vitkit.output_dirs import claim_output_dir
+from vitkit.output_dirs import check_output_dir, claim_output_dir
 from vitkit.prune import (
     PruningStep,
     RecoveredStep,
@@ -116,11 +116,11 @@ class RecipeRecovery:
     def overrides(self, pretrained: Path, folder: Path) -> list[str]:
         """The recipe's changes: the pruned weights as they are (classifier kept, no timm options),
         the fine-tuning schedule, ``folder`` for the run and the ``--data`` changes."""
-        return [
-            f"model.pretrained={pretrained}", "model.pretrained_file=null", "model.pretrained_kwargs={}",
+        return [  # paths as JSON strings, which YAML reads whole ('#', ': ', '[' and all)
+            f"model.pretrained={json.dumps(str(pretrained))}", "model.pretrained_file=null", "model.pretrained_kwargs={}",
             "model.reset_head=false", "model.impl=vitkit",
             f"optim.lr={self.lr!r}", f"optim.min_lr={self.min_lr!r}", "optim.warmup_epochs=0",
-            f"trainer.max_epochs={self.epochs}", f"output.dir={folder}",
+            f"trainer.max_epochs={self.epochs}", f"output.dir={json.dumps(str(folder))}",
             *(f"data.{item}" for item in self.data),
         ]
 
@@ -221,11 +221,12 @@ def describe_plan(plan: dict[str, int], cost: BatchCost) -> str:
 def prune(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
+    check_output_dir(args.out, "prune_heads", inputs=[args.checkpoint])  # before the model is read
     model, extra = load_model_and_extra(args.checkpoint)
     model.eval()
     resolve_target(args, model)
     recovery = plan_recovery(args, Path(args.out), extra)
-    out = claim_output_dir(args.out, "prune_heads")
+    out = claim_output_dir(args.out, "prune_heads", inputs=[args.checkpoint])
     splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
     train_loader, val, info = splits.train, splits.val, splits.info
     check_model_fits(model, info)

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from torch.utils.data import Dataset
 
 from ..errors import VitkitError
-from ..models.timm_interop import preprocessing_extra
+from ..models.timm_interop import EvalCropMode, Interpolation, preprocessing_extra
 
 #: ImageNet statistics, the default for image folders.
 IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
 
 #: How the eval transform fits an image to ``img_size`` (timm's ``crop_mode`` values).
-CROP_MODES = ("center", "squash", "border")
-#: A resampling filter of the eval resize (timm's ``interpolation`` values).
-Interpolation = Literal["nearest", "bilinear", "bicubic", "area", "lanczos"]
+CROP_MODES: tuple[str, ...] = get_args(EvalCropMode)
 INTERPOLATIONS: tuple[str, ...] = get_args(Interpolation)
 
 

@@ -10,12 +10,18 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import VitkitError
 from ..models import VisionTransformer
 from .faithfulness import pool_per_patch
 from .gradients import integrated_gradients
 from .lrp import LRPRules
 from .maps import GRADIENT_METHODS, capture_attention, patch_maps
 from .rollout import per_head_maps
+
+
+class NoAttentionError(VitkitError, ValueError):
+    """A method that reads attention, asked of a model whose every head was pruned."""
+
 
 #: ``(model, images [B, C, H, W], targets [B]) -> [B, gh, gw]``.
 MapMethod = Callable[[VisionTransformer, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -42,7 +48,7 @@ def _last_layer_attention(model: VisionTransformer, images: torch.Tensor, target
     capture = capture_attention(model, images)
     attended = [index for index, heads in enumerate(model.heads_per_layer()) if heads > 0]
     if not attended:
-        raise ValueError("every head of every layer was pruned: the model has no attention to read.")
+        raise NoAttentionError("every head of every layer was pruned: the model has no attention to read.")
     heads = per_head_maps(capture.attentions, attended[-1], capture.num_prefix_tokens, capture.pooling)
     return heads.mean(dim=1).view(len(images), *capture.grid)
 

@@ -157,7 +157,7 @@ def add_lora(model: nn.Module, config: LoraConfig) -> list[str]:
                 ) from None
             if not isinstance(layer, nn.Linear) or isinstance(layer, LoRALinear):
                 raise LoraError(f"{path} is not a plain nn.Linear, so it takes no adapter.")
-            if layer.out_features == 0:  # a pruned block without heads has nothing to adapt
+            if 0 in (layer.in_features, layer.out_features):  # a pruned block without heads has nothing to adapt
                 continue
             _check_rank(config.rank, layer, path)
             chosen.append((path, parent, name, layer))

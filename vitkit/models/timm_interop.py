@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import timm
 import torch
@@ -448,6 +448,11 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
     model.pretrained_cfg = pretrained_preprocessing(getattr(source, "pretrained_cfg", None), model.config)
     return model
 
+
+#: A resampling filter of the eval resize (timm's ``interpolation`` values).
+Interpolation = Literal["nearest", "bilinear", "bicubic", "area", "lanczos"]
+#: How the eval transform fits an image to its size (timm's ``crop_mode`` values).
+EvalCropMode = Literal["center", "squash", "border"]
 
 #: The keys of a timm ``pretrained_cfg`` that say how its weights see images (and which weights).
 PREPROCESSING_KEYS = ("architecture", "tag", "input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")

@@ -535,7 +535,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise RecipeError(f"recipe file {path} is not UTF-8 text; is it really a YAML recipe?") from None
     except (yaml.YAMLError, RecursionError) as error:
-        reason = "is nested too deeply" if isinstance(error, RecursionError) else f"is not valid YAML: {error}"
+        reason = "is nested too deeply" if isinstance(error, RecursionError) else f"is not valid YAML: {_yaml_problem(error)}"
         raise RecipeError(f"recipe file {path} {reason}") from None
     if values is None:
         raise RecipeError(
@@ -545,6 +545,16 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise RecipeError(f"recipe file {path} must hold a mapping of sections (model, data, optim, trainer, output).")
     return values
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: what is wrong and where (its own message quotes the line, on four)."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem:
+        mark = error.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{error.problem}{where}" + (" (recipes are plain YAML: no tags such as !!python/object)"
+                                            if "constructor for the tag" in error.problem else "")
+    return " ".join(str(error).split())
 
 
 def save_recipe(config: RecipeConfig, path: str | Path) -> None:

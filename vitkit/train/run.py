@@ -192,10 +192,11 @@ def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None) -> None:
     if saved_path is None or not saved_path.is_file():
         return
     saved, now = _dotted(load_recipe(saved_path).to_dict()), _dotted(config.to_dict())
-    # A key left unset (None) on one side is filled in from pretrained weights on the other: not a change.
+    # A change to or from null is a change (optim.clip_grad=null stops clipping). Values that
+    # pretrained weights fill in (data.mean, data.std) are filled on both sides: config.yaml
+    # records them, and a resumed run reads them off its checkpoint.
     changed = [key for key in sorted(set(saved) | set(now))
-               if saved.get(key) != now.get(key) and None not in (saved.get(key), now.get(key))
-               and key not in RESUME_MAY_CHANGE and not key.startswith("output.")]
+               if saved.get(key) != now.get(key) and key not in RESUME_MAY_CHANGE and not key.startswith("output.")]
     if changed:
         shown = "; ".join(f"{key} {saved.get(key)!r} -> {now.get(key)!r}" for key in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
