@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 
 import lightning as L
@@ -20,13 +21,15 @@ class ViTDataModule(L.LightningDataModule):
         batch_size: images per device per step; evaluation uses twice as many.
 
     The training loader shuffles and drops the last incomplete batch (Mixup needs even, equal
-    batches); under DDP Lightning adds a ``DistributedSampler``.
+    batches); under DDP Lightning adds a ``DistributedSampler``. It reads the training split through
+    :attr:`training_data`, the task's :meth:`~vitkit.tasks.Task.training_data` (DINO's crops).
     """
 
     def __init__(self, config: DataConfig, batch_size: int) -> None:
         super().__init__()
         self.config = config
         self.batch_size = batch_size
+        self.training_data: Callable[[Dataset], Dataset] = _as_built
 
     @cached_property
     def bundle(self) -> DatasetBundle:
@@ -50,7 +53,7 @@ class ViTDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.check_batch(self.trainer.world_size if self.trainer is not None else 1)
-        return self.loader(self.bundle.train, self.batch_size, train=True)
+        return self.loader(self.training_data(self.bundle.train), self.batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
         return self.loader(self.bundle.val, 2 * self.batch_size, train=False)
@@ -69,3 +72,7 @@ class ViTDataModule(L.LightningDataModule):
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),
         )
+
+
+def _as_built(dataset: Dataset) -> Dataset:
+    return dataset
