@@ -81,3 +81,9 @@ def test_dino_local_crops_need_dynamic_img_size_one_line(tmp_path: Path) -> None
 
 def test_tiny_recipe_stays_classification(tmp_path: Path) -> None:
     assert load_recipe(tiny_recipe(tmp_path)).task.name == "classify"
+
+
+def test_dino_recipe_has_the_fast_recipes_model_so_that_it_fine_tunes() -> None:
+    dino, fast = load_recipe("dino_fashion_mnist"), load_recipe("fashion_mnist_fast")
+    assert dino.task.name == "dino" and dino.data.name == fast.data.name and dino.data.img_size == fast.data.img_size
+    assert {**fast.model.vit_overrides(), "dynamic_img_size": True} == dino.model.vit_overrides()
