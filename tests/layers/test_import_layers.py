@@ -26,8 +26,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("layers",),
     ("models",),
     ("io",),
+    ("pretrained",),  # reads weights through io, loads them into any model
     ("data", "evaluation"),
     ("export",),  # ONNX export and the onnxruntime runner, below predict's inference
+    ("tasks",),  # training objectives: above the data and evaluation they use, below the trainer
     ("train", "explain", "prune", "inference"),
     ("",),  # vitkit/__init__.py: the public names, imported lazily
     ("cli",),

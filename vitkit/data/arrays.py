@@ -16,6 +16,9 @@ from .batch_transforms import BatchTransform
 
 #: One image (``uint8 [H, W, C]`` array or PIL image) -> float tensor ``[C, H, W]``.
 Transform = Callable[[np.ndarray | Image.Image], torch.Tensor]
+#: A batch of ``uint8 [B, H, W, C]`` images -> ``[B, C, H', W']`` (a :class:`BatchTransform`), or a
+#: list of such views (:class:`~vitkit.data.multicrop.MultiCrop`).
+BatchFunction = Callable[[torch.Tensor], torch.Tensor | list[torch.Tensor]]
 
 
 class ArrayDataset(Dataset):
@@ -26,7 +29,8 @@ class ArrayDataset(Dataset):
         labels: ``[N]`` integer labels.
         transform: maps one ``[H, W, C]`` uint8 image to a float tensor ``[C, H', W']``.
         batch_transform: the same transform for a whole batch (``[B, H, W, C]`` uint8 tensor to
-            ``[B, C, H', W']``), used by DataLoaders through ``__getitems__``; ``None``: per image.
+            ``[B, C, H', W']``, or to a list of such views, as DINO's crops), used by DataLoaders
+            through ``__getitems__``; ``None``: per image.
     """
 
     def __init__(
@@ -34,7 +38,7 @@ class ArrayDataset(Dataset):
         images: np.ndarray,
         labels: np.ndarray,
         transform: Transform,
-        batch_transform: BatchTransform | None = None,
+        batch_transform: BatchTransform | BatchFunction | None = None,
     ) -> None:
         if images.ndim != 4 or images.dtype != np.uint8:
             raise ValueError(f"images must be uint8 [N, H, W, C], got {images.dtype} {list(images.shape)}.")
@@ -58,7 +62,10 @@ class ArrayDataset(Dataset):
         if self._tensor is None:
             return [self[index] for index in indices]
         batch = self.batch_transform(self._tensor[torch.as_tensor(indices, dtype=torch.long)])
-        return list(zip(batch.unbind(0), self.labels[np.asarray(indices)].tolist()))
+        labels = self.labels[np.asarray(indices)].tolist()
+        if isinstance(batch, list):  # several views of each image: each sample holds its list of views
+            return list(zip(map(list, zip(*(view.unbind(0) for view in batch))), labels))
+        return list(zip(batch.unbind(0), labels))
 
 
 def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:

@@ -6,7 +6,8 @@ non-finite loss and the export of ``model.safetensors``. A :class:`Task` owns th
 what a training step minimises, what evaluation measures, and the parts of its own that train with
 the model (MAE's decoder, DINO's projection head and teacher). Those parts are the task's children:
 their parameters join the optimiser and checkpoints hold them under ``task.*``, but the exported
-model file holds the model only (for MAE and DINO, the encoder that fine-tuning starts from).
+model file holds a model only (for MAE and DINO, the encoder that fine-tuning starts from): the
+trained one, or the one the task releases instead (:meth:`Task.exported_model`: DINO's teacher).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 
 @dataclass
@@ -63,3 +65,13 @@ class Task(nn.Module):
 
     def after_optimizer_step(self, model: nn.Module, step: int, total_steps: int) -> None:
         """Called after each optimiser step (DINO's teacher follows the student here)."""
+
+    def training_data(self, dataset: Dataset) -> Dataset:
+        """The training split as this task reads it (DINO: each image as its multi-crop views);
+        by default the split as the data section builds it."""
+        return dataset
+
+    def exported_model(self, model: nn.Module) -> nn.Module:
+        """The encoder to release in ``model.safetensors``, given the evaluated ``model`` (the EMA
+        copy when enabled): by default ``model`` itself; DINO's teacher backbone."""
+        return model

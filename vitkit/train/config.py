@@ -380,7 +380,55 @@ class OutputConfig(Config):
     dir: str = "runs"
 
 
-TaskName = Literal["classify"]
+TaskName = Literal["classify", "dino"]
+
+
+@dataclass
+class DinoConfig(Config):
+    """DINO self-distillation (Caron et al. 2021, arXiv 2104.14294; :mod:`vitkit.tasks.dino`);
+    defaults are facebookresearch/dino's, except the head's sizes and the crops' (small images).
+
+    Attributes:
+        out_dim: the head's output dimension (the paper's 65536 for ImageNet).
+        hidden_dim, bottleneck_dim, head_layers: the head's MLP (DINO's 2048, 256, 3).
+        norm_last_layer: the head's last layer keeps weight norms of 1.
+        teacher_momentum: the teacher's EMA momentum at the first step, raised to 1 on a cosine.
+        student_temp: the student's temperature.
+        teacher_temp: the teacher's temperature after its warm-up (0.04 to 0.07 work in the paper).
+        warmup_teacher_temp, warmup_teacher_temp_epochs: its temperature at the start and the
+            epochs of the linear warm-up (0: none).
+        center_momentum: the EMA momentum of the teacher outputs' centre.
+        freeze_last_layer_epochs: epochs in which the head's last layer does not learn.
+        local_crops: local crops per image (besides the 2 global ones; 0: global crops only).
+        global_size, local_size: sides of the crops in pixels (``null`` global: the data's
+            ``img_size``); a size other than the model's needs ``model.dynamic_img_size``.
+        global_scale, local_scale: ranges of the crops' area as a fraction of the image's.
+    """
+
+    out_dim: int = field(default=4096, metadata=bounds(ge=2, le=1 << 20))
+    hidden_dim: int = field(default=2048, metadata=bounds(ge=1, le=1 << 16))
+    bottleneck_dim: int = field(default=256, metadata=bounds(ge=1, le=1 << 16))
+    head_layers: int = field(default=3, metadata=bounds(ge=1, le=16))
+    norm_last_layer: bool = True
+    teacher_momentum: float = field(default=0.996, metadata=bounds(ge=0, le=1))
+    student_temp: float = field(default=0.1, metadata=bounds(gt=0))
+    teacher_temp: float = field(default=0.04, metadata=bounds(gt=0))
+    warmup_teacher_temp: float = field(default=0.04, metadata=bounds(gt=0))
+    warmup_teacher_temp_epochs: int = field(default=0, metadata=bounds(ge=0, le=MAX_EPOCHS))
+    center_momentum: float = field(default=0.9, metadata=bounds(ge=0, le=1))
+    freeze_last_layer_epochs: int = field(default=1, metadata=bounds(ge=0, le=MAX_EPOCHS))
+    local_crops: int = field(default=6, metadata=bounds(ge=0, le=64))
+    global_size: int | None = field(default=None, metadata=bounds(ge=1, le=8192))
+    local_size: int = field(default=16, metadata=bounds(ge=1, le=8192))
+    global_scale: tuple[float, float] = field(default=(0.4, 1.0), metadata=bounds(gt=0, le=1))
+    local_scale: tuple[float, float] = field(default=(0.05, 0.4), metadata=bounds(gt=0, le=1))
+
+    def validate(self) -> None:
+        """Ordered scale ranges."""
+        for key in ("global_scale", "local_scale"):
+            low, high = getattr(self, key)
+            if low > high:
+                raise FieldError(key, f"must be a range (low, high) with low <= high, got ({low:g}, {high:g}).")
 
 
 @dataclass
@@ -389,10 +437,18 @@ class TaskConfig(Config):
 
     Attributes:
         name: ``classify``: supervised classification on the data's labels (with the ``optim``
-            section's Mixup, CutMix and label smoothing and the ``distill`` section's teacher).
+            section's Mixup, CutMix and label smoothing and the ``distill`` section's teacher);
+            ``dino``: DINO self-distillation of a headless encoder, labels unused (``dino``).
+        dino: the ``dino`` task's options (:class:`DinoConfig`).
     """
 
     name: TaskName = "classify"
+    dino: DinoConfig = field(default_factory=DinoConfig)
+
+    @property
+    def pretrains(self) -> bool:
+        """Whether the task learns without labels (its model is a headless encoder)."""
+        return self.name != "classify"
 
 
 @dataclass
@@ -428,6 +484,22 @@ class RecipeConfig(Config):
                 f"cannot be used with trainer.strategy={self.trainer.strategy}: the average would be a whole, "
                 "unsharded copy of the model on every rank, which FSDP is there to avoid; train with "
                 "trainer.strategy=ddp to keep the EMA, or set optim.ema=false.",
+            )
+        if self.task.name == "dino":
+            self._check_dino()
+
+    def _check_dino(self) -> None:
+        """DINO sets no classification option, and needs what its teacher and crops rely on.
+
+        Raises:
+            FieldError: one line naming the options to change.
+        """
+        found = dino_conflicts(self)
+        if found:
+            raise FieldError(
+                "task.name", f"is 'dino', which pre-trains without labels, but the recipe sets {', '.join(found)}; "
+                "remove them (classification options apply when fine-tuning the encoder) or start from "
+                "recipes/dino_fashion_mnist.yaml."
             )
 
     def _check_tta_was_trained(self, key: str, tta: TestTimeAugmentation | None) -> None:
@@ -465,6 +537,23 @@ class RecipeConfig(Config):
         values = super().to_dict()
         values["model"] = {key: value for key, value in values["model"].items() if value is not None}
         return values
+
+
+def dino_conflicts(config: RecipeConfig) -> list[str]:
+    """The options ``config`` sets that a ``dino`` task cannot take (``optim.mixup=0.8``, ...):
+    classification's, and those DINO's teacher makes pointless or impossible."""
+    optim, trainer, model = config.optim, config.trainer, config.model
+    found = [f"optim.{key}={getattr(optim, key):g}" for key in ("mixup", "cutmix", "label_smoothing") if getattr(optim, key) > 0]
+    found += [f"distill.type={config.distill.type}"] if config.distill.type != "none" else []
+    found += [f"trainer.{key}={getattr(trainer, key)}" for key in ("tta", "val_tta") if getattr(trainer, key) not in (None, "none")]
+    found += [f"trainer.monitor={trainer.monitor} (use val/loss)"] if trainer.monitor != "val/loss" else []
+    found += [f"model.reset_head={model.reset_head}"] if model.reset_head is not None else []
+    found += ["model.lora"] if model.lora is not None else []
+    found += [f"model.freeze={model.freeze}"] if model.freeze != "none" else []
+    found += ["optim.ema=true (the teacher is the average DINO keeps and releases)"] if optim.ema else []
+    found += [f"model.impl={model.impl} (DINO trains vitkit's model)"] if model.impl != "vitkit" else []
+    found += ["trainer.strategy=fsdp (the teacher is not sharded)"] if trainer.strategy.startswith("fsdp") else []
+    return found
 
 
 def timm_twin_overrides(config: RecipeConfig) -> list[str]:

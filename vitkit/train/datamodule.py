@@ -11,6 +11,7 @@ path. The same random draws in the same order give the same batches as the host 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import Any, Literal
@@ -68,7 +69,8 @@ class ViTDataModule(L.LightningDataModule):
             ``None``: when training on an accelerator.
 
     The training loader shuffles and drops the last incomplete batch (Mixup needs even, equal
-    batches); under DDP Lightning adds a ``DistributedSampler``.
+    batches); under DDP Lightning adds a ``DistributedSampler``. It reads the training split through
+    :attr:`training_data`, the task's :meth:`~vitkit.tasks.Task.training_data` (DINO's crops).
     """
 
     def __init__(self, config: DataConfig, batch_size: int, on_device: bool | None = None) -> None:
@@ -77,6 +79,7 @@ class ViTDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.on_device = on_device
         self._resident: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor, BatchTransform]] = {}
+        self.training_data: Callable[[Dataset], Dataset] = _as_built
 
     @cached_property
     def bundle(self) -> DatasetBundle:
@@ -139,8 +142,9 @@ class ViTDataModule(L.LightningDataModule):
 
     def _split_loader(self, split: Split, batch_size: int, train: bool) -> DataLoader:
         """The loader Lightning iterates: of indices for an on-device split, else :meth:`loader`."""
-        dataset = getattr(self.bundle, split)
-        if not self._keeps_on_device(dataset):
+        built = getattr(self.bundle, split)
+        dataset = self.training_data(built) if split == "train" else built
+        if dataset is not built or not self._keeps_on_device(dataset):  # a task's own view of the data stays on the host
             return self.loader(dataset, batch_size, train)
         return DataLoader(
             _Indices(len(dataset)), batch_size=batch_size, shuffle=train, drop_last=train,
@@ -177,3 +181,7 @@ class ViTDataModule(L.LightningDataModule):
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),
         )
+
+
+def _as_built(dataset: Dataset) -> Dataset:
+    return dataset

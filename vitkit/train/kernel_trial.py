@@ -242,10 +242,11 @@ class KernelTrial:
 
 
 def step_key(batch: Any) -> str:
-    """A training step's key: the shape of its input batch (``"128x1x28x28"``); steps of one key
-    do the same work, so their times compare."""
+    """A training step's key: the shape of its input batch (``"128x1x28x28"``; of each view,
+    joined by ``+``, for a list of crops); steps of one key do the same work, so their times compare."""
     images = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return "x".join(str(size) for size in images.shape)
+    views = images if isinstance(images, (tuple, list)) else [images]  # DINO's crops: one key for all of them
+    return "+".join("x".join(str(size) for size in view.shape) for view in views)
 
 
 class _Step(NamedTuple):

@@ -15,15 +15,17 @@ import torch
 from timm.utils import ModelEmaV3
 from torch import nn
 
+from ..data.multicrop import MultiCrop
 from ..errors import VitkitError
 from ..evaluation import black_level
 from ..io import FORMAT_KEY, FORMAT_VERSION
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
-from ..tasks import ClassifyTask, Task, build_criterion
+from ..tasks import ClassifyTask, DinoTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
 from .distributed import clip_grad_norm, is_sharded, load_gathered
 from .optim import build_optimizer, warmup_cosine
+from .schema import RecipeError
 
 #: How many recent losses a non-finite-loss error reports.
 LOSS_HISTORY = 8
@@ -36,6 +38,8 @@ class NonFiniteLossError(VitkitError, RuntimeError):
 def build_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> Task:
     """The objective ``recipe.task`` names, configured from the recipe (``extra``: the metadata
     exported with the model, whose normalisation gives ``'hflip_shift'``'s black border)."""
+    if recipe.task.name == DinoTask.name:
+        return dino_task(recipe, vit_config, extra)
     optim, distill = recipe.optim, recipe.distill
     mixer, criterion = build_criterion(
         vit_config.num_classes, mixup=optim.mixup, cutmix=optim.cutmix, mixup_prob=optim.mixup_prob,
@@ -46,6 +50,31 @@ def build_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any
         mixer, criterion, distill=distill.type, alpha=distill.alpha, tau=distill.tau,
         tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta, fill=fill,
     )
+
+
+def dino_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> DinoTask:
+    """The ``dino`` task of ``recipe.task.dino`` for a model of ``vit_config``, its crops
+    normalised as the data (``extra``'s mean and std).
+
+    Raises:
+        RecipeError: a crop size the model cannot take.
+    """
+    options = recipe.task.dino
+    global_size = options.global_size or vit_config.img_size[0]
+    sizes = {"global_size": global_size, **({"local_size": options.local_size} if options.local_crops else {})}
+    for key, size in sizes.items():
+        if any(size % p for p in vit_config.patch_size):
+            raise RecipeError(f"task.dino.{key}={size} is not a multiple of the model's patch size {vit_config.patch_size[0]}.")
+        if (size, size) != tuple(vit_config.img_size) and not vit_config.dynamic_img_size:
+            raise RecipeError(
+                f"task.dino.{key}={size} differs from the model's img_size {vit_config.img_size[0]}: set "
+                f"model.dynamic_img_size=true (the position embedding is resampled to each crop's grid)."
+            )
+    crops = MultiCrop(extra["mean"], extra["std"], global_size=global_size, local_size=options.local_size,
+                      local_crops=options.local_crops, global_scale=options.global_scale, local_scale=options.local_scale)
+    heads = {key: value for key, value in options.to_dict().items()
+             if key not in ("local_crops", "global_size", "local_size", "global_scale", "local_scale")}
+    return DinoTask(vit_config.embed_dim, crops, epochs=recipe.trainer.max_epochs, **heads)
 
 
 class ViTModule(L.LightningModule):
@@ -123,9 +152,10 @@ class ViTModule(L.LightningModule):
         return self.ema.module if self.ema is not None else self.model
 
     def export_model(self) -> VisionTransformer:
-        """:attr:`inference_model` as a plain vitkit model on the CPU in eval mode (LoRA adapters
-        merged, a timm reference converted, so every tool takes it)."""
-        model = self.inference_model
+        """The model the task releases (:meth:`~vitkit.tasks.Task.exported_model` of
+        :attr:`inference_model`: DINO's teacher) as a plain vitkit model on the CPU in eval mode
+        (LoRA adapters merged, a timm reference converted, so every tool takes it)."""
+        model = self.task.exported_model(self.inference_model)
         if self.unsharded is not None:  # this rank holds shards: every rank gathers the whole model
             model = load_gathered(self.unsharded, self.trainer.model, prefix="model.")
         if has_lora(model):  # a plain model for every tool: the adapters folded into the weights

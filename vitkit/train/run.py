@@ -156,6 +156,7 @@ def train(
         rank_zero_info(note)
     datamodule.check_batch()  # before a run directory is claimed (each DDP process checks again at fit)
     module = build_module(config, datamodule.info, weights)
+    datamodule.training_data = module.task.training_data  # DINO's crops
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name)
         check_recipe_unchanged(config, adopted_run_dir(resume))
@@ -276,7 +277,7 @@ def _fit(
         # [images the test accuracy covers, images of the test split]; fewer with trainer.limit_test_batches
         "test_images": [round(_metric(tested, "test/images") or 0), len(datamodule.bundle.test)],
         "tta": config.trainer.tta,
-        "val_tta": module.task.val_tta,  # the task resolves an unset one to tta
+        "val_tta": getattr(module.task, "val_tta", None),  # classify resolves an unset one to tta; others have none
         **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
         **({"test_acc_mirrored": _metric(tested, "test/acc1_mirrored")} if config.trainer.tta == "hflip_shift" else {}),
         "epochs": trainer.current_epoch,
@@ -307,6 +308,8 @@ def build_module(config: RecipeConfig, info: DataInfo, weights: PretrainedWeight
     (normalisation, classes, dataset and recipe names, data options, test-time augmentation,
     where the weights came from) to export."""
     extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict(), "tta": config.trainer.tta}
+    if config.task.pretrains:  # a headless encoder: the data's labels name none of its (no) classes
+        extra["class_names"] = []
     if weights is not None:
         extra["pretrained"] = weights.record
     model, vit_config = build_model(config, info, weights)

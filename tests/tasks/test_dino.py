@@ -1,0 +1,205 @@
+"""DINO (``vitkit.tasks.dino``): the loss and the centre equal facebookresearch/dino's ``DINOLoss``
+written out here; the teacher gets no gradient and follows the student by the momentum DINO's
+cosine schedule gives; the head is DINO's; the multi-crop views have the right count and sizes and
+differ; the exported model is the teacher's backbone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from vitkit.data import ArrayDataset
+from vitkit.data.multicrop import MultiCrop, multi_crop_dataset
+from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.tasks.dino import DinoHead, DinoTask, dino_loss, teacher_momentum, teacher_temperature, updated_center
+
+MEAN, STD = (0.5,), (0.25,)
+
+
+class ReferenceDINOLoss(nn.Module):
+    """facebookresearch/dino ``main_dino.py``'s ``DINOLoss``, as written there (one process: the
+    centre's ``all_reduce`` is the identity and the world size 1)."""
+
+    def __init__(self, out_dim, ncrops, warmup_teacher_temp, teacher_temp, warmup_teacher_temp_epochs, nepochs,
+                 student_temp=0.1, center_momentum=0.9):
+        super().__init__()
+        self.student_temp = student_temp
+        self.center_momentum = center_momentum
+        self.ncrops = ncrops
+        self.register_buffer("center", torch.zeros(1, out_dim))
+        self.teacher_temp_schedule = np.concatenate((
+            np.linspace(warmup_teacher_temp, teacher_temp, warmup_teacher_temp_epochs),
+            np.ones(nepochs - warmup_teacher_temp_epochs) * teacher_temp,
+        ))
+
+    def forward(self, student_output, teacher_output, epoch):
+        student_out = student_output / self.student_temp
+        student_out = student_out.chunk(self.ncrops)
+        temp = self.teacher_temp_schedule[epoch]
+        teacher_out = F.softmax((teacher_output - self.center) / temp, dim=-1)
+        teacher_out = teacher_out.detach().chunk(2)
+        total_loss = 0
+        n_loss_terms = 0
+        for iq, q in enumerate(teacher_out):
+            for v in range(len(student_out)):
+                if v == iq:
+                    continue
+                loss = torch.sum(-q * F.log_softmax(student_out[v], dim=-1), dim=-1)
+                total_loss += loss.mean()
+                n_loss_terms += 1
+        total_loss /= n_loss_terms
+        self.update_center(teacher_output)
+        return total_loss
+
+    @torch.no_grad()
+    def update_center(self, teacher_output):
+        batch_center = torch.sum(teacher_output, dim=0, keepdim=True)
+        batch_center = batch_center / len(teacher_output)
+        self.center = self.center * self.center_momentum + batch_center * (1 - self.center_momentum)
+
+
+def tiny_model(dynamic: bool = True) -> VisionTransformer:
+    return VisionTransformer(ViTConfig(img_size=8, patch_size=2, in_chans=1, num_classes=0, embed_dim=16, depth=1,
+                                       num_heads=2, mlp_ratio=2.0, dynamic_img_size=dynamic))
+
+
+def tiny_task(**options) -> DinoTask:
+    crops = MultiCrop(MEAN, STD, global_size=8, local_size=4, local_crops=2)
+    task = DinoTask(16, crops, epochs=3, out_dim=32, hidden_dim=24, bottleneck_dim=8, **options)
+    return task
+
+
+def test_loss_and_centre_equal_dino_reference_over_steps_and_epochs() -> None:
+    torch.manual_seed(0)
+    ncrops, batch, dim, epochs = 5, 6, 40, 4
+    reference = ReferenceDINOLoss(dim, ncrops, 0.04, 0.07, 3, epochs)
+    center = torch.zeros(1, dim)
+    for epoch in range(epochs):  # the centre moves between calls, the temperature between epochs
+        student, teacher = torch.randn(ncrops * batch, dim) * 3, torch.randn(2 * batch, dim) * 3
+        expected = reference(student, teacher, epoch)
+        temp = teacher_temperature(epoch, 0.04, 0.07, 3)
+        assert temp == pytest.approx(reference.teacher_temp_schedule[epoch])
+        loss = dino_loss(student, teacher, center, 0.1, temp)
+        center = updated_center(center, teacher, 0.9)
+        torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(center, reference.center, rtol=1e-6, atol=1e-7)
+
+
+def test_loss_leaves_out_same_view_pairs() -> None:
+    """A student that copies the teacher on its own view but not on the others still pays the cross terms."""
+    torch.manual_seed(1)
+    teacher = torch.randn(2 * 3, 10)
+    same = torch.cat([teacher, torch.randn(3, 10)])
+    swapped = torch.cat([teacher[3:], teacher[:3], same[6:]])
+    zero = torch.zeros(1, 10)
+    assert dino_loss(same, teacher, zero, 1.0, 1.0) != pytest.approx(dino_loss(swapped, teacher, zero, 1.0, 1.0).item())
+
+
+def test_momentum_follows_dino_cosine_schedule() -> None:
+    total, base = 10, 0.996
+    schedule = 1 + 0.5 * (base - 1) * (1 + np.cos(np.pi * np.arange(total) / total))  # utils.cosine_scheduler(base, 1)
+    assert [teacher_momentum(step, total, base) for step in range(total)] == pytest.approx(schedule.tolist())
+    assert teacher_momentum(0, total, base) == pytest.approx(base)
+
+
+def test_teacher_gets_no_gradient_and_student_does() -> None:
+    torch.manual_seed(0)
+    model, task = tiny_model(), tiny_task()
+    task.prepare(model)
+    task.train()
+    images = (torch.rand(4, 8, 8, 1) * 255).to(torch.uint8)
+    out = task.training_step(model, (task.crops(images), torch.zeros(4)))
+    out.loss.backward()
+    teacher = [*task.teacher_backbone.parameters(), *task.teacher_head.parameters()]
+    assert all(p.grad is None and not p.requires_grad for p in teacher)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert task.student_head.mlp[0].weight.grad is not None
+    assert task.student_head.last_layer.parametrizations.weight.original1.grad is None  # frozen in the first epoch
+
+
+def test_teacher_runs_without_stochastic_depth_in_training() -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(img_size=8, patch_size=2, in_chans=1, num_classes=0, embed_dim=16, depth=2,
+                                        num_heads=2, mlp_ratio=2.0, drop_path_rate=0.5))
+    task = tiny_task()
+    task.prepare(model)
+    task.train()
+    views = [torch.randn(8, 1, 8, 8)] * 2
+    torch.testing.assert_close(task.teacher_outputs(views), task.teacher_outputs(views))
+    assert task.teacher_backbone.training  # back in the mode Lightning set
+
+
+def test_teacher_ema_update_matches_hand_computation() -> None:
+    torch.manual_seed(0)
+    model, task = tiny_model(), tiny_task(teacher_momentum=0.9)
+    task.prepare(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+        for p in task.student_head.parameters():
+            p.add_(torch.randn_like(p))
+    before = {name: p.clone() for name, p in task.named_parameters() if name.startswith("teacher")}
+    student = {**{f"teacher_backbone.{n}": p for n, p in model.named_parameters()},
+               **{f"teacher_head.{n}": p for n, p in task.student_head.named_parameters()}}
+    task.after_optimizer_step(model, step=4, total_steps=10)  # the 4th step: index 3
+    momentum = 1 - (1 - 0.9) * (1 + math.cos(math.pi * 3 / 10)) / 2
+    for name, value in before.items():
+        expected = momentum * value + (1 - momentum) * student[name].detach()
+        torch.testing.assert_close(dict(task.named_parameters())[name], expected)
+    assert task.epoch_progress.item() == pytest.approx(4 * 3 / 10)
+
+
+def test_head_is_dino_head() -> None:
+    torch.manual_seed(0)
+    head = DinoHead(16, 32, hidden_dim=24, bottleneck_dim=8, layers=3)
+    assert [type(m) for m in head.mlp] == [nn.Linear, nn.GELU, nn.Linear, nn.GELU, nn.Linear]
+    assert head.mlp[-1].out_features == 8 and head.last_layer.out_features == 32
+    weight = head.last_layer.weight
+    torch.testing.assert_close(weight.norm(dim=1), torch.ones(32))  # weight-normalised, norms fixed at 1
+    assert not head.last_layer.parametrizations.weight.original0.requires_grad
+    x = torch.randn(5, 16)
+    bottleneck = F.normalize(head.mlp(x), dim=-1)
+    torch.testing.assert_close(head(x), bottleneck @ weight.T)
+    assert (head(x).abs() <= 1 + 1e-5).all()  # cosines: unit rows against unit rows
+
+
+def test_multi_crop_count_sizes_and_differences() -> None:
+    torch.manual_seed(0)
+    crops = MultiCrop(MEAN, STD, global_size=8, local_size=4, local_crops=3)
+    images = (torch.rand(6, 8, 8, 1) * 255).to(torch.uint8)
+    views = crops(images)
+    assert len(views) == 5 == crops.num_crops
+    assert [tuple(v.shape) for v in views] == [(6, 1, 8, 8)] * 2 + [(6, 1, 4, 4)] * 3
+    assert not torch.allclose(views[0], views[1])
+    plain = (images.permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.25
+    assert not torch.allclose(views[0], plain)
+    assert not torch.allclose(views[2], views[3])
+
+
+def test_multi_crop_dataset_batches_are_lists_of_crops() -> None:
+    images = np.random.default_rng(0).integers(0, 255, (10, 8, 8, 1), dtype=np.uint8)
+    base = ArrayDataset(images, np.arange(10) % 2, transform=lambda image: torch.zeros(1))
+    dataset = multi_crop_dataset(base, MultiCrop(MEAN, STD, global_size=8, local_size=4, local_crops=2))
+    views, labels = next(iter(DataLoader(dataset, batch_size=4)))
+    assert [tuple(v.shape) for v in views] == [(4, 1, 8, 8)] * 2 + [(4, 1, 4, 4)] * 2
+    assert labels.tolist() == [0, 1, 0, 1]
+    one, label = dataset[3]  # the per-image path gives the same views
+    assert [tuple(v.shape) for v in one] == [(1, 8, 8)] * 2 + [(1, 4, 4)] * 2 and label == 1
+
+
+def test_exported_model_is_the_teacher_backbone() -> None:
+    torch.manual_seed(0)
+    model, task = tiny_model(), tiny_task()
+    task.prepare(model)
+    with torch.no_grad():
+        model.patch_embed.proj.weight.add_(1.0)
+    task.after_optimizer_step(model, 5, 10)
+    exported = task.exported_model(model)
+    assert exported is task.teacher_backbone
+    assert not torch.equal(exported.patch_embed.proj.weight, model.patch_embed.proj.weight)
