@@ -138,6 +138,20 @@ def test_the_weights_normalisation_is_used_unless_the_recipe_sets_one(tmp_path: 
     config = load_recipe(recipe)
     data, note = pretrained_data(config.data, load_starting_weights(config.model))
     assert data.mean == (0.1,) and data.std == (0.5,)
+    recipe["data"].update(mean=[0.1], std=[0.3])
+    data, note = pretrained_data(load_recipe(recipe).data, load_starting_weights(config.model))
+    assert "not " in note and "the same as" not in note
+    recipe["data"].update(mean=[0.25], std=[0.5])  # the weights' own values, given again
+    data, note = pretrained_data(load_recipe(recipe).data, load_starting_weights(config.model))
+    assert "the same as" in note and "not " not in note
+
+
+def test_freezing_without_pretrained_weights_is_refused_in_one_line(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path)
+    recipe["model"]["freeze"] = "blocks:1"
+    with pytest.raises(RecipeError, match=r"model.freeze .*only applies to pretrained weights") as error:
+        load_recipe(recipe)
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(

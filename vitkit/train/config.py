@@ -78,6 +78,7 @@ class _ModelChoice(Config):
             )
         if self.pretrained is None:
             given = [key for key in ("pretrained_file", "pretrained_kwargs", "reset_head") if getattr(self, key) not in (None, {})]
+            given += ["freeze"] if self.freeze != "none" else []  # frozen random weights would never learn
             if given:
                 key = given[0]
                 raise FieldError(key, "only applies to pretrained weights: set model.pretrained too (a model file or timm:NAME).")

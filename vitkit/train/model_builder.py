@@ -100,9 +100,20 @@ def pretrained_data(data: DataConfig, weights: PretrainedWeights) -> tuple[DataC
     if used:
         said = ", ".join(f"{key} {_shown(value)}" for key, value in used.items())
         note = f"note: data normalised as {weights.description} was trained: {said} (set data.mean / data.std to change)."
+    elif all(_same(getattr(data, key), weights.preprocessing.get(key), channels) for key in ("mean", "std")):
+        note = f"note: data normalised by the recipe's data.mean / data.std, the same as {weights.description}'s."
     else:
         note = f"note: data normalised by the recipe's own data.mean / data.std, not {weights.description}'s."
     return data, note
+
+
+def _same(ours: Any, theirs: Any, channels: int) -> bool:
+    """Whether the recipe's statistics equal the weights' (their average for 1-channel data)."""
+    if ours is None or theirs is None:
+        return ours is None and theirs is None
+    theirs = [float(v) for v in theirs]
+    theirs = [sum(theirs) / len(theirs)] if channels == 1 and len(theirs) != 1 else theirs
+    return len(ours) == len(theirs) and all(abs(a - b) < 1e-6 for a, b in zip(ours, theirs))
 
 
 def _shown(value: Any) -> str:
