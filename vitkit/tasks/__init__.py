@@ -4,5 +4,6 @@ of its own that train with the model (:mod:`.base` has the contract). One module
 
 from .base import StepOutput, Task
 from .classify import ClassifyTask, DistillationLoss, build_criterion
+from .mae import MaeTask
 
-__all__ = ["ClassifyTask", "DistillationLoss", "StepOutput", "Task", "build_criterion"]
+__all__ = ["ClassifyTask", "DistillationLoss", "MaeTask", "StepOutput", "Task", "build_criterion"]
