@@ -3,7 +3,7 @@ datasets (scikit-learn's handwritten digits, generated shapes with bounding boxe
 
 from . import _albumentations  # noqa: F401  (first: albumentations without its update check)
 from .arrays import ArrayDataset, stratified_split
-from .build import build_datasets, data_info
+from .build import build_datasets, data_info, unaugmented
 from .cifar import CifarFileError
 from .config import DATASET_NAMES, AugmentConfig, DataConfig
 from .imagefolder import ImageFolderDataset, ImageFolderError
@@ -41,4 +41,5 @@ __all__ = [
     "make_subset",
     "shapes_info",
     "stratified_split",
+    "unaugmented",
 ]

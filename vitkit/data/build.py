@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from .arrays import ArrayDataset, convert_array_channels, convert_stats, resize_images, stratified_split
 from .batch_transforms import build_batch_transform
@@ -163,6 +164,20 @@ def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
         for split, part in scanned.items()
     }
     return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info)
+
+
+def unaugmented(dataset: Dataset, like: Dataset) -> Dataset:
+    """``dataset``'s images and labels through ``like``'s (evaluation) transform: the training
+    split as a labelled memory bank for k-NN or a linear probe, without its augmentation.
+
+    Raises:
+        TypeError: a dataset that is neither in memory (:class:`ArrayDataset`) nor a folder's files.
+    """
+    if isinstance(dataset, ArrayDataset) and isinstance(like, ArrayDataset):
+        return ArrayDataset(dataset.images, dataset.labels, like.transform, like.batch_transform)
+    if isinstance(dataset, ImageFolderDataset) and isinstance(like, ImageFolderDataset):
+        return ImageFolderDataset(dataset.files, list(dataset.labels), like.transform, dataset.in_chans)
+    raise TypeError(f"cannot re-transform a {type(dataset).__name__} like a {type(like).__name__}.")
 
 
 _BUILDERS: dict[str, Callable[[DataConfig], DatasetBundle]] = {

@@ -67,6 +67,7 @@ from .kernel_trial import TrainingKernelChooser
 from .model_builder import StartingWeights, build_model, load_starting_weights, pretrained_data
 from .module import NonFiniteLossError, ViTModule
 from .plots import plot_curves
+from .pretraining import finetune_command, pretraining_callbacks, pretraining_summary
 from .schema import RecipeError
 from .threads import other_load, thread_advice, usable_cores
 
@@ -216,8 +217,10 @@ def _fit(
     # First, so that its step timing ends before other callbacks' batch-end work; a deterministic run times nothing.
     kernels = TrainingKernelChooser(pin="sdpa" if config.trainer.deterministic else None)
     ctrl_c = CtrlCStops()
+    pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
     trainer = build_trainer(
-        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *callbacks], model=module.model
+        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *pretraining, *callbacks],
+        model=module.model,
     )
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
@@ -250,7 +253,7 @@ def _fit(
         "test_acc": _metric(tested, "test/acc1"),
         "test_acc5": _metric(tested, "test/acc5"),
         "tta": config.trainer.tta,
-        "val_tta": module.task.val_tta,  # the task resolves an unset one to tta
+        "val_tta": getattr(module.task, "val_tta", None),  # classify resolves an unset one to tta; others have none
         **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
         **({"test_acc_mirrored": _metric(tested, "test/acc1_mirrored")} if config.trainer.tta == "hflip_shift" else {}),
         "epochs": trainer.current_epoch,
@@ -266,7 +269,10 @@ def _fit(
         # what attn_impl="auto" chose: on the run's own training steps, and by synthetic measurement elsewhere
         "attention_kernels": {"training_steps": kernels.report(), "synthetic": autotune_report()},
         **teacher_report,
+        **pretraining_summary(pretraining),
     }
+    if config.task.pretrains:
+        summary["finetune_command"] = finetune_command(config, run_dir / "model.safetensors")
     if trainer.is_global_zero:
         save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
         plot_curves(merge_metrics(run_dir), run_dir / "curves.png")
@@ -281,6 +287,8 @@ def build_module(config: RecipeConfig, info: DataInfo, weights: StartingWeights 
     (normalisation, classes, dataset and recipe names, data options, test-time augmentation,
     where the weights came from) to export."""
     extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict(), "tta": config.trainer.tta}
+    if config.task.pretrains:  # a headless encoder: the data's labels name none of its (no) classes
+        extra["class_names"] = []
     if weights is not None:
         extra["pretrained"] = weights.record
     model, vit_config = build_model(config, info, weights)
