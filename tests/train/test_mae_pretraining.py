@@ -13,6 +13,7 @@ from tiny_runs import short_recipe, write_tiny_recipe
 from vitkit.cli.train import main as train_main
 from vitkit.io import read_model
 from vitkit.train import train
+from vitkit.train.artifacts import merge_metrics
 
 MAE_TASK = {"name": "mae", "mae": {"decoder_depth": 1, "decoder_dim": 16, "decoder_heads": 2}}
 
@@ -24,9 +25,10 @@ def mae_recipe(out_dir: Path, **trainer: object) -> dict:
 
 
 def test_pretrain_then_finetune_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    pretrained = train(mae_recipe(tmp_path / "runs"))
+    pretrained = train(mae_recipe(tmp_path / "runs"), ["task.knn_every=1"])
     run_dir, summary = pretrained.run_dir, pretrained.summary
     assert 0.0 <= summary["knn_acc1"] <= 100.0 and summary["test_acc"] is None
+    assert any(row.get("val/knn_acc1") for row in merge_metrics(run_dir))  # measured after the epoch too
     assert (run_dir / "reconstructions.png").stat().st_size > 0
     encoder = run_dir / "model.safetensors"
     config, state, _ = read_model(encoder)

@@ -3,7 +3,8 @@
 Splits: CIFAR holds ``val_fraction`` of its training set out for validation (stratified, by
 ``seed``) and tests on its official test set, and so do MNIST and Fashion-MNIST; digits and shapes are split train/val/test by
 ``val_fraction`` and ``test_fraction``; image folders use ``train/``, ``val/`` and ``test/``
-(``val/`` doubling as the test split when there is no ``test/``).
+(``val/`` doubling as the test split when there is no ``test/``), or without ``train/`` are split
+like digits.
 """
 
 from __future__ import annotations
@@ -155,7 +156,10 @@ def _build_shapes(cfg: DataConfig) -> DatasetBundle:
 
 
 def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
-    classes, scanned = scan_image_folder(Path(cfg.root), cfg.verify_images, cfg.skip_corrupt)
+    classes, scanned = scan_image_folder(
+        Path(cfg.root), cfg.verify_images, cfg.skip_corrupt, fractions=(cfg.val_fraction, cfg.test_fraction),
+        seed=cfg.seed, min_classes=2 if cfg.require_classes else 1,
+    )
     info = data_info(cfg, classes, IMAGENET_MEAN, IMAGENET_STD)
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
     transforms = {"train": train_tf, "val": eval_tf, "test": eval_tf}

@@ -35,7 +35,8 @@ class KnnEvaluation(Callback):
 
     Logged as ``val/knn_acc1`` after every ``every``-th training epoch (``None``: never during
     training), and measured once after the run's test on the weights tested (the best checkpoint,
-    its EMA when enabled): :attr:`result`, ``summary.json``'s ``knn_acc1``. Every process measures
+    its EMA when enabled): :attr:`result`, ``summary.json``'s ``knn_acc1`` (``None`` for data of one
+    class, a flat folder of images). Every process measures
     the whole splits (no sampler), so all ranks agree.
 
     Args:
@@ -65,11 +66,12 @@ class KnnEvaluation(Callback):
         return knn_accuracy(*bank, *queries, num_classes=bundle.info.num_classes, k=self.k, temperature=self.temperature)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.every and (trainer.current_epoch + 1) % self.every == 0:
+        if self.every and (trainer.current_epoch + 1) % self.every == 0 and trainer.datamodule.info.num_classes > 1:
             pl_module.log("val/knn_acc1", self.measure(trainer, pl_module), batch_size=1)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.result = round(self.measure(trainer, pl_module), 3)
+        if trainer.datamodule.info.num_classes > 1:  # one class (a flat folder of images): nothing to measure
+            self.result = round(self.measure(trainer, pl_module), 3)
 
 
 class ReconstructionFigure(Callback):
