@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.tasks import knn
-from vitkit.tasks.knn import knn_accuracy, pooled_features
+from vitkit.tasks.knn import knn_accuracy, linear_probe_accuracy, pooled_features
 
 # Memory bank on the unit circle: a (1, 0) and d (-1, 0) of class 0, b (0.8, 0.6) and c (0, 1) of class 1.
 BANK = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-1.0, 0.0]])
@@ -97,3 +97,21 @@ def test_pooled_features_are_what_a_classifier_reads() -> None:
     features, labels = pooled_features(model, [(images[:4], torch.arange(4)), (images[4:], torch.arange(4, 6))])
     assert torch.allclose(features, model(images), atol=1e-6)  # headless: forward is the pooled features
     assert labels.tolist() == list(range(6))
+
+
+def test_the_linear_probe_separates_linearly_separable_features_whatever_their_scale() -> None:
+    generator = torch.Generator().manual_seed(0)
+    train, test = torch.randn(200, 8, generator=generator), torch.randn(100, 8, generator=generator)
+    direction = torch.tensor([1.0, -2.0, 0.5, 0, 0, 0, 0, 3.0])
+    train_labels, test_labels = (((x @ direction) > 0).long() for x in (train, test))
+    scale = torch.tensor([1e3, 1.0, 1e-3, 1.0, 1.0, 1.0, 1.0, 10.0])  # standardised away
+    assert linear_probe_accuracy(train * scale, train_labels, test * scale, test_labels, 2) >= 97.0
+    # the k-NN of these features is worse than the probe: the probe learns the direction
+    assert knn_accuracy(train * scale, train_labels, test * scale, test_labels, 2) < 90.0
+
+
+def test_the_linear_probe_of_labels_unrelated_to_the_features_is_near_chance() -> None:
+    generator = torch.Generator().manual_seed(1)
+    train, test = torch.randn(300, 16, generator=generator), torch.randn(300, 16, generator=generator)
+    labels = torch.randint(0, 3, (600,), generator=generator)
+    assert 20.0 < linear_probe_accuracy(train, labels[:300], test, labels[300:], 3) < 47.0

@@ -4,6 +4,7 @@ mixes classification options with pre-training refused in one line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,11 @@ def test_the_cli_prints_the_knn_accuracy_and_the_finetuning_command(tmp_path: Pa
     path = write_tiny_recipe(tmp_path, **{"limit_train_batches": 2, "limit_val_batches": 1, "limit_test_batches": 1,
                                           "monitor": "val/loss"})
     assert train_main([str(path), "task.name=mae", "task.mae.decoder_dim=16", "task.mae.decoder_heads=2",
-                       "task.mae.decoder_depth=1"]) == 0
+                       "task.mae.decoder_depth=1", "task.linear_probe=true"]) == 0
     out = capsys.readouterr().out
-    assert "k-NN accuracy of the encoder's features" in out
+    summary = json.loads(next((tmp_path / "runs").rglob("summary.json")).read_text())
+    assert 0.0 <= summary["linear_probe_acc1"] <= 100.0
+    assert f"k-NN accuracy of the encoder's features {summary['knn_acc1']:.2f}% (test split, k=20; linear probe" in out
     assert "next: fine-tune the encoder on labels" in out and "vitkit train RECIPE model.pretrained=" in out
 
 

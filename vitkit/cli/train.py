@@ -43,8 +43,9 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
 
     model = run_dir / "model.safetensors"
     if "finetune_command" in summary:  # a pre-trained encoder: no classifier to score, one to fine-tune
+        probe = f"; linear probe {percent('linear_probe_acc1')}" if "linear_probe_acc1" in summary else ""
         return "\n".join([
-            f"k-NN accuracy of the encoder's features {percent('knn_acc1')} (test split, k=20), "
+            f"k-NN accuracy of the encoder's features {percent('knn_acc1')} (test split, k=20{probe}), "
             f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
             f"run directory: {run_dir} (summary.json has the rest)",
             "next: fine-tune the encoder on labels",

@@ -421,11 +421,14 @@ class TaskConfig(Config):
         mae: the ``mae`` task's options (:class:`MaeConfig`).
         knn_every: a pre-training task also measures the weighted k-NN accuracy of the encoder's
             features (:mod:`vitkit.train.pretraining`) every this many epochs (``null``: at the end only).
+        linear_probe: a pre-training task also fits a linear classifier on the encoder's frozen
+            features at the end (``summary.json``'s ``linear_probe_acc1``; seconds, labels used for it only).
     """
 
     name: TaskName = "classify"
     mae: MaeConfig = field(default_factory=MaeConfig)
     knn_every: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_EPOCHS))
+    linear_probe: bool = False
 
     @property
     def pretrains(self) -> bool:

@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from ..data import DataInfo, display_image, unaugmented
-from ..tasks.knn import knn_accuracy, pooled_features
+from ..tasks.knn import knn_accuracy, linear_probe_accuracy, pooled_features
 from ..tasks.mae import MaeTask
 from .config import RecipeConfig
 from .plots import plot_reconstructions
@@ -39,19 +39,26 @@ class KnnEvaluation(Callback):
     class, a flat folder of images). Every process measures
     the whole splits (no sampler), so all ranks agree.
 
+    With ``linear_probe``, the end of the run also fits a linear classifier on the same features
+    (:func:`~vitkit.tasks.knn.linear_probe_accuracy`): :attr:`probe_result`, ``linear_probe_acc1``.
+
     Args:
         every: epochs between measurements during training, or ``None``.
         k, temperature: :func:`~vitkit.tasks.knn.knn_accuracy`'s (DINO's 20 and 0.07).
+        linear_probe: also measure the linear probe at the end.
     """
 
-    def __init__(self, every: int | None = None, k: int = 20, temperature: float = 0.07) -> None:
+    def __init__(self, every: int | None = None, k: int = 20, temperature: float = 0.07, linear_probe: bool = False) -> None:
         self.every = every
         self.k = k
         self.temperature = temperature
+        self.linear_probe = linear_probe
         self.result: float | None = None
+        self.probe_result: float | None = None
 
-    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
-        """The k-NN accuracy of ``pl_module``'s evaluated weights on ``trainer``'s datamodule."""
+    def features(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[torch.Tensor, ...]:
+        """``(bank features, bank labels, test features, test labels)`` of ``pl_module``'s evaluated
+        weights on ``trainer``'s datamodule (the training split unaugmented, the test split)."""
         data = trainer.datamodule
         bundle = data.bundle
         model = _evaluated(pl_module)
@@ -63,15 +70,27 @@ class KnnEvaluation(Callback):
             queries = pooled_features(model, data.loader(bundle.test, data.batch_size * 2, False), pl_module.device)
         finally:
             model.train(was_training)
-        return knn_accuracy(*bank, *queries, num_classes=bundle.info.num_classes, k=self.k, temperature=self.temperature)
+        return (*bank, *queries)
+
+    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
+        """The k-NN accuracy of ``pl_module``'s evaluated weights on ``trainer``'s datamodule."""
+        return self._knn(self.features(trainer, pl_module), trainer.datamodule.info.num_classes)
+
+    def _knn(self, features: tuple[torch.Tensor, ...], num_classes: int) -> float:
+        return knn_accuracy(*features, num_classes=num_classes, k=self.k, temperature=self.temperature)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.every and (trainer.current_epoch + 1) % self.every == 0 and trainer.datamodule.info.num_classes > 1:
             pl_module.log("val/knn_acc1", self.measure(trainer, pl_module), batch_size=1)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.datamodule.info.num_classes > 1:  # one class (a flat folder of images): nothing to measure
-            self.result = round(self.measure(trainer, pl_module), 3)
+        num_classes = trainer.datamodule.info.num_classes
+        if num_classes < 2:  # one class (a flat folder of images): nothing to measure
+            return
+        features = self.features(trainer, pl_module)
+        self.result = round(self._knn(features, num_classes), 3)
+        if self.linear_probe:
+            self.probe_result = round(linear_probe_accuracy(*features, num_classes=num_classes), 3)
 
 
 class ReconstructionFigure(Callback):
@@ -113,16 +132,19 @@ def pretraining_callbacks(config: RecipeConfig, run_dir: Path) -> list[Callback]
     MAE's ``reconstructions.png`` in ``run_dir``."""
     if not config.task.pretrains:
         return []
-    callbacks: list[Callback] = [KnnEvaluation(config.task.knn_every)]
+    callbacks: list[Callback] = [KnnEvaluation(config.task.knn_every, linear_probe=config.task.linear_probe)]
     if config.task.name == MaeTask.name:
         callbacks.append(ReconstructionFigure(run_dir / "reconstructions.png"))
     return callbacks
 
 
 def pretraining_summary(callbacks: list[Callback]) -> dict[str, Any]:
-    """``summary.json``'s entries from :func:`pretraining_callbacks`: ``knn_acc1`` (percent)."""
-    knn = [callback.result for callback in callbacks if isinstance(callback, KnnEvaluation)]
-    return {"knn_acc1": knn[0]} if knn else {}
+    """``summary.json``'s entries from :func:`pretraining_callbacks`: ``knn_acc1`` and, when
+    measured, ``linear_probe_acc1`` (percent)."""
+    knn = next((callback for callback in callbacks if isinstance(callback, KnnEvaluation)), None)
+    if knn is None:
+        return {}
+    return {"knn_acc1": knn.result, **({"linear_probe_acc1": knn.probe_result} if knn.linear_probe else {})}
 
 
 #: The shipped classification recipe that fine-tunes an encoder pre-trained on each dataset.
