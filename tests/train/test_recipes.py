@@ -71,3 +71,16 @@ def test_fashion_mnist_distilled_recipe_is_the_long_recipe_with_a_resnet10_teach
     assert distilled.optim == long.optim and distilled.data.replace(augment=long.data.augment) == long.data
     measured = {"seed": 1, "tta": "hflip_shift", "val_tta": "hflip"}
     assert distilled.trainer == long.trainer.replace(**measured)
+
+
+def test_mae_fashion_mnist_pretrains_the_fast_recipes_encoder() -> None:
+    """Same model keys as fashion_mnist_fast, so its fine-tuning reads the encoder as its own."""
+    mae, fast = load_recipe(RECIPES / "mae_fashion_mnist.yaml"), load_recipe(RECIPES / "fashion_mnist_fast.yaml")
+    assert mae.model == fast.model and mae.data.name == fast.data.name and mae.data.img_size == fast.data.img_size
+    assert (mae.task.name, mae.task.mae.mask_ratio, mae.trainer.monitor) == ("mae", 0.75, "val/loss")
+    assert mae.trainer.max_time_minutes is not None and mae.trainer.max_time_minutes < 15
+
+
+def test_mae_imagefolder_takes_any_folder_without_labels() -> None:
+    recipe = load_recipe(RECIPES / "mae_imagefolder.yaml")
+    assert recipe.task.name == "mae" and recipe.data.name == "imagefolder" and not recipe.data.require_classes

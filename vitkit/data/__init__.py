@@ -3,7 +3,7 @@ datasets (scikit-learn's handwritten digits, generated shapes with bounding boxe
 
 from . import _albumentations  # noqa: F401  (first: albumentations without its update check)
 from .arrays import ArrayDataset, stratified_split
-from .build import build_datasets, data_info, settle_unset
+from .build import build_datasets, data_info, settle_unset, unaugmented
 from .cifar import CifarFileError
 from .config import DATASET_NAMES, AugmentConfig, DataConfig
 from .imagefolder import ImageFolderDataset, ImageFolderError
@@ -42,4 +42,5 @@ __all__ = [
     "settle_unset",
     "shapes_info",
     "stratified_split",
+    "unaugmented",
 ]

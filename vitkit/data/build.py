@@ -3,7 +3,8 @@
 Splits: CIFAR holds ``val_fraction`` of its training set out for validation (stratified, by
 ``seed``) and tests on its official test set, and so do MNIST and Fashion-MNIST; digits and shapes are split train/val/test by
 ``val_fraction`` and ``test_fraction``; image folders use ``train/``, ``val/`` and ``test/``
-(``val/`` doubling as the test split when there is no ``test/``).
+(``val/`` doubling as the test split when there is no ``test/``), or without ``train/`` are split
+like digits.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from .arrays import ArrayDataset, convert_array_channels, convert_stats, resize_images, stratified_split
 from .batch_transforms import build_batch_transform
@@ -188,7 +190,10 @@ def _build_shapes(cfg: DataConfig) -> DatasetBundle:
 
 
 def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
-    classes, scanned = scan_image_folder(Path(cfg.root), cfg.verify_images, cfg.skip_corrupt)
+    classes, scanned = scan_image_folder(
+        Path(cfg.root), cfg.verify_images, cfg.skip_corrupt, fractions=(cfg.val_fraction, cfg.test_fraction),
+        seed=cfg.seed, min_classes=2 if cfg.require_classes else 1,
+    )
     info = data_info(cfg, classes, IMAGENET_MEAN, IMAGENET_STD)
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
     transforms = {"train": train_tf, "val": eval_tf, "test": eval_tf}
@@ -197,6 +202,20 @@ def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
         for split, part in scanned.items()
     }
     return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info)
+
+
+def unaugmented(dataset: Dataset, like: Dataset) -> Dataset:
+    """``dataset``'s images and labels through ``like``'s (evaluation) transform: the training
+    split as a labelled memory bank for k-NN or a linear probe, without its augmentation.
+
+    Raises:
+        TypeError: a dataset that is neither in memory (:class:`ArrayDataset`) nor a folder's files.
+    """
+    if isinstance(dataset, ArrayDataset) and isinstance(like, ArrayDataset):
+        return ArrayDataset(dataset.images, dataset.labels, like.transform, like.batch_transform)
+    if isinstance(dataset, ImageFolderDataset) and isinstance(like, ImageFolderDataset):
+        return ImageFolderDataset(dataset.files, list(dataset.labels), like.transform, dataset.in_chans)
+    raise TypeError(f"cannot re-transform a {type(dataset).__name__} like a {type(like).__name__}.")
 
 
 _BUILDERS: dict[str, Callable[[DataConfig], DatasetBundle]] = {

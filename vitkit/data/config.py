@@ -145,18 +145,24 @@ class DataConfig(Config):
         root: folder holding the dataset (CIFAR: ``cifar-10-batches-py`` / ``cifar-100-python``
             inside it; (Fashion-)MNIST: the four IDX ``.gz`` files, directly or in
             ``FashionMNIST/raw`` / ``MNIST/raw`` as torchvision downloads them; imagefolder: ``train/<class>/*``, ``val/<class>/*`` and optionally
-            ``test/<class>/*``). Digits and shapes need none.
+            ``test/<class>/*``, or class folders ``<class>/*``, or images alone, split by the
+            fractions). Digits and shapes need none.
         download: download CIFAR or (Fashion-)MNIST into ``root`` when its files are absent.
         img_size: output image size, int or (H, W); ``None``: dataset default.
         in_chans: 1 (grayscale) or 3 (RGB) output channels; ``None``: dataset default (digits 1;
             an image folder's training run reads it from the images, see :func:`~vitkit.data.settle_unset`).
         num_workers: DataLoader worker processes.
-        val_fraction: share of the training set held out for validation (CIFAR, MNIST, digits, shapes).
-        test_fraction: share held out for testing (digits, shapes; CIFAR and MNIST have official test sets).
+        val_fraction: share of the training set held out for validation (CIFAR, MNIST, digits, shapes,
+            an image folder without ``train/``).
+        test_fraction: share held out for testing (digits, shapes, an image folder without
+            ``train/``; CIFAR and MNIST have official test sets).
         seed: seed of the splits and of the generated shapes.
         skip_corrupt: imagefolder: skip unreadable images (logged, counted) instead of raising.
         verify_images: imagefolder: decode every file once when building (at 1/8 scale for JPEG),
             so unreadable files are found up front; otherwise they raise when loaded.
+        require_classes: imagefolder: refuse fewer than two classes (a classifier learns nothing
+            from one); ``false`` for pre-training, which ignores labels, so that a flat folder of
+            images (one class) trains.
         mean: per-channel normalisation mean; ``None``: the dataset's statistics.
         std: per-channel normalisation std; ``None``: the dataset's statistics.
         crop_pct: eval transform resizes the shorter side to ``img_size / crop_pct`` then
@@ -190,6 +196,7 @@ class DataConfig(Config):
     seed: int = field(default=0, metadata=bounds(ge=0, le=2**32 - 1))
     skip_corrupt: bool = False
     verify_images: bool = True
+    require_classes: bool = True
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = field(default=None, metadata=bounds(gt=0))
     crop_pct: float | None = field(default=None, metadata=bounds(gt=0, le=1))

@@ -1,5 +1,9 @@
-"""ImageNet-style folders: ``root/train/<class>/*``, ``root/val/<class>/*`` and optionally
-``root/test/<class>/*`` (Imagenette and other ImageNet subsets).
+"""Folders of images: ImageNet-style ``root/train/<class>/*``, ``root/val/<class>/*`` and optionally
+``root/test/<class>/*`` (Imagenette and other ImageNet subsets); or, without ``root/train``, class
+folders ``root/<class>/*`` or a flat folder of images (``root/*``, subfolders included: one class,
+:data:`UNLABELLED`), split into train, val and test by ``data.val_fraction`` and ``data.test_fraction``
+(stratified, by ``data.seed``). A flat folder or a single class serves pre-training, whose labels
+are unused (``data.require_classes: false``).
 
 Unreadable files are found when the dataset is built (one fast decode pass, see
 :func:`~vitkit.data.images.check_image`) and raise :class:`ImageReadError` naming them, or
@@ -25,12 +29,17 @@ from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..errors import VitkitError
-from .arrays import Transform
+from .arrays import Transform, stratified_split
 from .images import ImageReadError, check_image, files_under, load_image
 
 log = logging.getLogger(__name__)
 
-LAYOUT = "root/train/<class>/<image>, root/val/<class>/<image> and optionally root/test/<class>/<image>"
+LAYOUT = (
+    "root/train/<class>/<image>, root/val/<class>/<image> and optionally root/test/<class>/<image>; or root/<class>/<image> "
+    "(split by data.val_fraction and data.test_fraction)"
+)
+#: The class of every image of a flat folder (no class folders): labels a pre-training run does not use.
+UNLABELLED = "images"
 
 #: Class names quoted in a message before the rest are only counted.
 _NAMES_SHOWN = 8
@@ -104,28 +113,30 @@ def image_files(folder: Path) -> list[Path]:
 
 
 def scan_image_folder(
-    root: Path, verify: bool = True, skip_corrupt: bool = False
+    root: Path, verify: bool = True, skip_corrupt: bool = False, *, fractions: tuple[float, float] = (0.1, 0.2),
+    seed: int = 0, min_classes: int = 2,
 ) -> tuple[list[str], dict[str, SplitFiles]]:
-    """The classes (``root/train``'s folders) and the files of ``train``, ``val`` and ``test``
-    (when present), checked before training.
+    """The classes (``root/train``'s folders, else ``root``'s, else :data:`UNLABELLED`) and the
+    files of ``train``, ``val`` and ``test`` (when present), checked before training.
 
     Args:
         root: the dataset folder (see :data:`LAYOUT`).
         verify: decode every file once (see :func:`drop_unreadable`).
         skip_corrupt: drop unreadable files instead of raising.
+        fractions: the shares of val and test of a folder without ``train/`` (:func:`split_folder`).
+        seed: the seed of that split.
+        min_classes: classes required (2 for a classifier; 1 for pre-training, which ignores labels).
 
     Raises:
-        ImageFolderError: fewer than two classes, a training class without readable images, or
-            a val/test class folder that training lacks.
+        ImageFolderError: fewer than ``min_classes`` classes, a training class without readable
+            images, or a val/test class folder that training lacks.
         FileNotFoundError: a split is missing or holds no images.
         ImageReadError: an unreadable file (unless ``skip_corrupt``).
     """
+    if not (root / "train").is_dir():
+        return split_folder(root, verify, skip_corrupt, fractions=fractions, seed=seed, min_classes=min_classes)
     classes = find_classes(root / "train")
-    if len(classes) < 2:
-        raise ImageFolderError(
-            f"{root / 'train'} has a single class folder, {classes[0]!r}; a classifier needs at least two "
-            f"(with one it is right every time and learns nothing). Add class folders as {LAYOUT}."
-        )
+    check_class_count(root / "train", classes, min_classes)
     splits: dict[str, SplitFiles] = {}
     for split in ("train", "val", "test"):
         if split == "test" and not (root / split).is_dir():
@@ -136,6 +147,53 @@ def scan_image_folder(
             files, labels, skipped = drop_unreadable(files, labels, skip_corrupt)
         check_classes_covered(root / split, classes, labels, required=split == "train")
         splits[split] = SplitFiles(files, labels, skipped)
+    return classes, splits
+
+
+def check_class_count(folder: Path, classes: Sequence[str], min_classes: int) -> None:
+    """Refuse fewer than ``min_classes`` classes (:class:`ImageFolderError`)."""
+    if len(classes) >= min_classes:
+        return
+    what = "images but no class folders" if classes == [UNLABELLED] else f"a single class folder, {classes[0]!r}"
+    raise ImageFolderError(
+        f"{folder} has {what}; a classifier needs at least two (with one it is right every time and learns nothing). "
+        f"Add class folders as {LAYOUT}; to pre-train on the images without labels, set data.require_classes=false."
+    )
+
+
+def split_folder(
+    root: Path, verify: bool, skip_corrupt: bool, *, fractions: tuple[float, float], seed: int, min_classes: int
+) -> tuple[list[str], dict[str, SplitFiles]]:
+    """A folder without ``train/``: class folders ``root/<class>/*`` when ``root`` holds no image
+    itself, else every image under it as the one class :data:`UNLABELLED`; split into train, val
+    and test by ``fractions`` (val, test), class by class, by ``seed``."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} does not exist; an image folder dataset is laid out as {LAYOUT}.")
+    loose = [p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS]
+    if loose:
+        classes, files = [UNLABELLED], image_files(root)
+        labels = [0] * len(files)
+    else:
+        classes = find_classes(root)
+        files, labels = scan_split(root, classes)
+    if not files:
+        raise FileNotFoundError(f"{root} holds no images with extensions {', '.join(IMG_EXTENSIONS)}; expected {LAYOUT}.")
+    check_class_count(root, classes, min_classes)
+    skipped: list[Path] = []
+    if verify:
+        files, labels, skipped = drop_unreadable(files, labels, skip_corrupt)
+    parts = stratified_split(np.asarray(labels, dtype=np.int64), fractions, seed)
+    splits = {
+        split: SplitFiles([files[i] for i in index], [labels[i] for i in index], skipped if split == "train" else [])
+        for split, index in zip(("train", "val", "test"), parts)
+    }
+    for split, part in splits.items():
+        if not part.files:
+            raise ImageFolderError(
+                f"{root} holds {len(files)} images, too few to give the {split} split one at data.val_fraction="
+                f"{fractions[0]:g} and data.test_fraction={fractions[1]:g}; add images or raise the fraction."
+            )
+    check_classes_covered(root, classes, splits["train"].labels, required=True)
     return classes, splits
 
 

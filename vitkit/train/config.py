@@ -381,7 +381,7 @@ class OutputConfig(Config):
     dir: str = "runs"
 
 
-TaskName = Literal["classify", "dino"]
+TaskName = Literal["classify", "dino", "mae"]
 
 
 @dataclass
@@ -433,23 +433,72 @@ class DinoConfig(Config):
 
 
 @dataclass
+class MaeConfig(Config):
+    """Masked-autoencoder pre-training (He et al. 2021, arXiv 2111.06377; :mod:`vitkit.tasks.mae`).
+
+    Attributes:
+        mask_ratio: share of each image's patches hidden from the encoder (the paper's 0.75).
+        decoder_depth: blocks of the decoder (the paper's 8 for ViT-L; a light one suffices).
+        decoder_dim: width of the decoder's tokens (divisible by 4 and by ``decoder_heads``).
+        decoder_heads: attention heads of the decoder.
+        norm_pix_loss: predict each patch's pixels normalised by its own mean and variance.
+    """
+
+    mask_ratio: float = field(default=0.75, metadata=bounds(gt=0, lt=1))
+    decoder_depth: int = field(default=2, metadata=bounds(ge=1, le=MAX_DEPTH))
+    decoder_dim: int = field(default=128, metadata=bounds(ge=4, le=65536))
+    decoder_heads: int = field(default=4, metadata=bounds(ge=1, le=4096))
+    norm_pix_loss: bool = True
+
+    def validate(self) -> None:
+        """A width the heads and the sin-cos embedding divide."""
+        if self.decoder_dim % 4 or self.decoder_dim % self.decoder_heads:
+            raise FieldError(
+                "decoder_dim", f"must be divisible by 4 (its sin-cos position embedding) and by decoder_heads "
+                f"({self.decoder_heads}), got {self.decoder_dim}."
+            )
+
+
+@dataclass
 class TaskConfig(Config):
     """The training objective (:mod:`vitkit.tasks`).
 
     Attributes:
         name: ``classify``: supervised classification on the data's labels (with the ``optim``
             section's Mixup, CutMix and label smoothing and the ``distill`` section's teacher);
-            ``dino``: DINO self-distillation of a headless encoder, labels unused (``dino``).
+            ``dino``: DINO self-distillation of a headless encoder, labels unused (``dino``);
+            ``mae``: masked-autoencoder pre-training of a headless encoder, labels unused (``mae``).
         dino: the ``dino`` task's options (:class:`DinoConfig`).
+        mae: the ``mae`` task's options (:class:`MaeConfig`).
+        knn_every: a pre-training task also measures the weighted k-NN accuracy of the encoder's
+            features (:mod:`vitkit.train.pretraining`) every this many epochs (``null``: at the end only).
+        linear_probe: a pre-training task also fits a linear classifier on the encoder's frozen
+            features at the end (``summary.json``'s ``linear_probe_acc1``; seconds, labels used for it only).
     """
 
     name: TaskName = "classify"
     dino: DinoConfig = field(default_factory=DinoConfig)
+    mae: MaeConfig = field(default_factory=MaeConfig)
+    knn_every: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_EPOCHS))
+    linear_probe: bool = False
 
     @property
     def pretrains(self) -> bool:
         """Whether the task learns without labels (its model is a headless encoder)."""
         return self.name != "classify"
+
+
+def classification_options(config: RecipeConfig) -> list[str]:
+    """The options ``config`` sets that only a classification task uses (``optim.mixup=0.8``, ...)."""
+    optim, trainer, model = config.optim, config.trainer, config.model
+    found = [f"optim.{key}={getattr(optim, key):g}" for key in ("mixup", "cutmix", "label_smoothing") if getattr(optim, key) > 0]
+    found += [f"distill.type={config.distill.type}"] if config.distill.type != "none" else []
+    found += [f"trainer.{key}={getattr(trainer, key)}" for key in ("tta", "val_tta") if getattr(trainer, key) not in (None, "none")]
+    found += [f"trainer.monitor={trainer.monitor} (use val/loss)"] if trainer.monitor != "val/loss" else []
+    found += [f"model.reset_head={model.reset_head}"] if model.reset_head is not None else []
+    found += ["model.lora"] if model.lora is not None else []
+    found += [f"model.freeze={model.freeze}"] if model.freeze != "none" else []
+    return found
 
 
 @dataclass
@@ -486,21 +535,26 @@ class RecipeConfig(Config):
                 "unsharded copy of the model on every rank, which FSDP is there to avoid; train with "
                 "trainer.strategy=ddp to keep the EMA, or set optim.ema=false.",
             )
-        if self.task.name == "dino":
-            self._check_dino()
+        if self.task.pretrains:
+            self._check_pretraining()
 
-    def _check_dino(self) -> None:
-        """DINO sets no classification option, and needs what its teacher and crops rely on.
+    def _check_pretraining(self) -> None:
+        """A pre-training task sets no classification option, and MAE runs on vitkit's own model.
 
         Raises:
-            FieldError: one line naming the options to change.
+            FieldError: one line naming every such option.
         """
-        found = dino_conflicts(self)
+        found = dino_conflicts(self) if self.task.name == "dino" else classification_options(self)
         if found:
             raise FieldError(
-                "task.name", f"is 'dino', which pre-trains without labels, but the recipe sets {', '.join(found)}; "
-                "remove them (classification options apply when fine-tuning the encoder) or start from "
-                "recipes/dino_fashion_mnist.yaml."
+                "task.name", f"is {self.task.name!r}, which pre-trains without labels, but the recipe sets "
+                f"classification options: {', '.join(found)}; remove them (they apply when fine-tuning the encoder) or "
+                f"start from a pre-training recipe (recipes/{self.task.name}_fashion_mnist.yaml)."
+            )
+        if self.task.name == "mae" and self.model.impl != "vitkit":
+            raise FieldError(
+                "model.impl", f"is {self.model.impl!r}, but MAE runs the encoder on the visible patches only, which "
+                "vitkit's model does (forward_features(keep=)): set model.impl=vitkit."
             )
 
     def _check_tta_was_trained(self, key: str, tta: TestTimeAugmentation | None) -> None:
@@ -544,13 +598,7 @@ def dino_conflicts(config: RecipeConfig) -> list[str]:
     """The options ``config`` sets that a ``dino`` task cannot take (``optim.mixup=0.8``, ...):
     classification's, and those DINO's teacher makes pointless or impossible."""
     optim, trainer, model = config.optim, config.trainer, config.model
-    found = [f"optim.{key}={getattr(optim, key):g}" for key in ("mixup", "cutmix", "label_smoothing") if getattr(optim, key) > 0]
-    found += [f"distill.type={config.distill.type}"] if config.distill.type != "none" else []
-    found += [f"trainer.{key}={getattr(trainer, key)}" for key in ("tta", "val_tta") if getattr(trainer, key) not in (None, "none")]
-    found += [f"trainer.monitor={trainer.monitor} (use val/loss)"] if trainer.monitor != "val/loss" else []
-    found += [f"model.reset_head={model.reset_head}"] if model.reset_head is not None else []
-    found += ["model.lora"] if model.lora is not None else []
-    found += [f"model.freeze={model.freeze}"] if model.freeze != "none" else []
+    found = classification_options(config)
     found += ["optim.ema=true (the teacher is the average DINO keeps and releases)"] if optim.ema else []
     found += [f"model.impl={model.impl} (DINO trains vitkit's model)"] if model.impl != "vitkit" else []
     found += ["trainer.strategy=fsdp (the teacher is not sharded)"] if trainer.strategy.startswith("fsdp") else []

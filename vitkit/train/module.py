@@ -21,7 +21,7 @@ from ..evaluation import black_level
 from ..io import FORMAT_KEY, FORMAT_VERSION
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
-from ..tasks import ClassifyTask, DinoTask, Task, build_criterion
+from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
 from .distributed import clip_grad_norm, is_sharded, load_gathered
 from .optim import build_optimizer, warmup_cosine
@@ -37,9 +37,18 @@ class NonFiniteLossError(VitkitError, RuntimeError):
 
 def build_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> Task:
     """The objective ``recipe.task`` names, configured from the recipe (``extra``: the metadata
-    exported with the model, whose normalisation gives ``'hflip_shift'``'s black border)."""
+    exported with the model, whose normalisation gives ``'hflip_shift'``'s black border).
+
+    Raises:
+        RecipeError: options the model's patch grid cannot take (a mask ratio that hides every patch).
+    """
     if recipe.task.name == DinoTask.name:
         return dino_task(recipe, vit_config, extra)
+    if recipe.task.name == MaeTask.name:
+        try:
+            return MaeTask(vit_config, **recipe.task.mae.to_dict())
+        except ValueError as error:
+            raise RecipeError(f"task.mae: {error}") from None
     optim, distill = recipe.optim, recipe.distill
     mixer, criterion = build_criterion(
         vit_config.num_classes, mixup=optim.mixup, cutmix=optim.cutmix, mixup_prob=optim.mixup_prob,

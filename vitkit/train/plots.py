@@ -1,4 +1,4 @@
-"""Figures of a run: loss/accuracy curves from ``metrics.csv`` and a confusion matrix.
+"""Figures of a run: loss/accuracy curves from ``metrics.csv``, a confusion matrix and MAE's reconstructions.
 
 Drawn on :class:`matplotlib.figure.Figure` objects, never through pyplot, so the user's backend
 and open figures are left alone.
@@ -54,6 +54,29 @@ def plot_confusion_matrix(matrix: np.ndarray, class_names: Sequence[str], path: 
         for (row, col), count in np.ndenumerate(matrix):
             axis.text(col, row, int(count), ha="center", va="center", fontsize=7,
                       color="white" if count > threshold else "black")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def plot_reconstructions(rows: dict[str, Sequence[np.ndarray]], path: str | Path) -> Path:
+    """A grid of images, one row per entry of ``rows`` (its name on the left), one column per
+    image: ``[H, W, 3]`` float RGB arrays in ``[0, 1]``. MAE's figure (the paper's Figure 2) has
+    the masked input, the reconstruction and the original of a few test images."""
+    names = list(rows)
+    columns = max(len(images) for images in rows.values())
+    fig = Figure(figsize=(1.3 * columns + 1.2, 1.3 * len(names)))
+    axes = np.asarray(fig.subplots(len(names), columns, squeeze=False))
+    for row, name in enumerate(names):
+        for col in range(columns):
+            axis = axes[row, col]
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if col < len(rows[name]):
+                axis.imshow(np.clip(rows[name][col], 0.0, 1.0), interpolation="nearest")
+            else:
+                axis.set_axis_off()
+        axes[row, 0].set_ylabel(name, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return Path(path)

@@ -68,6 +68,7 @@ from .kernel_trial import TrainingKernelChooser
 from .model_builder import build_model, load_starting_weights, pretrained_data
 from .module import NonFiniteLossError, ViTModule
 from .plots import plot_curves
+from .pretraining import finetune_command, pretraining_callbacks, pretraining_summary
 from .schema import RecipeError
 from .threads import other_load, thread_advice, usable_cores
 
@@ -241,8 +242,10 @@ def _fit(
     kernels = TrainingKernelChooser(pin="sdpa" if config.trainer.deterministic else None)
     ctrl_c = CtrlCStops()
     bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
+    pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
     trainer = build_trainer(
-        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *bar, *callbacks], model=module.model
+        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *bar, *pretraining, *callbacks],
+        model=module.model,
     )
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
@@ -293,7 +296,10 @@ def _fit(
         # what attn_impl="auto" chose: on the run's own training steps, and by synthetic measurement elsewhere
         "attention_kernels": {"training_steps": kernels.report(), "synthetic": autotune_report()},
         **teacher_report,
+        **pretraining_summary(pretraining),
     }
+    if config.task.pretrains:
+        summary["finetune_command"] = finetune_command(config, run_dir / "model.safetensors")
     if trainer.is_global_zero:
         save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
         plot_curves(merge_metrics(run_dir), run_dir / "curves.png")

@@ -1,0 +1,201 @@
+"""MAE (``vitkit.tasks.mae``): masking and loss as facebookresearch/mae computes them (their
+``random_masking``, ``patchify`` and ``forward_loss`` written out below from ``models_mae.py``),
+the loss on masked patches only, the encoder on the visible patches, and pixel targets in the
+model's own patch order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.tasks.mae import MaeTask, masked_patch_loss, patchify, pixel_targets, random_masking
+
+
+# --- facebookresearch/mae, models_mae.py (MaskedAutoencoderViT), with the noise passed in -------------
+def mae_random_masking(x: torch.Tensor, mask_ratio: float, noise: torch.Tensor):
+    N, L, D = x.shape  # noqa: N806 - MAE's names
+    len_keep = int(L * (1 - mask_ratio))
+    ids_shuffle = torch.argsort(noise, dim=1)
+    ids_restore = torch.argsort(ids_shuffle, dim=1)
+    ids_keep = ids_shuffle[:, :len_keep]
+    x_masked = torch.gather(x, dim=1, index=ids_keep.unsqueeze(-1).repeat(1, 1, D))
+    mask = torch.ones([N, L], device=x.device)
+    mask[:, :len_keep] = 0
+    mask = torch.gather(mask, dim=1, index=ids_restore)
+    return x_masked, mask, ids_restore, ids_keep
+
+
+def mae_patchify(imgs: torch.Tensor, p: int) -> torch.Tensor:
+    h = w = imgs.shape[2] // p
+    c = imgs.shape[1]
+    x = imgs.reshape(shape=(imgs.shape[0], c, h, p, w, p))
+    x = torch.einsum("nchpwq->nhwpqc", x)
+    return x.reshape(shape=(imgs.shape[0], h * w, p**2 * c))
+
+
+def mae_forward_loss(imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor, p: int, norm_pix_loss: bool):
+    target = mae_patchify(imgs, p)
+    if norm_pix_loss:
+        mean = target.mean(dim=-1, keepdim=True)
+        var = target.var(dim=-1, keepdim=True)
+        target = (target - mean) / (var + 1.e-6) ** .5
+    loss = (pred - target) ** 2
+    loss = loss.mean(dim=-1)
+    loss = (loss * mask).sum() / mask.sum()
+    return loss
+# ------------------------------------------------------------------------------------------------------
+
+
+def encoder(**changes: object) -> VisionTransformer:
+    fields = dict(img_size=8, patch_size=2, in_chans=3, num_classes=0, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
+    return VisionTransformer(ViTConfig(**{**fields, **changes})).eval()
+
+
+def small_task(model: VisionTransformer, **options: object) -> MaeTask:
+    return MaeTask(model.config, **{"decoder_depth": 1, "decoder_dim": 16, "decoder_heads": 2, **options})
+
+
+@pytest.mark.parametrize("ratio", [0.75, 0.5, 0.3])
+def test_masking_equals_maes_random_masking_for_the_same_noise(ratio: float) -> None:
+    noise = torch.rand(5, 49)
+    keep, mask, restore = random_masking(noise, ratio)
+    tokens = torch.randn(5, 49, 3)
+    x_masked, ref_mask, ref_restore, ref_keep = mae_random_masking(tokens, ratio, noise)
+    assert torch.equal(keep, ref_keep) and torch.equal(mask, ref_mask) and torch.equal(restore, ref_restore)
+    # the encoder's visible tokens are MAE's x_masked: vitkit's keep gathers the same rows in the same order
+    assert torch.equal(tokens.gather(1, keep.unsqueeze(-1).expand(-1, -1, 3)), x_masked)
+
+
+def test_masking_keeps_exactly_the_count_and_the_lowest_noise_positions() -> None:
+    noise = torch.rand(4, 16)
+    keep, mask, _ = random_masking(noise, 0.75)
+    assert keep.shape == (4, 4)
+    assert mask.sum(dim=1).tolist() == [12.0] * 4
+    for row in range(4):
+        lowest = set(noise[row].argsort()[:4].tolist())
+        assert set(keep[row].tolist()) == lowest  # the 4 patches of lowest noise stay
+        assert set(torch.nonzero(mask[row] == 0).flatten().tolist()) == lowest  # and only they are unmasked
+
+
+def test_the_encoder_sees_only_the_kept_patches_with_their_positions() -> None:
+    model = encoder(reg_tokens=2)
+    task = small_task(model)
+    images = torch.randn(3, 3, 8, 8)
+    noise = torch.rand(3, 16)
+    latent, mask, _ = task.encode(model, images, noise)
+    assert latent.shape == (3, model.num_prefix_tokens + 4, 32)
+    keep = random_masking(noise, 0.75)[0]
+    tokens, _ = model.embed(images)  # every token with its position embedding
+    seen, _ = model.embed(images, keep=keep)
+    prefix = model.num_prefix_tokens
+    assert torch.equal(seen[:, prefix:], tokens[:, prefix:].gather(1, keep.unsqueeze(-1).expand(-1, -1, 32)))
+
+
+@pytest.mark.parametrize("norm_pix_loss", [True, False])
+def test_the_loss_equals_maes_forward_loss(norm_pix_loss: bool) -> None:
+    model = encoder()
+    task = small_task(model, norm_pix_loss=norm_pix_loss)
+    images = torch.randn(3, 3, 8, 8)
+    noise = torch.rand(3, 16)
+    prediction, _, mask = task.reconstruct(model, images, noise)
+    reference = mae_forward_loss(images, prediction, mask, 2, norm_pix_loss)
+    assert torch.allclose(task.loss(model, images, noise), reference, rtol=1e-6, atol=0)
+
+
+def test_the_loss_counts_masked_patches_only() -> None:
+    prediction, target = torch.randn(2, 16, 12), torch.randn(2, 16, 12)
+    mask = random_masking(torch.rand(2, 16), 0.75)[1]
+    before = masked_patch_loss(prediction, target, mask)
+    visible, hidden = (torch.nonzero(mask[0] == value)[0, 0] for value in (0, 1))
+    changed = target.clone()
+    changed[0, visible] += 10.0
+    assert torch.equal(masked_patch_loss(prediction, changed, mask), before)
+    changed = target.clone()
+    changed[0, hidden] += 10.0
+    assert masked_patch_loss(prediction, changed, mask) > before + 1.0
+
+
+def test_a_visible_patchs_pixels_reach_the_loss_only_through_the_encoder() -> None:
+    """Changing a visible patch's target pixels changes nothing but what the encoder sees: with
+    the decoder's prediction held, the loss is the same."""
+    model = encoder()
+    task = small_task(model, norm_pix_loss=False)
+    images = torch.randn(1, 3, 8, 8)
+    noise = torch.rand(1, 16)
+    prediction, target, mask = task.reconstruct(model, images, noise)
+    cell = int(torch.nonzero(mask[0] == 0)[0, 0])
+    row, col = divmod(cell, 4)
+    moved = images.clone()
+    moved[:, :, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2] += 5.0
+    moved_target = pixel_targets(patchify(moved, (2, 2)), False)
+    assert not torch.equal(moved_target, target)
+    assert torch.equal(masked_patch_loss(prediction, moved_target, mask), masked_patch_loss(prediction, target, mask))
+
+
+@pytest.mark.parametrize("changes", [{}, {"reg_tokens": 2}, {"class_token": False, "global_pool": "avg"},
+                                     {"patch_embed": "conv", "patch_size": 4, "img_size": 16},
+                                     {"rope": "axial", "num_heads": 2}])
+def test_the_encoder_at_mask_ratio_0_equals_the_plain_forward(changes: dict) -> None:
+    model = encoder(**changes)
+    task = small_task(model, mask_ratio=0.0)
+    size = model.config.img_size[0]
+    images = torch.randn(2, 3, size, size)
+    latent, mask, restore = task.encode(model, images)
+    plain = model.forward_features(images)
+    prefix = model.num_prefix_tokens
+    assert mask.sum() == 0
+    unshuffled = latent[:, prefix:].gather(1, restore.unsqueeze(-1).expand(-1, -1, latent.shape[-1]))
+    assert torch.allclose(latent[:, :prefix], plain[:, :prefix], atol=1e-5)
+    assert torch.allclose(unshuffled, plain[:, prefix:], atol=1e-5)
+
+
+def test_pixel_targets_are_the_patches_the_model_embeds_in_its_order() -> None:
+    model = encoder()
+    images = torch.randn(2, 3, 8, 8)
+    patches = patchify(images, (2, 2))
+    assert torch.equal(patches, mae_patchify(images, 2))
+    # the linear patch embedding is a Linear over exactly these vectors, token by token
+    assert torch.allclose(model.patch_embed.proj(patches), model.patch_embed(images), atol=1e-6)
+
+
+def test_a_conv_stem_predicts_pixel_patches_of_the_img_size_over_patch_size_grid() -> None:
+    model = encoder(patch_embed="conv", patch_size=4, img_size=16, in_chans=1, reg_tokens=1)
+    task = small_task(model)
+    images = torch.randn(2, 1, 16, 16)
+    prediction, target, mask = task.reconstruct(model, images)
+    assert task.grid == (4, 4)
+    assert prediction.shape == target.shape == (2, 16, 16) and mask.shape == (2, 16)
+    assert torch.equal(patchify(images, (4, 4))[:, 5], images[:, 0, 4:8, 4:8].reshape(2, 16))
+
+
+def test_the_loss_trains_encoder_and_decoder_and_the_decoder_is_the_tasks_own() -> None:
+    model = encoder().train()
+    task = small_task(model)
+    task.loss(model, torch.randn(4, 3, 8, 8)).backward()
+    assert model.patch_embed.proj.weight.grad is not None and model.patch_embed.proj.weight.grad.abs().sum() > 0
+    assert task.decoder.mask_token.grad.abs().sum() > 0
+    assert "decoder.mask_token" in task.state_dict() and "decoder.pos_embed" not in task.state_dict()
+
+
+def test_evaluation_uses_the_same_masks_every_time() -> None:
+    model = encoder()
+    task = small_task(model)
+    batch = (torch.randn(4, 3, 8, 8), torch.zeros(4))
+    assert torch.equal(task.evaluation_step(model, batch, "val").loss, task.evaluation_step(model, batch, "val").loss)
+
+
+def test_figure_rows_put_the_input_where_visible() -> None:
+    model = encoder()
+    task = small_task(model)
+    images = torch.randn(2, 3, 8, 8)
+    rows = task.figure_rows(model, images)
+    assert set(rows) == {"masked", "reconstruction", "original"}
+    visible = rows["masked"] != 0
+    assert torch.equal(rows["reconstruction"][visible], images[visible])
+    assert (rows["masked"] == 0).float().mean().item() == pytest.approx(0.75)
+
+
+def test_a_ratio_that_leaves_no_patch_visible_is_refused() -> None:
+    with pytest.raises(ValueError, match="no visible patch"):
+        MaeTask(encoder().config, mask_ratio=0.95)

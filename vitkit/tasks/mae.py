@@ -1,0 +1,236 @@
+"""Masked autoencoders (``task.name: mae``; He et al. 2021, https://arxiv.org/abs/2111.06377).
+
+Each image loses a random ``mask_ratio`` of its patches; the encoder (the model being trained) runs
+on the visible patches only, through :meth:`~vitkit.models.VisionTransformer.forward_features`'s
+``keep`` (the position embedding is added before the patches are dropped, and their positions go
+with them). A light decoder of the task's own, built from :class:`~vitkit.layers.EncoderBlock`\\ s,
+puts a shared mask token in every dropped place, adds a fixed 2-D sin-cos position embedding and
+predicts each patch's pixels. The loss is the mean squared error over the masked patches only,
+optionally against per-patch normalised pixels (``norm_pix_loss``, the paper's default).
+
+:func:`random_masking` and :func:`masked_patch_loss` are facebookresearch/mae's ``random_masking``
+and ``forward_loss`` (``models_mae.py``): the same noise keeps the same patches, in the same
+shuffled order, and gives the same loss. :func:`patchify` orders each patch's pixels as
+``(p1 p2 c)``, MAE's ``patchify`` and vitkit's :class:`~vitkit.layers.PatchEmbed`. A convolutional
+stem (``patch_embed: conv``) makes the same ``img_size / patch_size`` grid, so its targets are the
+same pixel patches. Prefix tokens (class token, registers) are always visible, and pass through the
+decoder (with a zero position, as MAE's class token) without being predicted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from ..layers import EncoderBlock, sincos_2d_pos_embed
+from ..models import ViTConfig
+from .base import StepOutput, Task
+
+Batch = tuple[torch.Tensor, Any]
+#: Seed of the masks of validation and test batches: the same masks every epoch, so losses compare.
+EVAL_MASK_SEED = 0
+
+
+def kept_count(num_patches: int, mask_ratio: float) -> int:
+    """Visible patches of an image: ``int(num_patches * (1 - mask_ratio))``, as MAE rounds."""
+    return int(num_patches * (1 - mask_ratio))
+
+
+def random_masking(noise: torch.Tensor, mask_ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MAE's per-image random masking, driven by ``noise``: the patches of lowest noise stay.
+
+    Args:
+        noise: ``[B, L]`` one value per patch (``torch.rand``); ascending order decides.
+        mask_ratio: share of the patches to drop.
+
+    Returns:
+        ``keep`` ``[B, k]`` the visible patches' indices in shuffled order (the order the encoder
+        sees them), ``mask`` ``[B, L]`` 1 for a dropped patch and 0 for a visible one (grid order),
+        and ``restore`` ``[B, L]``, which puts the shuffled sequence back in grid order.
+    """
+    batch, length = noise.shape
+    shuffle = torch.argsort(noise, dim=1)
+    restore = torch.argsort(shuffle, dim=1)
+    count = kept_count(length, mask_ratio)
+    mask = torch.ones(batch, length, device=noise.device)
+    mask[:, :count] = 0
+    return shuffle[:, :count], torch.gather(mask, 1, restore), restore
+
+
+def patchify(images: torch.Tensor, patch_size: tuple[int, int]) -> torch.Tensor:
+    """``[B, C, H, W]`` to ``[B, (H/p1)(W/p2), p1*p2*C]`` pixel patches, row-major, each ``(p1 p2 c)``."""
+    p1, p2 = patch_size
+    return rearrange(images, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p1, p2=p2)
+
+
+def unpatchify(patches: torch.Tensor, patch_size: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
+    """The inverse of :func:`patchify`: ``[B, gh*gw, p1*p2*C]`` to ``[B, C, gh*p1, gw*p2]``."""
+    p1, p2 = patch_size
+    return rearrange(patches, "b (h w) (p1 p2 c) -> b c (h p1) (w p2)", h=grid[0], w=grid[1], p1=p1, p2=p2)
+
+
+def pixel_targets(patches: torch.Tensor, norm_pix_loss: bool) -> torch.Tensor:
+    """What the decoder predicts: the patches' pixels, or each patch normalised by its own mean
+    and (unbiased) variance, as MAE's ``norm_pix_loss``."""
+    if not norm_pix_loss:
+        return patches
+    mean = patches.mean(dim=-1, keepdim=True)
+    var = patches.var(dim=-1, keepdim=True)
+    return (patches - mean) / (var + 1.0e-6) ** 0.5
+
+
+def masked_patch_loss(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MAE's loss: the squared error averaged over each patch's pixels, then over the masked
+    patches (``mask`` 1) only. ``prediction`` and ``target`` ``[B, L, P]``, ``mask`` ``[B, L]``."""
+    loss = (prediction - target).pow(2).mean(dim=-1)
+    return (loss * mask).sum() / mask.sum()
+
+
+class MaeDecoder(nn.Module):
+    """MAE's decoder: encoder tokens to per-patch pixel predictions.
+
+    Args:
+        encoder_dim: width of the encoder's tokens.
+        grid: the patch grid ``(gh, gw)``.
+        num_prefix: the encoder's prefix tokens (class token, registers), passed through.
+        patch_pixels: pixels a patch predicts, ``p1 * p2 * C``.
+        dim, depth, num_heads: the decoder's width, blocks and heads (``dim`` divisible by 4 for
+            the sin-cos embedding).
+        mlp_ratio: its blocks' MLP width over ``dim``.
+    """
+
+    def __init__(
+        self, encoder_dim: int, grid: tuple[int, int], num_prefix: int, patch_pixels: int, *, dim: int, depth: int,
+        num_heads: int, mlp_ratio: float = 4.0,
+    ) -> None:
+        super().__init__()
+        self.grid = grid
+        self.num_prefix = num_prefix
+        self.embed = nn.Linear(encoder_dim, dim)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
+        table = torch.cat([torch.zeros(num_prefix, dim), sincos_2d_pos_embed(dim, grid)]).unsqueeze(0)
+        self.register_buffer("pos_embed", table, persistent=False)  # fixed: rebuilt, never saved
+        self.blocks = nn.ModuleList(EncoderBlock(dim, num_heads, mlp_ratio=mlp_ratio, norm_eps=1e-6) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pred = nn.Linear(dim, patch_pixels)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """MAE's init: Xavier-uniform Linears with zero biases, unit LayerNorms, the mask token N(0, 0.02)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        nn.init.normal_(self.mask_token, std=0.02)
+
+    def forward(self, latent: torch.Tensor, restore: torch.Tensor) -> torch.Tensor:
+        """Predict every patch from the encoder's ``[B, prefix + k, D]`` tokens (visible patches in
+        shuffled order) and ``restore`` ``[B, L]`` (:func:`random_masking`): ``[B, L, P]`` in grid order."""
+        x = self.embed(latent)
+        prefix, visible = x[:, : self.num_prefix], x[:, self.num_prefix :]
+        length = restore.shape[1]
+        filled = torch.cat([visible, self.mask_token.expand(x.shape[0], length - visible.shape[1], -1)], dim=1)
+        filled = filled.gather(1, restore.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        x = torch.cat([prefix, filled], dim=1) + self.pos_embed.to(x.dtype)
+        for block in self.blocks:
+            x = block(x)
+        return self.pred(self.norm(x))[:, self.num_prefix :]
+
+
+class MaeTask(Task):
+    """MAE pre-training of a headless encoder on ``(images [B, C, H, W], anything)`` batches (the
+    labels are ignored). The decoder is the task's child: it trains and is checkpointed with the
+    model, and is never exported.
+
+    Args:
+        config: the encoder's :class:`~vitkit.models.ViTConfig` (patch grid, width, prefix tokens).
+        mask_ratio: share of each image's patches hidden from the encoder, in ``(0, 1)``.
+        decoder_depth, decoder_dim, decoder_heads: the decoder's size.
+        norm_pix_loss: predict per-patch normalised pixels (MAE's default for its best results).
+
+    Raises:
+        ValueError: a ratio that leaves no visible patch on this grid, or a decoder width the
+            heads or the sin-cos embedding cannot split.
+    """
+
+    name: ClassVar[str] = "mae"
+    progress_metric: ClassVar[str] = "loss"
+
+    def __init__(
+        self, config: ViTConfig, *, mask_ratio: float = 0.75, decoder_depth: int = 2, decoder_dim: int = 128,
+        decoder_heads: int = 4, norm_pix_loss: bool = True,
+    ) -> None:
+        super().__init__()
+        if not 0 <= mask_ratio < 1 or kept_count(config.num_patches, mask_ratio) < 1:
+            raise ValueError(
+                f"mask_ratio {mask_ratio:g} leaves no visible patch of the {config.num_patches} of each image; lower it."
+            )
+        if decoder_dim % 4 or decoder_dim % decoder_heads:
+            raise ValueError(
+                f"decoder_dim {decoder_dim} must be divisible by 4 (its sin-cos position embedding) and by "
+                f"decoder_heads ({decoder_heads})."
+            )
+        self.mask_ratio = mask_ratio
+        self.norm_pix_loss = norm_pix_loss
+        self.patch_size: tuple[int, int] = tuple(config.patch_size)
+        self.grid: tuple[int, int] = config.grid_size
+        self.decoder = MaeDecoder(
+            config.embed_dim, self.grid, config.num_prefix_tokens, self.patch_size[0] * self.patch_size[1] * config.in_chans,
+            dim=decoder_dim, depth=decoder_depth, num_heads=decoder_heads,
+        )
+
+    def encode(
+        self, model: nn.Module, images: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The encoder on the visible patches: its ``[B, prefix + k, D]`` tokens, ``mask`` and
+        ``restore`` (:func:`random_masking` of ``noise``, by default ``torch.rand``)."""
+        if noise is None:
+            noise = torch.rand(images.shape[0], self.grid[0] * self.grid[1], device=images.device)
+        keep, mask, restore = random_masking(noise, self.mask_ratio)
+        return model.forward_features(images, keep=keep), mask, restore
+
+    def reconstruct(
+        self, model: nn.Module, images: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoder's ``[B, L, P]`` prediction, the ``[B, L, P]`` target and the ``[B, L]`` mask."""
+        latent, mask, restore = self.encode(model, images, noise)
+        prediction = self.decoder(latent, restore)
+        return prediction, pixel_targets(patchify(images, self.patch_size), self.norm_pix_loss), mask
+
+    def loss(self, model: nn.Module, images: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The masked-patch loss of ``images`` (:func:`masked_patch_loss`)."""
+        prediction, target, mask = self.reconstruct(model, images, noise)
+        return masked_patch_loss(prediction.float(), target.float(), mask)
+
+    def training_step(self, model: nn.Module, batch: Batch) -> StepOutput:
+        images = batch[0]
+        return StepOutput(self.loss(model, images), len(images))
+
+    def evaluation_step(self, model: nn.Module, batch: Batch, stage: str) -> StepOutput:
+        images = batch[0]
+        generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
+        noise = torch.rand(images.shape[0], self.grid[0] * self.grid[1], generator=generator).to(images.device)
+        return StepOutput(self.loss(model, images, noise), len(images))
+
+    @torch.no_grad()
+    def figure_rows(self, model: nn.Module, images: torch.Tensor, seed: int = 0) -> dict[str, torch.Tensor]:
+        """What the paper's Figure 2 shows, as ``[B, C, H, W]`` images in the input's scale: the
+        ``masked`` input (hidden patches zero), the ``reconstruction`` (the prediction in hidden
+        places, the input where visible; de-normalised per patch with ``norm_pix_loss``) and the
+        ``original``."""
+        generator = torch.Generator().manual_seed(seed)
+        noise = torch.rand(images.shape[0], self.grid[0] * self.grid[1], generator=generator).to(images.device)
+        prediction, _, mask = self.reconstruct(model, images, noise)
+        patches = patchify(images, self.patch_size)
+        if self.norm_pix_loss:  # back to pixels with each patch's own statistics, as MAE's visualisation
+            prediction = prediction * (patches.var(dim=-1, keepdim=True) + 1.0e-6) ** 0.5 + patches.mean(dim=-1, keepdim=True)
+        hidden = mask.unsqueeze(-1).to(patches.dtype)
+        rows = {"masked": patches * (1 - hidden), "reconstruction": patches * (1 - hidden) + prediction.to(patches.dtype) * hidden}
+        return {**{k: unpatchify(v, self.patch_size, self.grid) for k, v in rows.items()}, "original": images}
