@@ -121,7 +121,7 @@ def check_output_dir(
                 f"--out {folder} already holds {', '.join(found)}, not written by {tool} (or by an older vitkit); "
                 "choose another folder, or move those files first."
             )
-    inside = next((source for source in inputs if Path(source).resolve().parent == folder.resolve()), None)
+    inside = next((source for source in inputs if Path(source).is_file() and Path(source).resolve().parent == folder.resolve()), None)
     if inside is not None:
         raise OutputDirError(
             f"--out {folder} holds this command's input {inside}, which its results could replace; choose another "

@@ -74,7 +74,7 @@ def test_a_pretraining_run_resumes_with_its_decoder(tmp_path: Path) -> None:
     (["trainer.monitor=val/acc1"], "trainer.monitor=val/acc1 (use val/loss)"),
     (["distill.type=hard", "distill.teacher.model=resnet18"], "distill.type=hard"),
     (["model.lora={rank: 4}"], "model.lora"),
-    (["model.freeze=backbone"], "model.freeze=backbone"),
+    (["model.freeze=backbone"], "model.freeze"),
     (["model.reset_head=true", "model.pretrained=PRETRAINED"], "model.reset_head=True"),
     (["model.impl=timm"], "set model.impl=vitkit"),
     (["task.mae.mask_ratio=0.99"], "leaves no visible patch"),

@@ -144,8 +144,11 @@ def train(
         rank_zero_info(note)
     config = settle_pretrained_path(config)
     weights = load_starting_weights(config.model, resume)
+    filled: set[str] = set()  # data keys left unset by the recipe and filled from the weights
     if weights is not None:
         data, note = pretrained_data(config.data, weights)
+        filled = {f"data.{key}" for key in ("mean", "std", "interpolation")
+                  if getattr(config.data, key) is None and getattr(data, key) is not None}
         config = dataclasses.replace(config, data=data)  # the run's config.yaml records what was used
         rank_zero_info(note)
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
@@ -160,7 +163,7 @@ def train(
     datamodule.training_data = module.task.training_data  # DINO's crops
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name)
-        check_recipe_unchanged(config, adopted_run_dir(resume))
+        check_recipe_unchanged(config, adopted_run_dir(resume), filled)
     teacher = build_teacher(config.distill.teacher, datamodule.info) if config.distill.type != "none" else None
     check_hardware(config.trainer)
     run_dir = resolve_run_dir(config, resume)
@@ -186,10 +189,12 @@ RESUME_MAY_CHANGE = frozenset({
 })
 
 
-def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None) -> None:
+def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None, filled: set[str] = frozenset()) -> None:
     """Refuse to continue in ``run_dir`` with a recipe that differs from the one it started with
     (its ``config.yaml``) other than in :data:`RESUME_MAY_CHANGE`: an edited learning rate, batch
-    size or augmentation would otherwise be adopted silently and the run's record rewritten."""
+    size or augmentation would otherwise be adopted silently and the run's record rewritten.
+    ``filled``: keys the recipe left unset that the weights filled in this time (a resumed run reads
+    them off its checkpoint, which may know one the original weights did not): unset there is no change."""
     saved_path = None if run_dir is None else run_dir / CONFIG_FILE
     if saved_path is None or not saved_path.is_file():
         return
@@ -198,7 +203,8 @@ def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None) -> None:
     # pretrained weights fill in (data.mean, data.std) are filled on both sides: config.yaml
     # records them, and a resumed run reads them off its checkpoint.
     changed = [key for key in sorted(set(saved) | set(now))
-               if saved.get(key) != now.get(key) and key not in RESUME_MAY_CHANGE and not key.startswith("output.")]
+               if saved.get(key) != now.get(key) and key not in RESUME_MAY_CHANGE and not key.startswith("output.")
+               and not (key in filled and saved.get(key) is None)]
     if changed:
         shown = "; ".join(f"{key} {saved.get(key)!r} -> {now.get(key)!r}" for key in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
