@@ -184,7 +184,7 @@ class ViTModule(L.LightningModule):
         # the bar shows the loss of the logging steps (LossProgressBar), read here with the check.
         self.log("train/loss", out.loss, batch_size=out.batch_size)
         if logging_step:
-            self.shown_loss = float(out.loss)
+            self.shown_loss = float(out.loss.detach())
         for key, value in out.metrics.items():
             self.log(f"train/{key}", value, batch_size=out.batch_size)
         return out.loss
