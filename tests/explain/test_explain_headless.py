@@ -138,3 +138,59 @@ def test_explore_writes_a_page_for_headless_weights(
     payload = json.loads(re.search(r'<script type="application/json" id="vitkit-data">(.*?)</script>', page, re.S).group(1))
     assert payload["headless"] and payload["images"][0]["top"] == [] and payload["prefixTokens"] == 5
     assert payload["images"][0]["explanations"]["chefer"] == [] and len(payload["images"][0]["explanations"]["rollout"]) == 4
+
+
+@pytest.fixture
+def encoder_file(tmp_path: Path) -> Path:
+    """A headless vitkit encoder, as MAE and DINO pre-training write it: no classes of its own, the
+    metadata of the (shapes) data it was trained on."""
+    encoder = vitkit.create_model("vit_cifar_tiny", patch_size=8, embed_dim=24, depth=2, num_heads=3, num_classes=0)
+    data = {"name": "shapes", "img_size": 32, "num_workers": 0, "shapes_num_samples": 60, "test_fraction": 0.2}
+    extra = {**vitkit.data.shapes_info(32).to_extra(), "class_names": [], "data_config": data}
+    return vitkit.save_model(encoder.eval(), tmp_path / "encoder.safetensors", extra=extra)
+
+
+def test_maps_of_a_pretrained_encoder_draw_its_test_images_with_their_true_classes(
+    encoder_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--test-images draws the encoder's data's test images, each figure named and titled with the
+    image's true class although the model has no classes of its own; the last block's heads are drawn."""
+    drawn: list[tuple] = []
+    draw = attention_maps.attention_figure
+
+    def recorded(picture, panels, heads, *rest):
+        drawn.append((heads, rest[-2]))
+        return draw(picture, panels, heads, *rest)
+
+    monkeypatch.setattr(attention_maps, "attention_figure", recorded)
+    out = tmp_path / "maps"
+    assert attention_maps.main([str(encoder_file), "--test-images", "2", "--out", str(out), "--no-scores"]) == 0
+    names = vitkit.data.shapes_info(32).class_names
+    files = sorted(file.name for file in out.glob("*.png"))
+    assert len(drawn) == 2 and all(heads.shape == (3, 32, 32) for heads, _ in drawn)
+    trues = [title.rsplit(", true ", 1)[1] for _, title in drawn]
+    assert set(trues) <= set(names)
+    assert files == [f"test_{index:03d}_{true.replace(' ', '_')}.png" for index, true in enumerate(trues)]
+
+
+def test_explore_of_a_pretrained_encoder_names_each_test_images_true_class(encoder_file: Path, tmp_path: Path) -> None:
+    from vitkit.cli import explore
+
+    out = tmp_path / "encoder.html"
+    assert explore.main([str(encoder_file), "--test-images", "2", "--out", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    payload = json.loads(re.search(r'<script type="application/json" id="vitkit-data">(.*?)</script>', page, re.S).group(1))
+    names = vitkit.data.shapes_info(32).class_names
+    assert payload["headless"] and len(payload["images"]) == 2
+    for record in payload["images"]:
+        assert re.fullmatch(r"test image \d+ \((.+)\)", record["name"]).group(1) in names and record["label"] is None
+
+
+def test_evaluating_a_pretrained_encoder_is_refused_in_one_line(
+    encoder_file: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from vitkit.cli import evaluate
+
+    assert evaluate.main([str(encoder_file)]) != 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: the model has no classifier (num_classes=0)") and "model.pretrained=" in line

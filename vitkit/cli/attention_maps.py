@@ -72,7 +72,7 @@ class Sample(NamedTuple):
 
     name: str  # shown in the title
     image: torch.Tensor  # preprocessed [C, H, W]
-    label: int | None  # the true class, when known
+    label: str | None  # the true class's name, when known
     figure: Path
 
 
@@ -130,7 +130,7 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
             predicted = int(probabilities[index].argmax())
             title = f"{sample.name}: predicted {names[predicted]} ({probabilities[index, predicted]:.1%})"
         if sample.label is not None:
-            title += f", true {names[sample.label]}"
+            title += f", true {sample.label}"
         panels = []
         for method, label in PANELS:
             if method in maps:
@@ -167,7 +167,7 @@ def test_samples(model: VisionTransformer, extra: dict, info: DataInfo, count: i
     """``count`` preprocessed test images of the model's dataset spread over its classes by ``seed``,
     figures named after their label."""
     return [
-        Sample(loaded.name, loaded.image, loaded.label, out / f"test_{index:03d}_{file_safe(info.class_names[loaded.label])}.png")
+        Sample(loaded.name, loaded.image, loaded.class_name, out / f"test_{index:03d}_{file_safe(loaded.class_name)}.png")
         for index, loaded in enumerate(load_test_images(model, extra, count, seed))
     ]
 

@@ -254,6 +254,7 @@ class LoadedImage(NamedTuple):
     image: torch.Tensor  # [C, H, W], normalised as in evaluation
     label: int | None  # the true class, when known
     path: Path | None  # the file it was read from (None for test images)
+    class_name: str | None = None  # the true class's name (the data's: a model without a classifier has none)
 
 
 def load_test_images(
@@ -264,13 +265,19 @@ def load_test_images(
     over its classes by ``seed`` (:func:`~vitkit.data.arrays.spread_over_classes`), with their labels;
     prints a ``note:`` saying so. Data that no longer fits ``model`` is refused
     (:func:`~vitkit.train.evaluate.datasets_for`), an empty test split too."""
-    test_set = datasets_for(model, extra, list(overrides)).test
+    bundle = datasets_for(model, extra, list(overrides), features_only=True)
+    test_set = bundle.test
     if len(test_set) == 0:
         raise UsageError("the test split is empty: give data with a test split (--data ...).")
     chosen = spread_over_classes(test_set.labels, count, seed)
     classes = len(set(test_set.labels[chosen].tolist()))
     print(f"note: {len(chosen)} test images drawn across {classes} classes (seed {seed}; --seed to draw others).")
-    return [LoadedImage(f"test image {index}", *test_set[index], None) for index in chosen.tolist()]
+    names = bundle.info.class_names
+    return [
+        LoadedImage(f"test image {index}", image, label, None, names[label])
+        for index in chosen.tolist()
+        for image, label in [test_set[index]]
+    ]
 
 
 def load_image_files(

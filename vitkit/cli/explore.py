@@ -75,12 +75,15 @@ def run(args: argparse.Namespace) -> int:
     if not loaded:
         print(f"none of the {len(failed)} file(s) could be read: {', '.join(failed)}", file=sys.stderr)
         return SKIPPED_INPUTS
+    # A model without a classifier has no class names of its own: its test images carry their true class in their name.
+    headless = model.config.num_classes == 0
+    names = [f"{image.name} ({image.class_name})" if headless and image.class_name else image.name for image in loaded]
     page = explorer_html(
         model,
         torch.stack([image.image for image in loaded]),
         info=info,
-        names=[image.name for image in loaded],
-        labels=[image.label for image in loaded],
+        names=names,
+        labels=None if headless else [image.label for image in loaded],
         layers=args.layers,
         max_bytes=args.max_bytes,
         batch_size=args.batch_size,

@@ -109,24 +109,33 @@ def data_config_for(
                  all_keys=dotted_keys(DataConfig, prefix="data."), override_keys=keys)
 
 
-def datasets_for(model: VisionTransformer, extra: dict[str, Any], overrides: Iterable[str] = ()) -> DatasetBundle:
+def datasets_for(
+    model: VisionTransformer, extra: dict[str, Any], overrides: Iterable[str] = (), *, features_only: bool = False
+) -> DatasetBundle:
     """The splits of the data ``model`` was trained on (:func:`data_config_for`), checked to fit it
-    (:func:`check_model_fits`)."""
+    (:func:`check_model_fits`; ``features_only``: a model without a classifier is welcome)."""
     bundle = build_datasets(data_config_for(extra, overrides, model))
-    check_model_fits(model, bundle.info)
+    check_model_fits(model, bundle.info, features_only=features_only)
     return bundle
 
 
-def check_model_fits(model: VisionTransformer, info: DataInfo) -> None:
+def check_model_fits(model: VisionTransformer, info: DataInfo, *, features_only: bool = False) -> None:
     """Refuse data the model cannot take: another class count, channel count or (unless the model
-    has ``dynamic_img_size``) image size, as ``--data`` overrides can give.
+    has ``dynamic_img_size``) image size, as ``--data`` overrides can give. A model without a
+    classifier (``num_classes=0``: a pre-trained encoder) is refused unless ``features_only`` (a
+    use that reads features or attention, not classes), which takes data of any class count.
 
     Raises:
         DataMismatchError: naming each difference.
     """
     config = model.config
+    if config.num_classes == 0 and not features_only:
+        raise DataMismatchError(
+            "the model has no classifier (num_classes=0): it gives features, not classes; fine-tune a "
+            "classifier on it first (vitkit train RECIPE model.pretrained=MODEL, docs/finetune.md)."
+        )
     problems = []
-    if info.num_classes != config.num_classes:
+    if config.num_classes and info.num_classes != config.num_classes:
         problems.append(f"{info.num_classes} classes (the model predicts {config.num_classes})")
     if info.in_chans != config.in_chans:
         problems.append(f"{info.in_chans} channel(s) (the model takes {config.in_chans})")
