@@ -91,3 +91,19 @@ def test_a_recipe_mixing_classification_options_with_pretraining_is_refused_in_o
     assert err.startswith("error: ") and words in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()  # refused before a run directory is claimed
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    (["task.name=mae", "task.dino.local_crops=2"], "task.name in a command-line override is 'mae', which does not read task.dino"),
+    (["task.mae.mask_ratio=0.5"], "is 'classify', which does not read task.mae"),
+    (["task.knn_every=1", "task.linear_probe=true"], "does not read task.knn_every, task.linear_probe"),
+])
+def test_options_of_a_task_the_recipe_does_not_run_are_refused_in_one_line(
+    overrides: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """They would be ignored: a classification recipe given MAE's mask ratio would train as if it had none."""
+    path = write_tiny_recipe(tmp_path)
+    assert train_main([str(path), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()

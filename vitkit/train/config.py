@@ -487,6 +487,22 @@ class TaskConfig(Config):
         """Whether the task learns without labels (its model is a headless encoder)."""
         return self.name != "classify"
 
+    def validate(self) -> None:
+        """Options of a task the recipe does not run would be ignored: refused.
+
+        Raises:
+            FieldError: one line naming them.
+        """
+        unused = [f"task.{key}" for key, default in (("dino", DinoConfig()), ("mae", MaeConfig()))
+                  if key != self.name and getattr(self, key) != default]
+        if not self.pretrains:
+            unused += [f"task.{key}" for key in ("knn_every", "linear_probe") if getattr(self, key) not in (None, False)]
+        if unused:
+            raise FieldError(
+                "name", f"is {self.name!r}, which does not read {', '.join(unused)}: remove those options, or set "
+                "task.name to the task they configure."
+            )
+
 
 def classification_options(config: RecipeConfig) -> list[str]:
     """The options ``config`` sets that only a classification task uses (``optim.mixup=0.8``, ...)."""
