@@ -46,7 +46,7 @@ from vitkit.explain import (
     METHODS,
     AttentionCapture,
     capture_attention,
-    maps_from_capture,
+    image_maps,
     patch_maps,
 )
 from vitkit.explain.faithfulness import map_scores
@@ -118,8 +118,9 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
             with_relevance="lrp" in methods,
         )
         options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
-        maps = {method: maps_from_capture(capture, method, **options) for method in methods}
-        scores = {} if args.no_scores or info.num_classes == 0 else scores_of_maps(model, images, capture, methods, args)
+        patches = {method: patch_maps(capture, method, **options) for method in methods}  # once: drawn and scored
+        maps = {method: image_maps(capture, method, patch) for method, patch in patches.items()}
+        scores = {} if args.no_scores or info.num_classes == 0 else scores_of_maps(model, images, capture, patches, args)
     probabilities = capture.logits.softmax(dim=-1)
     num_layers = len(capture.attentions)
     names = info.class_names
@@ -147,17 +148,13 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
 
 
 def scores_of_maps(
-    model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, methods: tuple[str, ...],
+    model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, patches: dict[str, torch.Tensor],
     args: argparse.Namespace,
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Each map's deletion and insertion areas ``[B]`` per image over ``--score-steps`` steps
-    (:func:`vitkit.explain.faithfulness.map_scores`); per-head grids get none."""
-    grid = capture.grid
-    maps = {
-        method: patch_maps(capture, method, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
-        .view(len(images), *grid)
-        for method in methods if method != "heads"
-    }
+    """The deletion and insertion areas ``[B]`` per image over ``--score-steps`` steps of each of
+    ``patches`` (method -> :func:`vitkit.explain.patch_maps`, :func:`vitkit.explain.faithfulness.map_scores`);
+    per-head grids get none."""
+    maps = {method: patch.view(len(images), *capture.grid) for method, patch in patches.items() if method != "heads"}
     if not maps:
         return {}
     return map_scores(model, images, maps, tuple(model.config.patch_size), capture.targets, args.score_steps)

@@ -201,6 +201,12 @@ def maps_from_capture(
     maps = patch_maps(
         capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio, pooling=pooling
     )
+    return image_maps(capture, method, maps)
+
+
+def image_maps(capture: AttentionCapture, method: Method, maps: torch.Tensor) -> torch.Tensor:
+    """``method``'s :func:`patch_maps` of ``capture`` at image resolution, as :func:`maps_from_capture`
+    gives them: for a caller that also uses the patch maps themselves and computes them once."""
     if method == "lrp":
         maps = scaled_relevance(maps)
     return to_image_grid(maps, capture.grid, capture.image_size)
