@@ -51,6 +51,7 @@ from vitkit.explain import (
 )
 from vitkit.explain.faithfulness import map_scores
 from vitkit.explain.render import attention_figure
+from vitkit.method_names import LABELS
 from vitkit.output_dirs import claim_output_dir
 
 from .common import SKIPPED_INPUTS
@@ -78,8 +79,7 @@ class Sample(NamedTuple):
 
 #: The map panels in drawing order: AttnLRP, the most faithful of them on Fashion-MNIST and the
 #: digits (docs/results.md, "Which map explains the prediction?"), comes first.
-PANELS = (("lrp", "AttnLRP"), ("chefer", "Chefer et al."), ("grad_rollout", "grad rollout"),
-          ("rollout", "attention rollout"))
+PANELS = ("lrp", "chefer", "grad_rollout", "rollout")
 #: How the figures' titles name each read-out (:attr:`vitkit.explain.AttentionCapture.pooling`).
 READ_OUTS = {"token": "the class token", "avg": "the patch tokens' mean", "distilled": "the class and distillation tokens"}
 
@@ -133,8 +133,9 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         if sample.label is not None:
             title += f", true {names[sample.label]}"
         panels = []
-        for method, label in PANELS:
+        for method in PANELS:
             if method in maps:
+                label = LABELS[method]
                 if method != "rollout":
                     label += f": {names[int(capture.targets[index])]}"
                 if method in scores:

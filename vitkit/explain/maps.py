@@ -16,22 +16,15 @@ those explain one class's logit, and a headless model has none (:class:`Headless
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
+from ..method_names import CLASS_METHODS, GRADIENT_METHODS, METHODS, Method
 from ..models import VisionTransformer
 from .lrp import LRPRules, lrp_relevance, scaled_relevance
 from .rollout import HeadFusion, Pooling, attention_rollout, chefer_relevance, grad_rollout, per_head_maps
 from .targets import HeadlessModelError, Target, resolve_targets
-
-Method = Literal["rollout", "grad_rollout", "chefer", "lrp", "heads"]
-METHODS: tuple[str, ...] = get_args(Method)
-#: Methods that need the gradients of the target logit with respect to the attention.
-GRADIENT_METHODS: tuple[str, ...] = ("grad_rollout", "chefer")
-#: Methods that explain one class's logit (none for a model without a classifier).
-CLASS_METHODS: tuple[str, ...] = (*GRADIENT_METHODS, "lrp")
 
 
 @dataclass
