@@ -54,6 +54,7 @@ from vitkit.explain.render import attention_figure
 from vitkit.method_names import LABELS
 from vitkit.output_dirs import claim_output_dir
 
+from .commands import run_command
 from .common import SKIPPED_INPUTS
 from .explain_io import (
     ConversionNote,
@@ -65,7 +66,6 @@ from .explain_io import (
     load_test_images,
     output_clashes,
 )
-from .main import run_command
 
 
 class Sample(NamedTuple):
@@ -182,7 +182,7 @@ def read_samples(
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit maps`` in this process (``tools/attention_maps.py``, tests)."""
-    return run_command("maps", argv)
+    return run_command("maps", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,13 +41,13 @@ from vitkit.files import atomic_write, markdown_table, write_csv
 from vitkit.method_names import MAP_METHODS
 from vitkit.output_dirs import claim_output_dir
 
+from .commands import run_command
 from .explain_io import load_model_from_arguments, load_test_images
-from .main import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit faithfulness`` in this process (``tools/faithfulness.py``, tests)."""
-    return run_command("faithfulness", argv)
+    return run_command("faithfulness", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from vitkit.output_dirs import claim_output_dir
 from vitkit.train import train
 from vitkit.train.evaluate import datasets_for
 
-from .main import run_command
+from .commands import run_command
 
 #: The maps scored: rollout and the gradient methods.
 METHODS = ("rollout", *GRADIENT_METHODS)
@@ -39,7 +39,7 @@ METHODS = ("rollout", *GRADIENT_METHODS)
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit localize`` in this process (``tools/localization.py``, tests)."""
-    return run_command("localize", argv)
+    return run_command("localize", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:
