@@ -24,8 +24,8 @@ from .errors import VitkitError
 from .files import atomic_write
 from .layers.lora import LoraError, merge_lora_state_dict
 from .models.config import ViTConfig
-from .models.timm_interop import EvalCropMode, Interpolation, preprocessing_extra
 from .models.vision_transformer import VisionTransformer
+from .preprocessing import EvalCropMode, Interpolation, preprocessing_extra
 from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
 
 FORMAT_KEY = "vitkit_format"

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).parents[2] / "vitkit"
 #: package; the packages of one layer are independent of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("schema", "files", "bench", "recipe_files", "method_names"),  # leaf utilities
+    ("schema", "files", "bench", "recipe_files", "method_names", "preprocessing"),  # leaf utilities
     ("output_dirs",),  # claims output folders and files, through files' atomic writes
     ("kernels",),
     ("layers",),
@@ -35,6 +35,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
 )
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
+#: Lower packages a package keeps away from although the layers would allow them: ``data`` is
+#: about images and their metadata and imports no model code (timm's ``data/`` imports no model module).
+APART: dict[str, tuple[str, ...]] = {"data": ("kernels", "layers", "models", "io", "pretrained")}
 
 
 def module_name(path: Path) -> str:
@@ -118,6 +121,16 @@ def test_imports_run_down_the_layers() -> None:
         and LAYER_OF[layer_package(target)] >= LAYER_OF[layer_package(name)]
     ]
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_packages_kept_apart_import_nothing_from_each_other() -> None:
+    wrong = [
+        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for name, targets in GRAPH.items()
+        for target, line in targets.items()
+        if layer_package(target) in APART.get(layer_package(name), ())
+    ]
+    assert not wrong, "imports between packages kept apart:\n" + "\n".join(wrong)
 
 
 def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
