@@ -36,7 +36,9 @@ EXTRA_KEY = "vitkit_extra"
 #: The model-file format: "1" before ``pos_drop_rate`` and RoPE's patch-only absolute embedding,
 #: "2" since. Files and checkpoints of an older format are upgraded as they are read (:func:`upgrade`).
 FORMAT_VERSION = "3"
-#: State-dict prefixes of the trained weights and of their EMA inside a training checkpoint.
+#: State-dict prefixes of the trained weights and of their EMA inside a training checkpoint: the
+#: LightningModule (:class:`vitkit.train.module.ViTModule`) saves its ``model`` and its EMA copy
+#: under them, and this module reads them back without importing Lightning.
 MODEL_PREFIX = "model."
 EMA_PREFIX = "ema.module."
 
