@@ -24,8 +24,8 @@ from .errors import VitkitError
 from .files import atomic_write
 from .layers.lora import LoraError, merge_lora_state_dict
 from .models.config import ViTConfig
-from .models.timm_interop import EvalCropMode, Interpolation, preprocessing_extra
 from .models.vision_transformer import VisionTransformer
+from .preprocessing import EvalCropMode, Interpolation, preprocessing_extra
 from .schema import MAX_IMG_SIDE, ConfigError, FieldError, bounds, check_value, describe
 
 FORMAT_KEY = "vitkit_format"
@@ -36,7 +36,9 @@ EXTRA_KEY = "vitkit_extra"
 #: The model-file format: "1" before ``pos_drop_rate`` and RoPE's patch-only absolute embedding,
 #: "2" since. Files and checkpoints of an older format are upgraded as they are read (:func:`upgrade`).
 FORMAT_VERSION = "3"
-#: State-dict prefixes of the trained weights and of their EMA inside a training checkpoint.
+#: State-dict prefixes of the trained weights and of their EMA inside a training checkpoint: the
+#: LightningModule (:class:`vitkit.train.module.ViTModule`) saves its ``model`` and its EMA copy
+#: under them, and this module reads them back without importing Lightning.
 MODEL_PREFIX = "model."
 EMA_PREFIX = "ema.module."
 

@@ -93,6 +93,30 @@ def test_each_maps_title_gives_its_deletion_and_insertion_area_for_the_image(
         assert title.endswith(f"(del {float(areas['deletion'][0]):.2f}, ins {float(areas['insertion'][0]):.2f})"), title
 
 
+def test_attention_maps_computes_each_map_once_per_batch_for_drawing_and_scoring(
+    checkpoint: Path, mixed_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vitkit.cli import attention_maps
+    from vitkit.explain import maps
+
+    calls: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[..., torch.Tensor]:
+        original = getattr(maps, name)
+
+        def counted(*args: object) -> torch.Tensor:
+            calls[name] = calls.get(name, 0) + 1
+            return original(*args)
+        return counted
+
+    for name in ("attention_rollout", "grad_rollout", "chefer_relevance"):
+        monkeypatch.setattr(maps, name, counting(name))
+    monkeypatch.setattr(attention_maps, "attention_figure", lambda *args: None)
+    images = [str(mixed_folder / name) for name in ("rgb.png", "rgba.png")]  # one batch of two
+    assert attention_maps.main(["--checkpoint", str(checkpoint), *images, "--out", str(tmp_path / "maps")]) == 0
+    assert calls == {"attention_rollout": 1, "grad_rollout": 1, "chefer_relevance": 1}
+
+
 def test_attention_maps_single_method_and_bad_target_or_layer(
     checkpoint: Path, mixed_folder: Path, tmp_path: Path
 ) -> None:

@@ -161,6 +161,16 @@ def test_head_diagnostics_match_a_hand_computation_per_image() -> None:
     np.testing.assert_allclose(payload["stats"]["diagonal"][0], everything, atol=6e-5)
 
 
+def test_the_views_and_their_names_come_from_the_method_registry() -> None:
+    from vitkit.method_names import LABELS
+
+    page = explorer_html(token_model(), torch.randn(1, 3, 32, 48))
+    payload = payload_of(page)
+    assert payload["views"] == ["attention", "rollout", "grad_rollout", "chefer", "lrp"]
+    assert payload["viewNames"] == {"attention": "attention", **{view: LABELS[view] for view in payload["views"][1:]}}
+    assert 'value="grad_rollout"' not in page  # the radio buttons are drawn from the payload's views
+
+
 def test_pruned_heads_and_a_fully_pruned_layer_are_embedded_and_marked() -> None:
     model = pruned_model()
     payload = payload_of(explorer_html(model, torch.randn(1, 3, 32, 48)))
@@ -489,7 +499,7 @@ def test_explanations_follow_the_picked_class(browser: Any, tmp_path: Path) -> N
     assert api(browser, "state()")["target"] == third
     np.testing.assert_allclose(np.ravel(api(browser, "currentMap()")), chefer, atol=6e-5)
     captions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#explanation-thumbs figcaption")]
-    assert captions[0].startswith("rollout\ndel ") and captions[1:] == ["grad rollout", "Chefer et al.", "AttnLRP"]
+    assert captions[0].startswith("attention rollout\ndel ") and captions[1:] == ["grad rollout", "Chefer et al.", "AttnLRP"]
     browser.find_elements(By.CSS_SELECTOR, "#top-classes li")[0].click()  # the prediction: every map's scores
     scores = payload_of_page(browser)["images"][0]["scores"]
     captions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#explanation-thumbs figcaption")]

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).parents[2] / "vitkit"
 #: package; the packages of one layer are independent of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("schema", "files", "bench", "recipe_files"),  # leaf utilities
+    ("schema", "files", "bench", "recipe_files", "method_names", "preprocessing"),  # leaf utilities
     ("output_dirs",),  # claims output folders and files, through files' atomic writes
     ("kernels",),
     ("layers",),
@@ -35,6 +35,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
 )
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
+#: Lower packages a package keeps away from although the layers would allow them: ``data`` is
+#: about images and their metadata and imports no model code (timm's ``data/`` imports no model module).
+APART: dict[str, tuple[str, ...]] = {"data": ("kernels", "layers", "models", "io", "pretrained")}
 
 
 def module_name(path: Path) -> str:
@@ -70,7 +73,31 @@ def imports_of(name: str) -> dict[str, int]:
     return found
 
 
-GRAPH = {name: imports_of(name) for name in MODULES}
+def loads_by_name(name: str) -> bool:
+    """Whether ``name`` calls ``importlib.import_module``, an import :func:`imports_of` cannot follow."""
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+        or isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "import_module"
+        for node in ast.walk(ast.parse(MODULES[name].read_text(), str(MODULES[name])))
+    )
+
+
+def imports_by_name() -> dict[str, dict[str, int]]:
+    """What each module that loads modules by name may load (line 0: not a line of its source).
+    A module that starts doing so must be added here, or :func:`test_every_import_by_name_is_in_the_graph` fails."""
+    import vitkit
+    from vitkit.cli.commands import MODULES as COMMANDS
+
+    return {
+        # the public names, imported on first use (its TYPE_CHECKING block names them as well)
+        "vitkit": {f"vitkit.{module}": 0 for module in (*vitkit._ATTRIBUTES.values(), *vitkit._SUBPACKAGES)},
+        "vitkit.cli.main": {f"vitkit.cli.{module}": 0 for module in COMMANDS.values()},  # each command's module
+        "vitkit.errors": {},  # require(): optional third-party dependencies only
+    }
+
+
+BY_NAME = imports_by_name()
+GRAPH = {name: imports_of(name) | BY_NAME.get(name, {}) for name in MODULES}
 
 
 def layer_package(name: str) -> str:
@@ -94,6 +121,16 @@ def test_imports_run_down_the_layers() -> None:
         and LAYER_OF[layer_package(target)] >= LAYER_OF[layer_package(name)]
     ]
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_packages_kept_apart_import_nothing_from_each_other() -> None:
+    wrong = [
+        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for name, targets in GRAPH.items()
+        for target, line in targets.items()
+        if layer_package(target) in APART.get(layer_package(name), ())
+    ]
+    assert not wrong, "imports between packages kept apart:\n" + "\n".join(wrong)
 
 
 def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
@@ -131,6 +168,16 @@ def test_no_import_cycles_not_even_lazy_ones() -> None:
 ])
 def test_the_cycle_finder_finds_cycles(graph: dict[str, dict[str, int]], expected: list[str] | None) -> None:
     assert find_cycle(graph) == expected
+
+
+def test_every_import_by_name_is_in_the_graph() -> None:
+    assert {name for name in MODULES if loads_by_name(name)} == set(BY_NAME)
+
+
+def test_no_command_imports_the_entry_point_back() -> None:
+    # vitkit.cli.main loads every command's module by name; they run through vitkit.cli.commands, below it.
+    assert "vitkit.cli.attention_maps" in GRAPH["vitkit.cli.main"]
+    assert [name for name, targets in GRAPH.items() if "vitkit.cli.main" in targets] == []
 
 
 def test_the_graph_sees_in_function_and_relative_imports() -> None:

@@ -22,18 +22,18 @@ def test_attention_over_kept_tokens_equals_full_attention_with_the_dropped_keys_
     keep = torch.stack([torch.randperm(16)[:6].sort().values for _ in range(batch)])  # each sample its own patches
 
     kept_tokens = torch.cat([x[:, :prefix], x[:, prefix:].gather(1, keep[..., None].expand(-1, -1, 32))], dim=1)
-    subset = msa(kept_tokens, rope=positions.select(keep))
+    subset = msa(kept_tokens, positions=positions.select(keep))
 
     # The same queries in the full sequence, with every dropped key forbidden: what the kept tokens see.
     allowed = torch.zeros(batch, 1, 1, prefix + 16, dtype=torch.bool)
     allowed[..., :prefix] = True
     allowed[torch.arange(batch)[:, None], 0, 0, prefix + keep] = True
-    full = msa(x, rope=positions, attn_bias=allowed)
+    full = msa(x, positions=positions, attn_bias=allowed)
     rows = torch.cat([torch.zeros(batch, prefix, dtype=torch.long), prefix + keep], dim=1)
     torch.testing.assert_close(subset, full.gather(1, rows[..., None].expand(-1, -1, 32)), **TOL)
     # Had the positions not followed the tokens (the first 6 cells instead), the result differs.
     wrong = TokenPositions(positions.xy[:, :6], prefix)
-    assert (msa(kept_tokens, rope=wrong) - subset).abs().max() > 1e-3
+    assert (msa(kept_tokens, positions=wrong) - subset).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize(("rope", "calls"), [("axial", 1), ("mixed", 3)])
@@ -66,6 +66,6 @@ def test_to_grid_places_dense_and_selected_tokens_in_their_cells() -> None:
 def test_positions_refuse_a_sequence_they_do_not_describe() -> None:
     msa = MultiHeadSelfAttention(32, 4, rope="axial")
     with pytest.raises(ValueError, match="16 patch tokens after 1 prefix tokens.*holds 7 tokens"):
-        msa(torch.randn(1, 7, 32), rope=TokenPositions.of_grid((4, 4), 1))
+        msa(torch.randn(1, 7, 32), positions=TokenPositions.of_grid((4, 4), 1))
     with pytest.raises(ValueError, match=r"keep must be \[B, k\]"):
         TokenPositions.of_grid((4, 4)).select(torch.tensor([1, 2]))

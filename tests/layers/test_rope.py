@@ -136,10 +136,10 @@ def test_logits_between_patches_are_unchanged_when_both_positions_shift_alike(ro
     msa = make_msa(rope, attn_impl="explicit")
     x = torch.randn(2, 6, DIM)
     positions = patch_coords((2, 3))
-    _, weights = msa(x, rope=at(positions, 6), need_weights=True)
-    _, shifted = msa(x, rope=at(positions + torch.tensor([3.5, -2.0]), 6), need_weights=True)
+    _, weights = msa(x, positions=at(positions, 6), need_weights=True)
+    _, shifted = msa(x, positions=at(positions + torch.tensor([3.5, -2.0]), 6), need_weights=True)
     torch.testing.assert_close(shifted, weights, **TOL)
-    _, moved = msa(x, rope=at(positions.flip(0), 6), need_weights=True)  # not a uniform shift
+    _, moved = msa(x, positions=at(positions.flip(0), 6), need_weights=True)  # not a uniform shift
     assert (moved - weights).abs().max() > 1e-3
 
 
@@ -152,8 +152,8 @@ def test_attention_with_axial_rope_equals_the_hand_computation_and_leaves_the_pr
     x = torch.randn(2, 1 + 4, DIM)
     positions = patch_coords((2, 2))
     expected, expected_weights = hand_attention(msa, x, axial_angles(positions, HEAD_DIM, 100.0), num_prefix=1)
-    torch.testing.assert_close(msa(x, rope=at(positions, 5)), expected, **TOL)
-    torch.testing.assert_close(msa(x, rope=at(positions, 5), need_weights=True)[1], expected_weights, **TOL)
+    torch.testing.assert_close(msa(x, positions=at(positions, 5)), expected, **TOL)
+    torch.testing.assert_close(msa(x, positions=at(positions, 5), need_weights=True)[1], expected_weights, **TOL)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
@@ -164,7 +164,7 @@ def test_attention_with_mixed_rope_equals_the_hand_computation_with_registers(at
     fx, fy = msa.rope.freqs.detach()
     angles = positions[:, None, :1] * fx[None] + positions[:, None, 1:] * fy[None]  # [n, H, d/2]
     expected, _ = hand_attention(msa, x, angles.transpose(0, 1), num_prefix=5)
-    torch.testing.assert_close(msa(x, rope=at(positions, 11)), expected, **TOL)
+    torch.testing.assert_close(msa(x, positions=at(positions, 11)), expected, **TOL)
 
 
 @pytest.mark.parametrize("rope", ["axial", "mixed"])
@@ -183,7 +183,7 @@ def test_sdpa_and_explicit_kernels_agree_with_rope_and_masks(rope: str, masks: s
         "attn_mask": {"attn_bias": torch.rand(7, 7, generator=torch.Generator().manual_seed(0)) > 0.3},
     }[masks]
     positions = at(patch_coords((3, 2)), 7)
-    torch.testing.assert_close(sdpa(x, rope=positions, **kwargs), explicit(x, rope=positions, **kwargs), **TOL)
+    torch.testing.assert_close(sdpa(x, positions=positions, **kwargs), explicit(x, positions=positions, **kwargs), **TOL)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
@@ -191,13 +191,13 @@ def test_cross_attention_rotates_keys_by_the_context_positions(attn_impl: str) -
     msa = CrossAttention(DIM, HEADS, rope="mixed", attn_impl=attn_impl)
     x, context = torch.randn(2, 3, DIM), torch.randn(2, 5, DIM)
     q_pos, k_pos = torch.randn(3, 2), torch.randn(5, 2)
-    out = msa(x, context, rope=at(q_pos, 3), context_rope=at(k_pos, 5))
+    out = msa(x, context, positions=at(q_pos, 3), context_positions=at(k_pos, 5))
     offset = torch.tensor([1.5, 4.0])
-    shifted = msa(x, context, rope=at(q_pos + offset, 3), context_rope=at(k_pos + offset, 5))
+    shifted = msa(x, context, positions=at(q_pos + offset, 3), context_positions=at(k_pos + offset, 5))
     torch.testing.assert_close(shifted, out, **TOL)  # relative: only q_pos - k_pos matters
-    assert (msa(x, context, rope=at(q_pos, 3), context_rope=at(k_pos + offset, 5)) - out).abs().max() > 1e-3
-    with pytest.raises(ValueError, match="context_rope"):
-        msa(x, context, rope=at(q_pos, 3))
+    assert (msa(x, context, positions=at(q_pos, 3), context_positions=at(k_pos + offset, 5)) - out).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="context_positions"):
+        msa(x, context, positions=at(q_pos, 3))
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
@@ -208,10 +208,10 @@ def test_kv_cache_with_rope_stores_rotated_keys_and_equals_the_full_causal_pass(
     decoder.load_state_dict(msa.state_dict())
     x = torch.randn(2, 6, DIM)
     positions = patch_coords((2, 3))
-    full = msa(x, attn_bias=causal_mask(6, 6), rope=at(positions, 6))
+    full = msa(x, attn_bias=causal_mask(6, 6), positions=at(positions, 6))
 
     cache = KVCache()
-    steps = [decoder(x[:, t : t + 1], kv_cache=cache, rope=at(positions[t : t + 1], 1)) for t in range(6)]
+    steps = [decoder(x[:, t : t + 1], kv_cache=cache, positions=at(positions[t : t + 1], 1)) for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL)
 
     keys = (x @ msa.qkv.weight[DIM : 2 * DIM].T + msa.qkv.bias[DIM : 2 * DIM]).view(2, 6, HEADS, HEAD_DIM)
@@ -222,16 +222,16 @@ def test_kv_cache_with_rope_stores_rotated_keys_and_equals_the_full_causal_pass(
 def test_pruning_heads_keeps_each_remaining_heads_mixed_frequencies() -> None:
     msa = make_msa("mixed", attn_impl="explicit")
     x, positions = torch.randn(2, 7, DIM), patch_coords((2, 3))
-    gated = msa(x, rope=at(positions, 7), head_gates=torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    gated = msa(x, positions=at(positions, 7), head_gates=torch.tensor([0.0, 1.0, 0.0, 1.0]))
     freqs = msa.rope.freqs.detach().clone()
     msa.prune_heads([0, 2])
     torch.testing.assert_close(msa.rope.freqs.detach(), freqs[:, [1, 3]])
-    torch.testing.assert_close(msa(x, rope=at(positions, 7)), gated, **TOL)
+    torch.testing.assert_close(msa(x, positions=at(positions, 7)), gated, **TOL)
 
 
 def test_mixed_frequencies_learn_and_axial_rope_holds_no_state() -> None:
     msa = make_msa("mixed")
-    msa(torch.randn(1, 5, DIM), rope=at(patch_coords((2, 2)), 5)).sum().backward()
+    msa(torch.randn(1, 5, DIM), positions=at(patch_coords((2, 2)), 5)).sum().backward()
     assert msa.rope.freqs.grad is not None and msa.rope.freqs.grad.abs().sum() > 0
     assert "rope.freqs" in msa.state_dict()
     assert not any("rope" in key for key in make_msa("axial").state_dict())
@@ -240,19 +240,19 @@ def test_mixed_frequencies_learn_and_axial_rope_holds_no_state() -> None:
 def test_block_hands_positions_to_its_attention() -> None:
     block = EncoderBlock(DIM, HEADS, rope="axial")
     x = torch.randn(1, 5, DIM)
-    out = block(x, rope=at(patch_coords((2, 2)), 5))
-    assert (out - block(x, rope=at(patch_coords((2, 2)) * 2, 5))).abs().max() > 1e-4
+    out = block(x, positions=at(patch_coords((2, 2)), 5))
+    assert (out - block(x, positions=at(patch_coords((2, 2)) * 2, 5))).abs().max() > 1e-4
 
 
 # ------------------------------------------------------------------------------------ errors
 def test_positions_are_ignored_without_rope_and_rope_without_positions_or_with_wrong_ones_raises() -> None:
     plain = MultiHeadSelfAttention(DIM, HEADS)
     x = torch.randn(1, 4, DIM)
-    torch.testing.assert_close(plain(x, rope=at(patch_coords((2, 2)), 4)), plain(x))  # a model always passes them
-    with pytest.raises(ValueError, match="pass rope=TokenPositions"):
+    torch.testing.assert_close(plain(x, positions=at(patch_coords((2, 2)), 4)), plain(x))  # a model always passes them
+    with pytest.raises(ValueError, match="pass positions=TokenPositions"):
         make_msa("axial")(x)
     with pytest.raises(ValueError, match="6 patch tokens after 0 prefix tokens.*holds 4"):
-        make_msa("axial")(x, rope=TokenPositions(patch_coords((2, 3))))
+        make_msa("axial")(x, positions=TokenPositions(patch_coords((2, 3))))
     with pytest.raises(ValueError, match=r"\[n, 2\] or \[B, n, 2\]"):
         TokenPositions(torch.zeros(4, 3))
 

@@ -41,8 +41,8 @@ class SwiGLU(nn.Module):
 class PostNormBlock(EncoderBlock):
     """The original Transformer's post-norm order: ``LN(x + Attn(x))`` then ``LN(x + MLP(x))``."""
 
-    def forward(self, x, *, attn_bias=None, rope=None, head_gates=None, need_weights=False):  # noqa: ANN001, ANN201
-        attended = self.attn(x, attn_bias=attn_bias, rope=rope, head_gates=head_gates, need_weights=need_weights)
+    def forward(self, x, *, attn_bias=None, positions=None, head_gates=None, need_weights=False):  # noqa: ANN001, ANN201
+        attended = self.attn(x, attn_bias=attn_bias, positions=positions, head_gates=head_gates, need_weights=need_weights)
         attended, weights = attended if need_weights else (attended, None)
         x = self.norm1(x + attended)
         x = self.norm2(x + self.mlp(x))
@@ -78,8 +78,8 @@ class FfnBlock(nn.Module):
         self.attn = get_part("attention", attn_layer)(dim, num_heads, attention_options, **factory)
         self.ffn = nn.Sequential(nn.Linear(dim, hidden, **factory), nn.GELU(), nn.Linear(hidden, dim, **factory))
 
-    def forward(self, x, *, attn_bias=None, rope=None, head_gates=None, need_weights=False):  # noqa: ANN001, ANN201
-        attended = self.attn(self.norm(x), attn_bias=attn_bias, rope=rope, head_gates=head_gates, need_weights=need_weights)
+    def forward(self, x, *, attn_bias=None, positions=None, head_gates=None, need_weights=False):  # noqa: ANN001, ANN201
+        attended = self.attn(self.norm(x), attn_bias=attn_bias, positions=positions, head_gates=head_gates, need_weights=need_weights)
         attended, weights = attended if need_weights else (attended, None)
         x = x + attended
         x = x + self.ffn(self.norm(x))

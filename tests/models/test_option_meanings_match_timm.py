@@ -178,7 +178,7 @@ def test_an_old_rope_file_with_a_class_row_keeps_its_logits(tmp_path: Path) -> N
         tokens = new.patch_embed(x) + state["pos_embed"]
         by_hand = torch.cat([(old_state["cls_token"] + row).expand(2, -1, -1), tokens], 1)  # old layout, by hand
         for block in new.blocks:
-            by_hand = block(by_hand, rope=new.token_positions(x))
+            by_hand = block(by_hand, positions=new.token_positions(x))
         expected = new.forward_head(new.norm(by_hand))
     loaded = load_model(write_format_1(new, tmp_path / "old.safetensors", config, old_state))
     assert loaded.pos_embed.shape == (1, 16, 32)

@@ -104,7 +104,7 @@ def test_mixed_frequencies_are_drawn_per_layer_and_not_weight_decayed() -> None:
 def test_blocks_rotate_the_patch_positions_of_the_input_grid() -> None:
     model = tiny(rope="axial", pos_embed="none", dynamic_img_size=True, img_size=(16, 24))
     seen = []
-    model.blocks[0].attn.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["rope"].xy[0]),
+    model.blocks[0].attn.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["positions"].xy[0]),
                                                with_kwargs=True)
     model(torch.randn(1, 3, 16, 24))
     model(torch.randn(1, 3, 8, 12))

@@ -115,7 +115,7 @@ def test_attn_bias_with_checkpointing_and_intermediates_equals_the_plain_path(bi
         expected = model.forward_features(images(), attn_bias=bias)
         by_hand, positions = model.embed(images())
         for block in model.blocks:
-            by_hand = block(by_hand, attn_bias=bias, rope=positions)
+            by_hand = block(by_hand, attn_bias=bias, positions=positions)
         torch.testing.assert_close(expected, model.norm(by_hand))
         run = model.forward_intermediates(images(), attn_bias=bias, output_fmt="NLC")
         torch.testing.assert_close(run.features, expected)

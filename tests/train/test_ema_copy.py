@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_runs import tiny_recipe
 
+from vitkit.io import EMA_PREFIX, MODEL_PREFIX
 from vitkit.train import load_recipe
 from vitkit.train.datamodule import ViTDataModule
 from vitkit.train.run import build_module
@@ -43,6 +44,9 @@ def test_state_dict_keeps_the_ema_under_the_keys_of_a_child_copy(recipe: dict) -
     model_keys = {key for key in state if key.startswith("model.")}
     # when ModelEmaV3 was the child "ema", its copy's tensors were "ema.module.<the model's names>"
     assert {key for key in state if key.startswith("ema.")} == {"ema.module." + key[len("model."):] for key in model_keys}
+    # the prefixes vitkit.io reads a checkpoint by are those the module saves under
+    assert model_keys == {MODEL_PREFIX + key for key in module.model.state_dict()}
+    assert {key for key in state if key.startswith("ema.")} == {EMA_PREFIX + key for key in module.model.state_dict()}
     torch.testing.assert_close(state["ema.module.head.weight"], module.ema.module.head.weight)
 
 

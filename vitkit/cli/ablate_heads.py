@@ -32,7 +32,7 @@ from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
 from vitkit.prune.report import plot_sweep
 from vitkit.train import load_recipe, train
 
-from .main import run_command
+from .commands import run_command
 
 
 def sweep(args: argparse.Namespace) -> list[SweepRun]:
@@ -70,7 +70,7 @@ def sweep(args: argparse.Namespace) -> list[SweepRun]:
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit ablate`` in this process (``tools/ablate_heads.py``, tests)."""
-    return run_command("ablate", argv)
+    return run_command("ablate", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,13 +46,15 @@ from vitkit.explain import (
     METHODS,
     AttentionCapture,
     capture_attention,
-    maps_from_capture,
+    image_maps,
     patch_maps,
 )
 from vitkit.explain.faithfulness import map_scores
 from vitkit.explain.render import attention_figure
+from vitkit.method_names import LABELS
 from vitkit.output_dirs import claim_output_dir
 
+from .commands import run_command
 from .common import SKIPPED_INPUTS
 from .explain_io import (
     ConversionNote,
@@ -64,7 +66,6 @@ from .explain_io import (
     load_test_images,
     output_clashes,
 )
-from .main import run_command
 
 
 class Sample(NamedTuple):
@@ -78,8 +79,7 @@ class Sample(NamedTuple):
 
 #: The map panels in drawing order: AttnLRP, the most faithful of them on Fashion-MNIST and the
 #: digits (docs/results.md, "Which map explains the prediction?"), comes first.
-PANELS = (("lrp", "AttnLRP"), ("chefer", "Chefer et al."), ("grad_rollout", "grad rollout"),
-          ("rollout", "attention rollout"))
+PANELS = ("lrp", "chefer", "grad_rollout", "rollout")
 #: How the figures' titles name each read-out (:attr:`vitkit.explain.AttentionCapture.pooling`).
 READ_OUTS = {"token": "the class token", "avg": "the patch tokens' mean", "distilled": "the class and distillation tokens"}
 
@@ -118,8 +118,9 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
             with_relevance="lrp" in methods,
         )
         options = dict(layer=args.layer, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
-        maps = {method: maps_from_capture(capture, method, **options) for method in methods}
-        scores = {} if args.no_scores or info.num_classes == 0 else scores_of_maps(model, images, capture, methods, args)
+        patches = {method: patch_maps(capture, method, **options) for method in methods}  # once: drawn and scored
+        maps = {method: image_maps(capture, method, patch) for method, patch in patches.items()}
+        scores = {} if args.no_scores or info.num_classes == 0 else scores_of_maps(model, images, capture, patches, args)
     probabilities = capture.logits.softmax(dim=-1)
     num_layers = len(capture.attentions)
     names = info.class_names
@@ -132,8 +133,9 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
         if sample.label is not None:
             title += f", true {sample.label}"
         panels = []
-        for method, label in PANELS:
+        for method in PANELS:
             if method in maps:
+                label = LABELS[method]
                 if method != "rollout":
                     label += f": {names[int(capture.targets[index])]}"
                 if method in scores:
@@ -147,17 +149,13 @@ def render_batch(model: VisionTransformer, batch: list[Sample], args: argparse.N
 
 
 def scores_of_maps(
-    model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, methods: tuple[str, ...],
+    model: VisionTransformer, images: torch.Tensor, capture: AttentionCapture, patches: dict[str, torch.Tensor],
     args: argparse.Namespace,
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Each map's deletion and insertion areas ``[B]`` per image over ``--score-steps`` steps
-    (:func:`vitkit.explain.faithfulness.map_scores`); per-head grids get none."""
-    grid = capture.grid
-    maps = {
-        method: patch_maps(capture, method, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
-        .view(len(images), *grid)
-        for method in methods if method != "heads"
-    }
+    """The deletion and insertion areas ``[B]`` per image over ``--score-steps`` steps of each of
+    ``patches`` (method -> :func:`vitkit.explain.patch_maps`, :func:`vitkit.explain.faithfulness.map_scores`);
+    per-head grids get none."""
+    maps = {method: patch.view(len(images), *capture.grid) for method, patch in patches.items() if method != "heads"}
     if not maps:
         return {}
     return map_scores(model, images, maps, tuple(model.config.patch_size), capture.targets, args.score_steps)
@@ -184,7 +182,7 @@ def read_samples(
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit maps`` in this process (``tools/attention_maps.py``, tests)."""
-    return run_command("maps", argv)
+    return run_command("maps", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

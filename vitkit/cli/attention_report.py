@@ -26,15 +26,15 @@ from vitkit.files import write_csv
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train.evaluate import datasets_for
 
+from .commands import run_command
 from .explain_io import load_model_from_arguments
-from .main import run_command
 
 DEFAULTS = HeadThresholds()
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit report`` in this process (``tools/attention_report.py``, tests)."""
-    return run_command("report", argv)
+    return run_command("report", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ from vitkit.kernels import (
 from vitkit.kernels.autotune import AutotuneKey
 from vitkit.models import to_timm
 
-from .main import run_command
+from .commands import run_command
 from .parsers import parse_model_spec
 
 PRECISIONS = ("fp32", "bf16")
@@ -566,7 +566,7 @@ def _ort_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit benchmark`` in this process (``tools/benchmark.py``, tests)."""
-    return run_command("benchmark", argv)
+    return run_command("benchmark", run, argv)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -17,12 +17,12 @@ from pathlib import Path
 from vitkit.output_dirs import check_output_dir, claim_output_dir
 from vitkit.train import evaluate, write_evaluation
 
-from .main import run_command
+from .commands import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit evaluate`` in this process (``tools/evaluate.py``, tests)."""
-    return run_command("evaluate", argv)
+    return run_command("evaluate", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from vitkit.errors import UsageError
 from vitkit.explain import explorer_html, explorer_size
 from vitkit.output_dirs import check_output_file, write_output_file
 
+from .commands import run_command
 from .common import SKIPPED_INPUTS
 from .explain_io import (
     ConversionNote,
@@ -44,12 +45,11 @@ from .explain_io import (
     load_test_images,
     model_inputs,
 )
-from .main import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit explore`` in this process (``tools/explore.py``, tests)."""
-    return run_command("explore", argv)
+    return run_command("explore", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

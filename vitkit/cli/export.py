@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .commands import run_command
 from .explain_io import load_model_from_arguments, model_inputs
-from .main import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit export`` in this process (tests)."""
-    return run_command("export", argv)
+    return run_command("export", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

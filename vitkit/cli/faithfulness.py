@@ -35,21 +35,19 @@ from pathlib import Path
 import torch
 
 from vitkit.errors import UsageError
-from vitkit.explain import METHODS, FaithfulnessReport, LRPRules, faithfulness
+from vitkit.explain import FaithfulnessReport, LRPRules, faithfulness
 from vitkit.explain.render import faithfulness_figure
 from vitkit.files import atomic_write, markdown_table, write_csv
+from vitkit.method_names import MAP_METHODS
 from vitkit.output_dirs import claim_output_dir
 
+from .commands import run_command
 from .explain_io import load_model_from_arguments, load_test_images
-from .main import run_command
-
-#: The maps ``vitkit maps --method`` draws one by one (per-head grids explain no class).
-DRAWN_METHODS = tuple(method for method in METHODS if method != "heads")
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit faithfulness`` in this process (``tools/faithfulness.py``, tests)."""
-    return run_command("faithfulness", argv)
+    return run_command("faithfulness", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,7 +141,7 @@ def verdict(report: FaithfulnessReport, args: argparse.Namespace) -> str:
         return f"{name} (deletion {result.mean('deletion'):.3f}, insertion {result.mean('insertion'):.3f})"
 
     ranking = report.ranking()
-    drawn = [name for name in ranking if name in DRAWN_METHODS]
+    drawn = [name for name in ranking if name in MAP_METHODS]  # those vitkit maps --method draws one by one
     line = f"most faithful here (insertion minus deletion): {scores(ranking[0])}; "
     if drawn and drawn[0] == ranking[0]:
         return line + f"next: draw it with {maps_command(args, drawn[0])}"

@@ -32,7 +32,7 @@ from vitkit.output_dirs import claim_output_dir
 from vitkit.train import load_recipe, train
 from vitkit.train.config import timm_twin_overrides
 
-from .main import run_command
+from .commands import run_command
 
 #: Parts whose vitkit and timm rules differ (both draw the head from N(0, 0.02)).
 SWAPPABLE_PARTS = ("patch", "qkv", "proj", "mlp")
@@ -83,7 +83,7 @@ def variants(with_parts: bool, plain: Sequence[str] = ()) -> list[tuple[str, lis
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit init-ablation`` in this process (``tools/init_ablation.py``, tests)."""
-    return run_command("init-ablation", argv)
+    return run_command("init-ablation", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,18 +26,20 @@ from vitkit.explain import evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
 from vitkit.files import markdown_table, write_csv
 from vitkit.io import load_model_and_extra
+from vitkit.method_names import GRADIENT_METHODS
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train import train
 from vitkit.train.evaluate import datasets_for
 
-from .main import run_command
+from .commands import run_command
 
-METHODS = ("rollout", "grad_rollout", "chefer")
+#: The maps scored: rollout and the gradient methods.
+METHODS = ("rollout", *GRADIENT_METHODS)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit localize`` in this process (``tools/localization.py``, tests)."""
-    return run_command("localize", argv)
+    return run_command("localize", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,12 +12,12 @@ import argparse
 from vitkit.data.subset import make_subset
 from vitkit.errors import UsageError
 
-from .main import run_command
+from .commands import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit make-subset`` in this process (``tools/make_subset.py``, tests)."""
-    return run_command("make-subset", argv)
+    return run_command("make-subset", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

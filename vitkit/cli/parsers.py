@@ -1,8 +1,9 @@
 """The options of every ``vitkit`` command, kept free of torch so that ``--help`` and usage errors
 answer at once. Each command's description is its module's docstring, read without importing it.
 
-A few choices and defaults are the library's own constants, which live in modules that import
-torch; they are written out here (:data:`LIBRARY_CONSTANTS` lists them) and a test keeps them equal.
+The explanation methods' names come from their registry, :mod:`vitkit.method_names`, which imports
+nothing. A few other choices and defaults are the library's own constants, which live in modules that
+import torch; they are written out here (:data:`LIBRARY_CONSTANTS` lists them) and a test keeps them equal.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from ..method_names import BUILTIN_METHODS, METHODS
 from .common import int_at_least, number_in, positive_int, seed_int
 
 EXIT_STATUS_HELP = """exit status (every command):
@@ -25,18 +27,14 @@ EXIT_STATUS_HELP = """exit status (every command):
   130  stopped by Ctrl-C (as SIGTERM)
   1    a bug in vitkit (a traceback)"""
 
-#: Written out from the library (they live beside torch code): explain's map methods and rollout
-#: head fusions, HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
-METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "heads")
-FAITHFULNESS_METHODS = ("rollout", "grad_rollout", "chefer", "lrp", "integrated_gradients", "attention", "random")
+#: Written out from the library (they live beside torch code): explain's rollout head fusions,
+#: HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
 LRP_ATTENTION_RULES = ("cp", "attnlrp")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
 TTA_CHOICES = ("none", "hflip", "hflip_shift")
 LIBRARY_CONSTANTS = {
-    "vitkit.explain.METHODS": METHODS,
-    "vitkit.explain.BUILTIN_METHODS": FAITHFULNESS_METHODS,
     "vitkit.explain.lrp.ATTENTION_RULES": LRP_ATTENTION_RULES,
     "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
     "vitkit.explain.HeadThresholds()": HEAD_THRESHOLDS,
@@ -299,7 +297,7 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=positive_int, default=500,
                         help="test images measured, spread over the classes by --seed (the Fashion-MNIST fast model: about 4 s each "
                         "on 2 cores)")
-    parser.add_argument("--methods", nargs="+", choices=FAITHFULNESS_METHODS, default=list(FAITHFULNESS_METHODS),
+    parser.add_argument("--methods", nargs="+", choices=BUILTIN_METHODS, default=list(BUILTIN_METHODS),
                         help="methods measured (attention: the last attended layer's class-token attention; "
                         "random: chance level)")
     parser.add_argument("--baseline", choices=("mean", "blur"), default="mean",

@@ -35,14 +35,14 @@ from vitkit.errors import UsageError
 from vitkit.inference import predict, prediction_settings
 from vitkit.output_dirs import check_output_file, write_output_file
 
+from .commands import run_command
 from .common import SKIPPED_INPUTS, USAGE_ERROR
 from .explain_io import ConversionNote, find_images, load_model_from_arguments, model_inputs
-from .main import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit predict`` in this process (``tools/predict.py``, tests)."""
-    return run_command("predict", argv)
+    return run_command("predict", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

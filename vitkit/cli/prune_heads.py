@@ -91,7 +91,7 @@ from vitkit.train.artifacts import CONFIG_FILE, write_json
 from vitkit.train.evaluate import check_model_fits, data_config_for
 from vitkit.train.model_builder import build_model, load_starting_weights, pretrained_data
 
-from .main import run_command
+from .commands import run_command
 
 #: ``--max-drop`` of an iterative run that gives none (percentage points).
 DEFAULT_MAX_DROP = 1.0
@@ -356,7 +356,7 @@ def save_recovered(
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit prune`` in this process (``tools/prune_heads.py``, tests)."""
-    return run_command("prune", argv)
+    return run_command("prune", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

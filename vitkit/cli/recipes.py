@@ -13,12 +13,12 @@ import argparse
 
 from vitkit.recipe_files import SHIPPED, shipped_recipes
 
-from .main import run_command
+from .commands import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit recipes`` in this process (tests)."""
-    return run_command("recipes", argv)
+    return run_command("recipes", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

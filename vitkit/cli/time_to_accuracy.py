@@ -24,7 +24,7 @@ from vitkit.train import RecipeConfig, load_recipe, train
 from vitkit.train.config import timm_twin_overrides
 from vitkit.train.time_to_accuracy import TestAccuracyTimer, plot_time_to_accuracy, summarise
 
-from .main import run_command
+from .commands import run_command
 
 IMPLS = ("vitkit", "timm")
 
@@ -45,7 +45,7 @@ def runs_to_make(config: RecipeConfig, impls: list[str]) -> dict[str, list[str]]
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit time-to-accuracy`` in this process (``tools/time_to_accuracy.py``, tests)."""
-    return run_command("time-to-accuracy", argv)
+    return run_command("time-to-accuracy", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

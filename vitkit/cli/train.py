@@ -21,12 +21,12 @@ from typing import Any
 
 from vitkit.train import train
 
-from .main import run_command
+from .commands import run_command
 
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit train`` in this process (``tools/train.py``, tests)."""
-    return run_command("train", argv)
+    return run_command("train", run, argv)
 
 
 def run(args: argparse.Namespace) -> int:

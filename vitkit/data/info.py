@@ -10,7 +10,7 @@ from typing import Any, get_args
 from torch.utils.data import Dataset
 
 from ..errors import VitkitError
-from ..models.timm_interop import EvalCropMode, Interpolation, preprocessing_extra
+from ..preprocessing import EvalCropMode, Interpolation, preprocessing_extra
 
 #: ImageNet statistics, the default for image folders.
 IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
@@ -123,7 +123,7 @@ class DataInfo:
     ) -> DataInfo:
         """The eval preprocessing that a timm ``pretrained_cfg`` (``model.pretrained_cfg`` or
         ``timm.get_pretrained_cfg(name).to_dict()``) describes
-        (:func:`~vitkit.models.timm_interop.preprocessing_extra`); classes named by index unless
+        (:func:`~vitkit.preprocessing.preprocessing_extra`); classes named by index unless
         ``class_names`` are given."""
         return cls.from_extra(preprocessing_extra(cfg, num_classes, class_names))
 

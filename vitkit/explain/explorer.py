@@ -41,6 +41,7 @@ from PIL import Image
 
 from ..data import DataInfo, display_image
 from ..errors import VitkitError
+from ..method_names import CLASS_METHODS, LABELS, MAP_METHODS
 from ..models import VisionTransformer
 from .faithfulness import map_scores
 from .head_stats import HeadStats, attention_statistics, head_warnings
@@ -300,6 +301,8 @@ def explorer_payload(
             entry["name"] = class_names[entry["index"]]
         record["labelName"] = class_names[label] if label is not None else None
     config = model.config
+    # The per-head attention, then the maps (a model without a classifier has no class to explain).
+    maps = [method for method in MAP_METHODS if num_classes or method not in CLASS_METHODS]
     return {
         "version": 1,
         "grid": list(grid),
@@ -307,6 +310,8 @@ def explorer_payload(
         "prefixTokens": model.num_prefix_tokens,
         "pooling": config.global_pool,
         "headless": num_classes == 0,
+        "views": ["attention", *maps],
+        "viewNames": {"attention": "attention", **{method: LABELS[method] for method in maps}},
         "depth": len(heads),
         "layers": kept,
         "heads": heads,

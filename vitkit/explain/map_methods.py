@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import VitkitError
+from ..method_names import BUILTIN_METHODS
 from ..models import VisionTransformer
 from .faithfulness import pool_per_patch
 from .gradients import integrated_gradients
@@ -25,14 +26,6 @@ class NoAttentionError(VitkitError, ValueError):
 
 #: ``(model, images [B, C, H, W], targets [B]) -> [B, gh, gw]``.
 MapMethod = Callable[[VisionTransformer, torch.Tensor, torch.Tensor], torch.Tensor]
-
-#: vitkit's methods by name: the maps of ``vitkit maps``, Integrated Gradients summed per patch,
-#: the last attended layer's class-token attention averaged over heads (``attention``) and a
-#: uniformly random ranking (``random``).
-BUILTIN_METHODS: tuple[str, ...] = (
-    "rollout", "grad_rollout", "chefer", "lrp", "integrated_gradients", "attention", "random"
-)
-
 
 def _capture_method(method: str, rules: LRPRules | None) -> MapMethod:
     def run(model: VisionTransformer, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -70,7 +63,7 @@ class RandomMap:
 
 
 def map_method(name: str, *, seed: int = 0, rules: LRPRules | None = None) -> MapMethod:
-    """The built-in method ``name`` (:data:`BUILTIN_METHODS`); ``seed`` seeds ``random``, ``rules``
+    """The built-in method ``name`` (:data:`vitkit.method_names.BUILTIN_METHODS`); ``seed`` seeds ``random``, ``rules``
     configures ``lrp``."""
     if name == "random":
         return RandomMap(seed)

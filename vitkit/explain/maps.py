@@ -16,22 +16,15 @@ those explain one class's logit, and a headless model has none (:class:`Headless
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
+from ..method_names import CLASS_METHODS, GRADIENT_METHODS, METHODS, Method
 from ..models import VisionTransformer
 from .lrp import LRPRules, lrp_relevance, scaled_relevance
 from .rollout import HeadFusion, Pooling, attention_rollout, chefer_relevance, grad_rollout, per_head_maps
 from .targets import HeadlessModelError, Target, resolve_targets
-
-Method = Literal["rollout", "grad_rollout", "chefer", "lrp", "heads"]
-METHODS: tuple[str, ...] = get_args(Method)
-#: Methods that need the gradients of the target logit with respect to the attention.
-GRADIENT_METHODS: tuple[str, ...] = ("grad_rollout", "chefer")
-#: Methods that explain one class's logit (none for a model without a classifier).
-CLASS_METHODS: tuple[str, ...] = (*GRADIENT_METHODS, "lrp")
 
 
 @dataclass
@@ -201,6 +194,12 @@ def maps_from_capture(
     maps = patch_maps(
         capture, method, layer=layer, head_fusion=head_fusion, discard_ratio=discard_ratio, pooling=pooling
     )
+    return image_maps(capture, method, maps)
+
+
+def image_maps(capture: AttentionCapture, method: Method, maps: torch.Tensor) -> torch.Tensor:
+    """``method``'s :func:`patch_maps` of ``capture`` at image resolution, as :func:`maps_from_capture`
+    gives them: for a caller that also uses the patch maps themselves and computes them once."""
     if method == "lrp":
         maps = scaled_relevance(maps)
     return to_image_grid(maps, capture.grid, capture.image_size)

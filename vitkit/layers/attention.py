@@ -73,7 +73,7 @@ class AttentionOptions:
             diagonal is masked), which sharpens attention on small datasets.
         rope: 2-D rotary position embedding of the queries and keys (:mod:`.rope`): ``"none"``,
             ``"axial"`` (fixed frequencies, x and y halves of each head) or ``"mixed"``
-            (learnable frequencies per head). The forward then takes ``rope``, the tokens'
+            (learnable frequencies per head). The forward then takes ``positions``, the tokens'
             :class:`~vitkit.layers.TokenPositions`.
         rope_theta: RoPE's frequency base; default 100 (axial) or 10 (mixed), Heo et al.'s.
         rope_axes: ``"xy"`` (the first half of the axial pairs turns with x, Heo et al.) or
@@ -201,19 +201,21 @@ class AttentionBase(nn.Module):
         """``[B, N, H*d]`` to ``[B, H, N, d]``."""
         return rearrange(projected, "b n (h d) -> b h n d", h=self.num_heads)
 
-    def rotate(self, tokens: list[torch.Tensor], rope: TokenPositions | None, name: str = "rope") -> list[torch.Tensor]:
+    def rotate(
+        self, tokens: list[torch.Tensor], positions: TokenPositions | None, name: str = "positions"
+    ) -> list[torch.Tensor]:
         """Queries and/or keys ``[B, H, N, d]`` of the same tokens, rotated by those tokens'
         positions with this layer's RoPE (the angles computed once for all of them); unchanged
-        without RoPE (``rope`` is then ignored, so a model may always pass it)."""
+        without RoPE (``positions`` are then ignored, so a model may always pass them)."""
         if self.rope is None:
             return tokens
-        if rope is None:
+        if positions is None:
             raise ValueError(
                 f"rope={self.rope.kind!r} rotates queries and keys by position: pass {name}=TokenPositions(...) "
                 "(a ViT passes its own, see VisionTransformer.token_positions)."
             )
-        angles = rope.angles(self.rope)
-        return [rotate_tokens(x, angles, rope.num_prefix) for x in tokens]
+        angles = positions.angles(self.rope)
+        return [rotate_tokens(x, angles, positions.num_prefix) for x in tokens]
 
     def attend(
         self,
@@ -320,13 +322,13 @@ class MultiHeadSelfAttention(AttentionBase):
 
     @overload
     def forward(
-        self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., rope: TokenPositions | None = ...,
+        self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., positions: TokenPositions | None = ...,
         head_gates: torch.Tensor | None = ..., need_weights: Literal[False] = ...,
     ) -> torch.Tensor: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., rope: TokenPositions | None = ...,
+        self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., positions: TokenPositions | None = ...,
         head_gates: torch.Tensor | None = ..., need_weights: Literal[True],
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -335,7 +337,7 @@ class MultiHeadSelfAttention(AttentionBase):
         x: torch.Tensor,
         *,
         attn_bias: torch.Tensor | None = None,
-        rope: TokenPositions | None = None,
+        positions: TokenPositions | None = None,
         head_gates: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -346,7 +348,7 @@ class MultiHeadSelfAttention(AttentionBase):
             attn_bias: boolean mask (True = may attend) or additive float bias, broadcastable to
                 ``[B, H, N, N]`` (:mod:`.attention_masks`: :func:`~.attention_masks.padding_mask`,
                 :func:`~.attention_masks.causal_mask`).
-            rope: the tokens' positions (:class:`~vitkit.layers.TokenPositions`), by which RoPE
+            positions: the tokens' positions (:class:`~vitkit.layers.TokenPositions`), by which RoPE
                 rotates queries and keys; ignored without RoPE.
             head_gates: ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
             need_weights: also return the post-softmax weights (the explicit kernel runs).
@@ -360,7 +362,7 @@ class MultiHeadSelfAttention(AttentionBase):
             out, weights = self.no_heads(x, x.shape[1], need_weights)
         else:
             q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads).unbind(0)
-            q, k = self.rotate([self.q_norm(q), self.k_norm(k)], rope)
+            q, k = self.rotate([self.q_norm(q), self.k_norm(k)], positions)
             if self.locality:  # LSA: no token attends to itself
                 attn_bias = without_diagonal(attn_bias, x.shape[1], x.device)
             out, weights = self.attend(q, k, v, attn_bias, head_gates, need_weights)

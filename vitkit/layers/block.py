@@ -104,19 +104,19 @@ class EncoderBlock(nn.Module):
         x: torch.Tensor,
         *,
         attn_bias: torch.Tensor | None = None,
-        rope: TokenPositions | None = None,
+        positions: TokenPositions | None = None,
         head_gates: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``[B, N, D] -> [B, N, D]``; with ``need_weights`` also the attention's post-softmax
         weights ``[B, H, N, N]`` (part of the autograd graph).
 
-        ``attn_bias`` (boolean mask or additive bias), ``rope`` (the tokens' positions) and
+        ``attn_bias`` (boolean mask or additive bias), ``positions`` (the tokens' positions, for RoPE) and
         ``head_gates`` (``[H]`` or ``[B, H]``) go to the attention, as in
         :meth:`MultiHeadSelfAttention.forward`. A token no query may attend to never changes the
         other tokens' outputs (its own output depends on them: ignore it).
         """
-        attended = self.attn(self.norm1(x), attn_bias=attn_bias, rope=rope, head_gates=head_gates, need_weights=need_weights)
+        attended = self.attn(self.norm1(x), attn_bias=attn_bias, positions=positions, head_gates=head_gates, need_weights=need_weights)
         attended, weights = attended if need_weights else (attended, None)
         x = x + self.drop_path1(self.ls1(attended))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

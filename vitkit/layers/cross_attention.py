@@ -26,8 +26,8 @@ class CrossAttention(AttentionBase):
         context: torch.Tensor,
         *,
         attn_bias: torch.Tensor | None = None,
-        rope: TokenPositions | None = None,
-        context_rope: TokenPositions | None = None,
+        positions: TokenPositions | None = None,
+        context_positions: TokenPositions | None = None,
         head_gates: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +38,7 @@ class CrossAttention(AttentionBase):
             context: the keys' and values' tokens ``[B, M, D]``.
             attn_bias: boolean mask (True = may attend) or additive float bias, broadcastable to
                 ``[B, H, N, M]``.
-            rope, context_rope: with RoPE, the positions of ``x``'s and of ``context``'s tokens,
+            positions, context_positions: with RoPE, the positions of ``x``'s and of ``context``'s tokens,
                 by which the queries and the keys are rotated.
             head_gates: ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
             need_weights: also return the post-softmax weights ``[B, H, N, M]``.
@@ -55,7 +55,7 @@ class CrossAttention(AttentionBase):
             q = self.split_heads(linear_rows(self.qkv, x, slice(None, inner)))  # a LoRA adapter's update included
             kv = linear_rows(self.qkv, context, slice(inner, None))
             k, v = rearrange(kv, "b m (two h d) -> two b h m d", two=2, h=self.num_heads).unbind(0)
-            (q,) = self.rotate([self.q_norm(q)], rope, "rope")
-            (k,) = self.rotate([self.k_norm(k)], context_rope, "context_rope")
+            (q,) = self.rotate([self.q_norm(q)], positions, "positions")
+            (k,) = self.rotate([self.k_norm(k)], context_positions, "context_positions")
             out, weights = self.attend(q, k, v, attn_bias, head_gates, need_weights)
         return (out, weights) if need_weights else out  # type: ignore[return-value]

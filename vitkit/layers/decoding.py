@@ -50,7 +50,7 @@ class CausalSelfAttention(AttentionBase):
         *,
         kv_cache: KVCache | None = None,
         attn_bias: torch.Tensor | None = None,
-        rope: TokenPositions | None = None,
+        positions: TokenPositions | None = None,
         head_gates: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +60,7 @@ class CausalSelfAttention(AttentionBase):
             x: tokens ``[B, N, D]`` (one token per step when decoding, a chunk when prefilling).
             kv_cache: receives this call's keys and values; the queries attend to all of it.
             attn_bias: further mask or bias, broadcastable to ``[B, H, N, T + N]`` (``T`` cached).
-            rope: with RoPE, the positions of ``x``'s tokens (their place in the whole sequence).
+            positions: with RoPE, the positions of ``x``'s tokens (their place in the whole sequence).
             head_gates: ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
             need_weights: also return the post-softmax weights ``[B, H, N, T + N]``.
         """
@@ -70,7 +70,7 @@ class CausalSelfAttention(AttentionBase):
             out, weights = self.no_heads(x, cached + x.shape[1], need_weights)
             return (out, weights) if need_weights else out  # type: ignore[return-value]
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads).unbind(0)
-        q, k = self.rotate([self.q_norm(q), self.k_norm(k)], rope)  # the cache holds rotated keys
+        q, k = self.rotate([self.q_norm(q), self.k_norm(k)], positions)  # the cache holds rotated keys
         if kv_cache is not None:
             k, v = kv_cache.extend(k, v)
         if self.locality and kv_cache is None:  # LSA in a single causal pass: no token attends to itself

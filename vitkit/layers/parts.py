@@ -12,7 +12,7 @@ What each kind must accept (the built-in part is the reference):
 
 * block (:class:`~vitkit.layers.EncoderBlock`): ``(dim, num_heads, attention_options, *, mlp_ratio,
   drop_path, init_values, act_layer, attn_layer, mlp_layer, device, dtype)``; ``forward(x, *,
-  attn_bias=None, rope=None, head_gates=None, need_weights=False)``; its attention as ``.attn``.
+  attn_bias=None, positions=None, head_gates=None, need_weights=False)``; its attention as ``.attn``.
 * attention (:class:`~vitkit.layers.MultiHeadSelfAttention`): an
   :class:`~vitkit.layers.attention.AttentionBase` subclass, so head gates, pruning, maps and kernel
   choice work; ``forward`` as the block's, without the residuals.

@@ -16,14 +16,12 @@ vitkit lacks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import timm
 import torch
-from timm.data import DEFAULT_CROP_PCT
 from timm.layers import GELU as TimmGELU
 from timm.layers import AttentionPoolLatent, GELUTanh, LayerScale, Mlp, PatchEmbed, QuickGELU
 from timm.models.deit import VisionTransformerDistilled
@@ -33,6 +31,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..layers.lora import merge_lora_state_dict
+from ..preprocessing import PREPROCESSING_KEYS
 from .config import ViTConfig
 from .registry import MODEL_CONFIGS
 from .timm_eva import (
@@ -449,47 +448,16 @@ def from_timm(source: nn.Module | dict[str, torch.Tensor], name: str | None = No
     return model
 
 
-#: A resampling filter of the eval resize (timm's ``interpolation`` values).
-Interpolation = Literal["nearest", "bilinear", "bicubic", "area", "lanczos"]
-#: How the eval transform fits an image to its size (timm's ``crop_mode`` values).
-EvalCropMode = Literal["center", "squash", "border"]
-
-#: The keys of a timm ``pretrained_cfg`` that say how its weights see images (and which weights).
-PREPROCESSING_KEYS = ("architecture", "tag", "input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")
-
-
 def pretrained_preprocessing(cfg: Any, config: ViTConfig) -> dict[str, Any] | None:
     """The eval preprocessing part of a timm ``pretrained_cfg`` (``model.pretrained_cfg``, a dict,
     or ``timm.get_pretrained_cfg(name)``, a ``PretrainedCfg``; ``None`` gives ``None``), with the
     ``input_size`` ``(C, H, W)`` of the vitkit model of ``config`` (which may be resized).
-    :func:`preprocessing_extra` turns it into the eval transform's settings."""
+    :func:`vitkit.preprocessing.preprocessing_extra` turns it into the eval transform's settings."""
     if cfg is None:
         return None
     values = cfg if isinstance(cfg, dict) else cfg.to_dict()
     kept = {key: values[key] for key in PREPROCESSING_KEYS if values.get(key) is not None}
     return {**kept, "input_size": (config.in_chans, *config.img_size)}
-
-
-def preprocessing_extra(
-    cfg: dict[str, Any], num_classes: int, class_names: Sequence[str] | None = None
-) -> dict[str, Any]:
-    """The eval preprocessing that a timm ``pretrained_cfg`` (``model.pretrained_cfg``, or
-    ``timm.get_pretrained_cfg(name).to_dict()``: ``input_size`` ``(C, H, W)``, ``mean``, ``std``,
-    ``crop_pct``, ``crop_mode``, ``interpolation``) describes, as the ``extra`` metadata that
-    ``vitkit.save_model`` writes and ``vitkit.data.DataInfo.from_extra`` reads (JSON types); timm's
-    defaults where ``cfg`` has no value, classes named by index unless ``class_names`` are given."""
-    in_chans, height, width = cfg["input_size"]
-    return {
-        "mean": [float(m) for m in cfg["mean"]],
-        "std": [float(s) for s in cfg["std"]],
-        "img_size": [int(height), int(width)],
-        "in_chans": int(in_chans),
-        "class_names": list(class_names or (f"class {i}" for i in range(num_classes))),
-        "dataset": str(cfg.get("architecture") or "timm"),
-        "crop_pct": float(DEFAULT_CROP_PCT if cfg.get("crop_pct") is None else cfg["crop_pct"]),  # 0 stays 0: refused
-        "crop_mode": str(cfg.get("crop_mode") or "center"),
-        "interpolation": str(cfg.get("interpolation") or "bilinear"),
-    }
 
 
 def _check_keys(state: dict[str, torch.Tensor], model: VisionTransformer) -> None:

@@ -344,7 +344,7 @@ class VisionTransformer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One block on ``x`` (checkpointed when enabled); its weights only when asked for, so the
         fused kernel runs otherwise."""
-        kwargs = {"head_gates": gates, "rope": positions, "need_weights": need_weights, "attn_bias": attn_bias}
+        kwargs = {"head_gates": gates, "positions": positions, "need_weights": need_weights, "attn_bias": attn_bias}
         out = checkpoint(block, x, use_reentrant=False, **kwargs) if self._checkpointing() else block(x, **kwargs)
         return out if need_weights else (out, None)
 
@@ -555,7 +555,7 @@ def _block_macs(config: ViTConfig, num_heads: int) -> int:
     tokens = torch.empty(1, config.num_tokens, config.embed_dim, device="meta")
     positions = TokenPositions.of_grid(config.grid_size, config.num_prefix_tokens, device="meta")
     with FlopCounterMode(display=False) as counter:
-        block(tokens, rope=positions)
+        block(tokens, positions=positions)
     return counter.get_total_flops() // 2
 
 

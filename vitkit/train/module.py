@@ -18,7 +18,7 @@ from torch import nn
 from ..data.multicrop import MultiCrop
 from ..errors import VitkitError
 from ..evaluation import black_level
-from ..io import FORMAT_KEY, FORMAT_VERSION
+from ..io import EMA_PREFIX, FORMAT_KEY, FORMAT_VERSION, MODEL_PREFIX
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
 from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
@@ -110,13 +110,13 @@ class ViTModule(L.LightningModule):
         self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra,
                                    FORMAT_KEY: FORMAT_VERSION})
         self.optim_config: OptimConfig = recipe.optim
-        self.model = model
+        self.model = model  # saved under MODEL_PREFIX, the attribute's name
         self.task = task if task is not None else build_task(recipe, vit_config, extra)
         self.task.prepare(self.model)
         # The EMA copy is updated in place, never by gradients. Kept out of the module's children
         # (as the teacher), DDP and FSDP neither wrap nor shard it, the optimiser and clipping never
         # see it; it follows the module's device, dtype and train/eval mode (:meth:`_apply`,
-        # :meth:`train`) and is saved under the same ``ema.module.*`` keys as when it was a child.
+        # :meth:`train`) and is saved under the same keys (EMA_PREFIX) as when it was a child.
         # The training-kernel chooser no longer sets its attention modules during training steps,
         # which never run it: it runs in evaluation, where every module is back to "auto" anyway.
         self.__dict__["ema"] = ModelEmaV3(self.model, decay=self.optim_config.ema_decay) if self.optim_config.ema else None
@@ -166,7 +166,7 @@ class ViTModule(L.LightningModule):
         (LoRA adapters merged, a timm reference converted, so every tool takes it)."""
         model = self.task.exported_model(self.inference_model)
         if self.unsharded is not None:  # this rank holds shards: every rank gathers the whole model
-            model = load_gathered(self.unsharded, self.trainer.model, prefix="model.")
+            model = load_gathered(self.unsharded, self.trainer.model, prefix=MODEL_PREFIX)
         if has_lora(model):  # a plain model for every tool: the adapters folded into the weights
             model = merge_lora(copy.deepcopy(model))
         if not isinstance(model, VisionTransformer):
@@ -290,9 +290,10 @@ class ViTModule(L.LightningModule):
 
 
 def _save_ema(module: ViTModule, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
-    """State-dict post-hook: the EMA copy's tensors under ``ema.module.*``, where they were when the
-    copy was a child of the module (checkpoints of either layout load into the other)."""
-    module.ema.state_dict(destination=state_dict, prefix=f"{prefix}ema.")
+    """State-dict post-hook: the EMA copy's tensors under :data:`~vitkit.io.EMA_PREFIX`
+    (``ema.module.*``), where they were when the copy was a child of the module (checkpoints of
+    either layout load into the other)."""
+    module.ema.module.state_dict(destination=state_dict, prefix=f"{prefix}{EMA_PREFIX}")
 
 
 def _load_ema(
@@ -305,11 +306,11 @@ def _load_ema(
     unexpected_keys: list[str],
     error_msgs: list[str],
 ) -> None:
-    """Load-state-dict pre-hook: the ``ema.module.*`` entries taken out of ``state_dict`` into the
-    EMA copy; missing or unexpected ones are reported as the module's own would be."""
-    head = f"{prefix}ema."
+    """Load-state-dict pre-hook: the :data:`~vitkit.io.EMA_PREFIX` entries taken out of ``state_dict``
+    into the EMA copy; missing or unexpected ones are reported as the module's own would be."""
+    head = f"{prefix}{EMA_PREFIX}"
     ema_state = {key[len(head):]: state_dict.pop(key) for key in [key for key in state_dict if key.startswith(head)]}
-    result = module.ema.load_state_dict(ema_state, strict=False)
+    result = module.ema.module.load_state_dict(ema_state, strict=False)
     missing_keys.extend(head + key for key in result.missing_keys)
     unexpected_keys.extend(head + key for key in result.unexpected_keys)
 

@@ -7,9 +7,9 @@
   const PATCHES = GH * GW;
   const N = DATA.tokens;
   const PRE = DATA.prefixTokens;
-  // A headless model (no classifier) has no class to explain: attention and rollout only.
-  const VIEWS = DATA.headless ? ["attention", "rollout"] : ["attention", "rollout", "grad_rollout", "chefer", "lrp"];
-  const VIEW_NAMES = { attention: "attention", rollout: "rollout", grad_rollout: "grad rollout", chefer: "Chefer et al.", lrp: "AttnLRP" };
+  // The views and their names, from vitkit.method_names (a headless model: attention and rollout only).
+  const VIEWS = DATA.views;
+  const VIEW_NAMES = DATA.viewNames;
   const $ = (id) => document.getElementById(id);
 
   // Viridis at t = 0, 0.1, ..., 1, linearly interpolated.
@@ -470,9 +470,16 @@
   $("head").addEventListener("change", (e) => api.select({ head: e.target.value === "mean" ? "mean" : Number(e.target.value) }));
   for (const input of document.querySelectorAll("input[name=direction]")) input.addEventListener("change", (e) => api.select({ direction: e.target.value }));
   for (const input of document.querySelectorAll("input[name=normalization]")) input.addEventListener("change", (e) => api.select({ normalization: e.target.value }));
-  for (const input of document.querySelectorAll("input[name=view]")) {
-    if (!VIEWS.includes(input.value)) input.parentElement.hidden = true;
+  for (const view of VIEWS) {
+    const label = document.createElement("label");
+    const input = document.createElement("input");
+    input.type = "radio";
+    input.name = "view";
+    input.value = view;
+    input.checked = view === state.view;
     input.addEventListener("change", (e) => api.select({ view: e.target.value }));
+    label.append(input, ` ${VIEW_NAMES[view]}`);
+    $("views").appendChild(label);
   }
   $("opacity").addEventListener("input", (e) => api.select({ opacity: Number(e.target.value) }));
   $("prefix-token").addEventListener("click", () => api.select({ token: 0, view: "attention" }));
