@@ -192,6 +192,21 @@ def lightning_checkpoint(state: dict, config: ViTConfig, path: Path) -> Path:
     return path
 
 
+def test_a_float64_model_merges_in_float64() -> None:
+    model = VisionTransformer(CONFIG).double()
+    add_lora(model, LoraConfig(rank=2, targets=["qkv", "fc1"]))
+    state = model.state_dict()
+    merged = merge_lora_state_dict(state)
+    assert torch.equal(merged["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"])  # B is zero: exact
+    noisy_(model)
+    state = model.state_dict()
+    merged = merge_lora_state_dict(state)
+    key = "blocks.1.mlp.fc1."
+    expected = state[key + "weight"] + state[key + "lora_scale"] * (state[key + "lora_B"] @ state[key + "lora_A"])
+    assert merged[key + "weight"].dtype == torch.float64
+    torch.testing.assert_close(merged[key + "weight"], expected, rtol=1e-12, atol=1e-14)
+
+
 def test_a_state_dict_without_adapters_comes_back_unchanged() -> None:
     state = VisionTransformer(CONFIG).state_dict()
     assert merge_lora_state_dict(state) is state and not has_lora(state)
