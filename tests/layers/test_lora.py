@@ -99,6 +99,14 @@ def test_only_the_adapters_train_and_the_base_weights_stay() -> None:
     assert changed == {name for name in trainable if name.endswith("lora_B")}  # A moves only once B is nonzero
 
 
+def test_an_adapter_takes_over_its_base_layers_tensors_and_they_stop_requiring_grad() -> None:
+    base = nn.Linear(6, 4)
+    layer = LoRALinear(base, rank=2, alpha=2.0)
+    assert layer.weight is base.weight and layer.bias is base.bias
+    assert not base.weight.requires_grad and not base.bias.requires_grad
+    assert layer.lora_A.requires_grad and layer.lora_B.requires_grad
+
+
 def test_adapter_dropout_acts_on_the_adapter_path_in_training_only() -> None:
     base = nn.Linear(8, 8)
     layer = noisy_(LoRALinear(base, rank=4, alpha=4.0, dropout=0.5))
