@@ -416,6 +416,16 @@ def test_causal_attention_with_a_float_bias_keeps_its_causal_mask(attn_impl: str
     assert torch.equal(weights[..., upper], torch.zeros_like(weights[..., upper]))
 
 
+def test_lsa_decoding_with_a_kv_cache_masks_each_tokens_own_key_as_the_full_causal_pass() -> None:
+    causal = as_layer(CausalSelfAttention, make_msa(attn_impl="explicit", locality=True).eval())
+    x = torch.randn(BATCH, TOKENS, DIM)
+    full, weights = causal(x, need_weights=True)
+    assert torch.equal(weights.diagonal(dim1=-2, dim2=-1), torch.zeros(BATCH, HEADS, TOKENS))  # none sees itself
+    cache = KVCache()
+    chunks = [causal(x[:, a:b], kv_cache=cache) for a, b in [(0, 1), (1, 4), (4, 5), (5, 7)]]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, **TOL)
+
+
 def test_kv_cache_chunked_prefill_then_decoding_equals_full_causal_pass() -> None:
     causal = as_layer(CausalSelfAttention, make_msa(attn_impl="explicit").eval())
     x = torch.randn(BATCH, TOKENS, DIM)
