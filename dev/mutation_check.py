@@ -255,6 +255,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "the recipe's 1-channel statistics compared with the first channel's"),
     Mutation("finetune", "vitkit/train/model_builder.py", "if data.interpolation is None and interpolation is not None:",
              "if False:", ("tests/train/test_finetune.py",), "the weights' interpolation not used"),
+    Mutation("finetune", "vitkit/pretrained.py", "and tuple(weights.class_names) != tuple(class_names)", "and False",
+             ("tests/test_pretrained.py",), "a classifier of other classes of the same count kept"),
     Mutation("finetune", "vitkit/models/vision_transformer.py", 'blocks=[(r"^blocks\\.(\\d+)", None), (r"^norm\\.", (99999,))],',
              'blocks=[(r"^blocks\\.(\\d+)", None)],', ("tests/train/test_finetune_optim.py",),
              "the final norm learns at the head's rate, not the last block's"),
