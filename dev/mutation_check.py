@@ -7,7 +7,8 @@ the tests that should catch it, and report which mutations survive.
     python dev/mutation_check.py --check            # each fragment applies once, its tests exist (.ci/run)
 
 Each mutation replaces one exact source fragment (it must occur exactly once in its file, so the
-list fails loudly when the code moves) and names the test files to run. "killed" means those
+list fails loudly when the code moves) and names the tests to run: files, or one test of a file
+(``tests/test_export.py::test_name``) where the whole file would be slow. "killed" means those
 tests failed, as they should; "survived" means the bug went unnoticed. Exit code 1 if any
 mutation survived or no longer applies. A developer tool: not part of the installed package, and
 its fragment check runs as a CI step of its own, so refactoring a listed line does not fail the
@@ -38,6 +39,19 @@ class Mutation:
     new: str
     tests: tuple[str, ...]
     what: str
+
+
+#: Single tests for mutations whose whole test file is slow (a training run, ONNX exports).
+FINETUNE_GRAY = "tests/train/test_finetune.py::test_grayscale_data_from_rgb_weights_are_normalised_with_the_average_of_their_statistics"
+RECOVER = "tests/prune/test_prune_recover.py::test_recover_steps_measures_each_steps_pruned_model_and_what_recover_returns"
+RECOVER_LR = "tests/prune/test_prune_recover.py::test_recovery_lr_is_a_tenth_of_the_recipes_and_its_min_lr_is_capped_at_the_lr"
+LRP_LXT = "tests/explain/test_lrp.py::test_relevance_equals_lxt_on_the_models_torchvision_twin"
+IG_FLOAT64 = "tests/explain/test_gradients.py::test_a_float64_model_equals_captum_to_1e_9_and_keeps_the_images_dtype"
+EXPORT_MODE = "tests/test_export.py::test_the_model_is_left_as_it_was_in_training_mode_with_its_kernels"
+EXPORT_META = "tests/test_export.py::test_the_batch_is_symbolic_only_with_dynamic_batch_and_the_preprocessing_is_in_the_metadata"
+T_ATT = "tests/layers/test_attention.py"
+HOSTILE = "tests/cli/test_hostile_input.py::"
+PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leaves_a_training_model_as_it_was"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -79,8 +93,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/explain/test_lrp.py",), "the gamma rule favours the opposing contributions"),
     Mutation("explain", "vitkit/explain/faithfulness_report.py", "        twin.reset_parameters()\n", "",
              ("tests/explain/test_faithfulness_report.py",), "the sanity check compares the model with itself"),
-    Mutation("explain", "vitkit/explain/gradients.py", "torch.from_numpy(0.5 * weights).float()",
-             "torch.full((steps,), 1.0 / steps)", ("tests/explain/test_gradients.py",),
+    Mutation("explain", "vitkit/explain/gradients.py", "torch.from_numpy(0.5 * weights).to(dtype)",
+             "torch.full((steps,), 1.0 / steps, dtype=dtype)", ("tests/explain/test_gradients.py",),
              "Integrated Gradients averages the path instead of Gauss-Legendre weighting"),
     Mutation("layers", "vitkit/layers/positions.py", "picked = xy.gather(1, keep", "picked = xy.gather(1, 0 * keep",
              ("tests/layers/test_positions.py",), "dropped tokens lose their positions"),
@@ -231,6 +245,122 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("usability", "vitkit/explain/faithfulness_report.py", "if on_batch is not None and on_batch(done):",
              "if on_batch is not None and on_batch(done) and False:", ("tests/explain/test_faithfulness_cli.py",),
              "a stopped faithfulness run measures every image"),
+
+    # the fine-tuning, faithfulness, deploy and house subjects (issue 53)
+    Mutation("finetune", "vitkit/train/model_builder.py", "used[key] = (sum(values) / len(values),) if channels == 1",
+             "used[key] = (values[0],) if channels == 1", (FINETUNE_GRAY,),
+             "1-channel data normalised with the first channel's mean and std, not their average"),
+    Mutation("finetune", "vitkit/train/model_builder.py", "theirs = [sum(theirs) / len(theirs)] if channels == 1",
+             "theirs = theirs[:1] if channels == 1", (FINETUNE_GRAY,),
+             "the recipe's 1-channel statistics compared with the first channel's"),
+    Mutation("finetune", "vitkit/train/model_builder.py", "if data.interpolation is None and interpolation is not None:",
+             "if False:", ("tests/train/test_finetune.py",), "the weights' interpolation not used"),
+    Mutation("finetune", "vitkit/pretrained.py", "and tuple(weights.class_names) != tuple(class_names)", "and False",
+             ("tests/test_pretrained.py",), "a classifier of other classes of the same count kept"),
+    Mutation("finetune", "vitkit/models/vision_transformer.py", 'blocks=[(r"^blocks\\.(\\d+)", None), (r"^norm\\.", (99999,))],',
+             'blocks=[(r"^blocks\\.(\\d+)", None)],', ("tests/train/test_finetune_optim.py",),
+             "the final norm learns at the head's rate, not the last block's"),
+    Mutation("finetune", "vitkit/models/vision_transformer.py",
+             'rope = {name for name, _ in self.named_parameters() if name.endswith(".rope.freqs")}', "rope = set()",
+             ("tests/train/test_finetune_optim.py",), "mixed-RoPE frequencies weight-decayed"),
+    Mutation("lora", "vitkit/layers/lora.py", "work = torch.promote_types(weight.dtype, torch.float32)",
+             "work = torch.float32", ("tests/layers/test_lora.py",), "a float64 model's adapters merged in float32"),
+    Mutation("lora", "vitkit/layers/lora.py", "torch.tensor(alpha / rank, **factory)", "torch.tensor(alpha, **factory)",
+             ("tests/layers/test_lora.py",), "the update scaled by alpha, not alpha / rank"),
+    Mutation("lora", "vitkit/layers/lora.py", "        self.train(base.training)  #", "        pass  #",
+             ("tests/layers/test_lora.py",), "an adapter added to a model in eval mode drops"),
+    Mutation("lora", "vitkit/layers/lora.py", "update = F.linear(F.linear(self.lora_dropout(x), self.lora_A)",
+             "update = F.linear(F.linear(x, self.lora_A)", ("tests/layers/test_lora.py",), "the adapter's dropout ignored"),
+    Mutation("lora", "vitkit/layers/lora.py", "        self.weight.requires_grad_(False)\n", "",
+             ("tests/layers/test_lora.py",), "the base weights train under LoRA"),
+    Mutation("recovery", "vitkit/prune/recovery.py", "val_after = evaluate_accuracy(recovered, val_loader",
+             "val_after = evaluate_accuracy(pruned, val_loader", (RECOVER,),
+             "the accuracy after recovery measured on the unrecovered model"),
+    Mutation("recovery", "vitkit/prune/recovery.py", "min_lr=min(optim.min_lr, lr)", "min_lr=optim.min_lr",
+             (RECOVER_LR,), "the recovery's min_lr not capped at its lr"),
+    Mutation("recovery", "vitkit/prune/recovery.py", "lr = optim.lr * DEFAULT_LR_SHARE if lr is None else lr",
+             "lr = optim.lr if lr is None else lr", (RECOVER_LR,), "recovery at the recipe's peak lr"),
+    Mutation("recovery", "vitkit/prune/recovery.py", ', "optim.warmup_epochs=0",', ",",
+             (RECOVER_LR,), "recovery warms up"),
+    Mutation("recovery", "vitkit/prune/recovery.py", "if recovered.heads_per_layer() != step.heads_per_layer:",
+             "if False:", (RECOVER,), "a recovery that changes the head counts accepted"),
+    Mutation("faithful", "vitkit/explain/faithfulness.py", "insertion, _ = curve(lambda count: ranks < count, False)",
+             "insertion, _ = curve(lambda count: ranks >= patches - count, False)",
+             ("tests/explain/test_faithfulness.py",), "insertion reveals the least relevant patches first"),
+    Mutation("faithful", "vitkit/explain/faithfulness.py", "_, negative = curve(lambda count: ranks >= patches - count, True)",
+             "_, negative = curve(lambda count: ranks < count, True)", ("tests/explain/test_faithfulness.py",),
+             "the negative test deletes the most relevant patches first"),
+    Mutation("faithful", "vitkit/explain/faithfulness.py", "torch.trapezoid(getattr(self, name), self.fractions, dim=-1)",
+             "getattr(self, name).mean(dim=-1)", ("tests/explain/test_faithfulness.py",),
+             "areas as the mean of the steps, not the trapezoid"),
+    Mutation("faithful", "vitkit/explain/faithfulness.py", "return F.avg_pool2d(padded, 11, stride=1)",
+             "return torch.zeros_like(images)", ("tests/explain/test_faithfulness.py",), "the blur baseline is the mean"),
+    Mutation("faithful", "vitkit/explain/lrp.py", "given, work = images.dtype, torch.promote_types(parameter.dtype, torch.float32)",
+             "given, work = torch.float32, torch.float32", (LRP_LXT,), "a float64 model's relevance in float32"),
+    Mutation("faithful", "vitkit/explain/lrp.py", "linear = (x - mean) / std.detach()", "linear = (x - mean) / std",
+             ("tests/explain/test_lrp.py",), "LayerNorm's standard deviation not constant in the backward pass"),
+    Mutation("faithful", "vitkit/explain/lrp.py", "_ScaleGradient.apply(chunk, 2.0 if kind == \"v\" else 4.0)",
+             "_ScaleGradient.apply(chunk, 4.0 if kind == \"v\" else 2.0)", ("tests/explain/test_lrp.py",),
+             "AttnLRP's query/key and value splits swapped"),
+    Mutation("faithful", "vitkit/explain/gradients.py", "work = torch.promote_types(parameter.dtype, torch.float32)  #",
+             "work = torch.float32  #", (IG_FLOAT64,), "a float64 model's integrated gradients summed in float32"),
+    Mutation("faithful", "vitkit/explain/gradients.py", "return ((images - start).to(work) * total).to(given)",
+             "return (images.to(work) * total).to(given)", ("tests/explain/test_gradients.py",),
+             "integrated gradients ignore the baseline in the last product"),
+    Mutation("faithful", "vitkit/explain/gradients.py", "path_targets = targets.repeat(steps)",
+             "path_targets = targets.repeat_interleave(steps)", ("tests/explain/test_gradients.py",),
+             "path points explain another image's target"),
+    Mutation("deploy", "vitkit/export.py", "        model.train(was_training)", "        pass",
+             (EXPORT_MODE,), "export_onnx leaves a model in training mode in eval mode"),
+    Mutation("deploy", "vitkit/export.py", "            module.attn_impl = kernel", "            pass",
+             (EXPORT_MODE,), "export_onnx leaves every attention layer pinned to SDPA"),
+    Mutation("deploy", "vitkit/export.py", "PREPROCESSING_KEY, json.dumps(extra or {})", "PREPROCESSING_KEY, json.dumps({})",
+             (EXPORT_META,), "the preprocessing left out of the ONNX file"),
+    Mutation("deploy", "vitkit/export.py", 'dynamic_shapes={"images": {0: "batch"}} if dynamic_batch else None',
+             "dynamic_shapes=None", (EXPORT_META,), "--dynamic-batch ignored"),
+    Mutation("deploy", "vitkit/export.py", "batches = images.split(1) if self.fixed_batch else (images,)",
+             "batches = (images,)", ("tests/test_export.py::test_predict_on_the_onnx_file_gives_the_model_file_s_output",),
+             "a graph of batch 1 given every image at once"),
+    Mutation("deploy", "vitkit/inference.py", "        model.train(was_training)", "        pass", (PREDICT_MODE,),
+             "predict leaves a model in training mode in eval mode"),
+    Mutation("deploy", "vitkit/inference.py", "    model.eval()\n    device", "    device", (PREDICT_MODE,),
+             "predict runs a model in training mode with its dropout"),
+    Mutation("house", "vitkit/layers/decoding.py", 'bias = attn_bias.to(x.device).masked_fill(~causal, float("-inf"))',
+             "bias = attn_bias.to(x.device)", (T_ATT,), "causal attention with a float bias loses its causal mask"),
+    Mutation("house", "vitkit/layers/attention_masks.py", "    attn_bias = attn_bias.to(like.dtype)\n", "",
+             (T_ATT,), "a float bias not cast to the queries' dtype"),
+    Mutation("house", "vitkit/layers/attention_masks.py", "return attn_bias.masked_fill(~row_has_key, 0.0), row_has_key",
+             "return attn_bias, row_has_key", (T_ATT,), "a row whose bias is all -inf gives NaN"),
+    Mutation("house", "vitkit/layers/attention_masks.py", "return cols <= rows + offset", "return cols <= rows",
+             (T_ATT,), "the causal mask aligned top-left with a KV cache"),
+    Mutation("house", "vitkit/layers/decoding.py", "if self.locality:  # LSA", "if self.locality and kv_cache is None:  # LSA",
+             (T_ATT,), "LSA decoding with a KV cache lets each token see itself"),
+    Mutation("house", "vitkit/layers/attention_masks.py", "== rows + (keys - num_tokens)", "== rows",
+             (T_ATT,), "LSA's diagonal aligned top-left against a KV cache"),
+    Mutation("house", "vitkit/output_dirs.py",
+             "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n        except BlockingIOError:\n            holder",
+             "            pass\n        except BlockingIOError:\n            holder",
+             (HOSTILE + "test_the_lock_of_a_killed_run_is_not_stale",), "a run directory resumed by two processes at once"),
+    Mutation("house", "vitkit/output_dirs.py", "        if complete:\n            _write_marker", "        if True:\n            _write_marker",
+             (HOSTILE + "test_a_folder_a_stopped_command_left_is_named_by_the_next_run",),
+             "a stopped command's folder marked complete"),
+    Mutation("house", "vitkit/output_dirs.py", 'if previous.get("state") == "running":', "if False:",
+             (HOSTILE + "test_a_folder_a_stopped_command_left_is_named_by_the_next_run",),
+             "a folder a stopped command left half-written not named"),
+    Mutation("house", "vitkit/output_dirs.py", "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK",
+             "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK",
+             (HOSTILE + "test_a_marker_that_is_a_symlink_is_refused_and_its_target_never_written",),
+             "a marker that is a symlink followed"),
+    Mutation("house", "vitkit/layers/decoding.py", "causal = causal_mask(x.shape[1], k.shape[-2], x.device)",
+             "causal = causal_mask(x.shape[1], x.shape[1], x.device)", (T_ATT,),
+             "the queries attend to their own chunk only, not to the cached keys"),
+    Mutation("house", "vitkit/io.py", 'values.setdefault("pos_drop_rate", values.get("drop_rate", 0.0))',
+             'values.setdefault("pos_drop_rate", 0.0)', ("tests/test_io_upgrade.py", "tests/train/test_resume_upgrade.py"),
+             "a format-1 model's position dropout lost (it followed drop_rate)"),
+    Mutation("house", "vitkit/io.py", "    if not isinstance(values, dict) or version == FORMAT_VERSION:\n        return values",
+             "    if True:\n        return values", ("tests/test_io_upgrade.py",), "format-1 model configs not upgraded"),
+    Mutation("house", "vitkit/io.py", 'values["locality"] = values.pop("locality_attention")', 'values.pop("locality_attention")',
+             ("tests/test_io_upgrade.py",), "an old file's locality_attention dropped, not renamed"),
 )
 
 
@@ -279,8 +409,12 @@ def stale(mutations: tuple[Mutation, ...]) -> list[str]:
             problems.append(f"{mutation.path}: {mutation.what}: the fragment occurs {count} times, not once")
         if mutation.old == mutation.new:
             problems.append(f"{mutation.path}: {mutation.what}: the replacement equals the fragment")
-        problems += [f"{mutation.path}: {mutation.what}: no test file {test}" for test in mutation.tests
-                     if not (ROOT / test).is_file()]
+        for test in mutation.tests:
+            file, _, name = test.partition("::")
+            if not (ROOT / file).is_file():
+                problems.append(f"{mutation.path}: {mutation.what}: no test file {file}")
+            elif name and f"def {name.partition('[')[0]}(" not in (ROOT / file).read_text():
+                problems.append(f"{mutation.path}: {mutation.what}: no test {name} in {file}")
     return problems
 
 

@@ -23,7 +23,7 @@ heads is removed by
 
 Both orders score heads on the same ``--score-batches`` batches of training images (no
 augmentation). Every pruned model is then recovered the same way, by the recovery of ``vitkit
-prune --recover-epochs N`` (:class:`vitkit.cli.prune_heads.RecipeRecovery`: the model's recipe,
+prune --recover-epochs N`` (:class:`vitkit.prune.RecipeRecovery`: the model's recipe,
 ``config.yaml`` of its run directory, from the pruned weights, a tenth of its lr, no warm-up).
 Accuracy is top-1 on the test images alone (no mirrored views), before and after recovery; the
 speed-up is the median forward time of the unpruned model over the pruned one, every model timed
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,12 @@ import torch_pruning as tp
 from matplotlib.figure import Figure
 from torch import nn
 
-from vitkit.cli.prune_heads import RecipeRecovery
 from vitkit.evaluation import Batch
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, count_parameters, to_timm, vit_flops
 from vitkit.prune import (
     PruningStep,
+    RecipeRecovery,
     RecoveredStep,
     evaluate_accuracy,
     importance_scorer,
@@ -63,7 +64,6 @@ from vitkit.prune import (
     time_forward,
 )
 from vitkit.prune.evaluate import eval_loaders
-from vitkit.train import load_recipe
 from vitkit.train.artifacts import CONFIG_FILE, write_json
 from vitkit.train.evaluate import data_config_for
 
@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     model, extra = load_model_and_extra(args.model)
     model.eval()
     recipe = args.model.parent / CONFIG_FILE
-    optim = load_recipe(recipe).optim
+    template = RecipeRecovery.from_recipe(recipe, epochs=args.recover_epochs, out=args.out, extra=extra,
+                                          source=str(args.model))  # the learning rates of vitkit prune's
     splits = eval_loaders(data_config_for(extra, [], model), args.batch_size)
     assert splits.test is not None
     score_on = first_batches(splits.train, args.score_batches)
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     speedups = iter([seconds[0] / s for s in seconds[1:]])
     speed = {name: [next(speedups) for _ in order] for name, order in steps.items()}
 
-    lr = optim.lr / 10
+    lr = template.lr
     results: dict[str, Any] = {
         "model": str(args.model), "title": args.title or f"{extra.get('recipe', 'model')}: pruning {total} heads, then recovery",
         "heads": total, "counts": counts, "test_acc": evaluate_accuracy(model, splits.test),
@@ -261,8 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, order in steps.items():
         folder = args.out / "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
-        recovery = RecipeRecovery(recipe=recipe, epochs=args.recover_epochs, lr=lr, min_lr=min(optim.min_lr, lr),
-                                  data=[], out=folder, extra=extra, source=str(args.model))
+        recovery = dataclasses.replace(template, out=folder, runs={})
         for step, speedup in zip(order, speed[name], strict=True):
             (result,) = recover_steps(model, [step], recovery, val_loader=splits.val, test_loader=splits.test)
             results["orders"][name][str(total - step.heads_left)] = row(result, speedup)

@@ -93,6 +93,18 @@ def test_the_batch_is_symbolic_only_with_dynamic_batch_and_the_preprocessing_is_
     assert_parity(model, tmp_path / "dynamic.onnx", batch=5, dynamic_batch=True)
 
 
+def test_the_model_is_left_as_it_was_in_training_mode_with_its_kernels(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = noisy(vitkit.VisionTransformer(**TINY, attn_impl="explicit", drop_rate=0.5)).train()
+    path = export_onnx(model, tmp_path / "m.onnx")
+    assert all(module.training for module in model.modules())  # as it was: in training mode
+    assert {module.attn_impl for module in model.modules() if hasattr(module, "attn_impl")} == {"explicit"}
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # the graph is the eval forward: no dropout
+        expected = model.eval()(images).numpy()
+    np.testing.assert_allclose(run_onnx(path, images), expected, atol=1e-4, rtol=1e-4)
+
+
 def test_another_input_size_needs_dynamic_img_size_and_whole_patches(tmp_path: Path) -> None:
     torch.manual_seed(0)
     with pytest.raises(ExportError, match="no dynamic_img_size"):

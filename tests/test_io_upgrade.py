@@ -144,6 +144,19 @@ def write_format_1_rope(path: Path, damage: str = "") -> Path:
     return path
 
 
+def test_a_format_1_drop_rate_also_drops_the_position_embedded_tokens_as_it_did(tmp_path: Path) -> None:
+    model = vitkit.VisionTransformer(img_size=8, patch_size=4, num_classes=3, embed_dim=16, depth=1, num_heads=2,
+                                     drop_rate=0.1)
+    config = model.config.to_dict()
+    for key in ("block", "attn_layer", "mlp_layer", "pos_drop_rate"):  # fields format 1 did not have
+        config.pop(key, None)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    path = tmp_path / "old.safetensors"
+    save_file(state, path, metadata={FORMAT_KEY: "1", CONFIG_KEY: json.dumps(config), EXTRA_KEY: "{}"})
+    loaded = load_model(path).config
+    assert (loaded.drop_rate, loaded.pos_drop_rate) == (0.1, 0.1)
+
+
 @pytest.mark.parametrize(("damage", "named"), [("no-cls", "cls_token missing"),
                                                ("bad-cls", "cls_token is [1, 1, 8], the model needs [1, 1, 16]")])
 def test_a_damaged_format_1_rope_file_is_one_line_naming_the_class_token(tmp_path: Path, damage: str, named: str) -> None:

@@ -140,7 +140,7 @@ def predict(
         model_or_path: a model file (``.safetensors`` or training ``.ckpt``, preprocessing from its
             metadata), an exported ``.onnx`` file (run by onnxruntime, preprocessing from its
             metadata; :class:`~vitkit.export.OnnxClassifier`) or a model (preprocessing from ``info``, else from the ``pretrained_cfg``
-            that :func:`vitkit.from_timm` records).
+            that :func:`vitkit.from_timm` records); a model runs in eval mode and is left in the mode it was in.
         images: one image or a sequence of them: PIL images, file paths, or pixel tensors
             ``[C, H, W]`` (``uint8``, or float in ``[0, 1]``); a ``[B, C, H, W]`` tensor is ``B``
             images. Each is converted to the model's channels, resized and cropped as in

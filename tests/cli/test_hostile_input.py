@@ -725,10 +725,10 @@ def test_an_override_value_holding_a_hash_is_taken_whole_not_cut_as_a_comment(tm
     assert load_recipe(short_recipe(tmp_path), ["model.pretrained=/a #b.safetensors"]).model.pretrained == "/a #b.safetensors"
     with pytest.raises(RecipeError, match="must be an integer, got '2 #x'"):
         load_recipe(short_recipe(tmp_path), ["trainer.max_epochs=2 #x"])
-    from vitkit.cli.prune_heads import RecipeRecovery
+    from vitkit.prune import RecipeRecovery
     from vitkit.schema import parse_overrides
 
-    recovery = RecipeRecovery(Path("r.yaml"), 1, 1e-3, 1e-5, [], tmp_path, {}, "m")
+    recovery = RecipeRecovery(Path("r.yaml"), 1, 1e-3, 1e-5, tmp_path)
     values, _ = parse_overrides(recovery.overrides(Path("/x/a #1: [b]/p.safetensors"), Path("/x/a #1: [b]")))
     assert values["model"]["pretrained"] == "/x/a #1: [b]/p.safetensors" and values["output"]["dir"] == "/x/a #1: [b]"
 

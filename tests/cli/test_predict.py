@@ -63,6 +63,17 @@ def test_predict_applies_the_model_files_preprocessing(trained: Path) -> None:
     assert sum(prediction.probabilities) == pytest.approx(1.0, abs=1e-5)
 
 
+def test_predict_uses_eval_mode_and_leaves_a_training_model_as_it_was(trained: Path) -> None:
+    model, extra = vitkit.load_model_and_extra(trained)
+    info = DataInfo(num_classes=10, class_names=tuple(map(str, range(10))), img_size=(8, 8), in_chans=1,
+                    mean=tuple(extra["mean"]), std=tuple(extra["std"]), name="digits")
+    model.head_drop = torch.nn.Dropout(0.9)  # dropout that would show in training mode
+    expected = vitkit.predict(model.eval(), block_image(0), top_k=3, info=info)
+    torch.manual_seed(0)
+    assert vitkit.predict(model.train(), block_image(0), top_k=3, info=info) == expected  # no dropout
+    assert all(module.training for module in model.modules())
+
+
 def test_predict_averages_mirrored_views_as_the_model_file_says(trained: Path, tmp_path: Path) -> None:
     image = block_image(0)
     model, extra = vitkit.load_model_and_extra(trained)

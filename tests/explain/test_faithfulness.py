@@ -62,6 +62,9 @@ def test_a_map_that_finds_the_one_deciding_patch_drops_at_once_and_one_that_miss
     assert (found.deletion[:, 1] < 0.51).all() and (found.deletion[:, 0] > 0.99).all()
     assert (missed.deletion[:, 1:4] > 0.99).all() and (missed.deletion[:, 4] < 0.51).all()
     assert (found.auc()["deletion"] < missed.auc()["deletion"]).all()
+    # positive deletes the deciding patch first, negative (least relevant first) last
+    assert found.positive[0].tolist() == [1, 0, 0, 0, 0] and found.negative[0].tolist() == [1, 1, 1, 1, 0]
+    assert missed.negative[0].tolist() == [1, 0, 0, 0, 0]
 
 
 def test_the_order_is_most_relevant_first_and_the_blur_baseline_keeps_the_mean() -> None:

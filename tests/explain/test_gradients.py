@@ -33,6 +33,28 @@ def test_equal_to_captum_whatever_the_chunking(options: dict) -> None:
                                atol=1e-6, rtol=1e-4)
 
 
+def test_a_float64_model_equals_captum_to_1e_9_and_keeps_the_images_dtype() -> None:
+    captum = pytest.importorskip("captum.attr")
+    from captum.attr._utils.approximation_methods import approximation_parameters
+
+    model, steps = tiny().double(), 8
+    images, targets = torch.randn(3, 3, 16, 16, dtype=torch.float64), torch.tensor([0, 1, 2])
+    # captum casts its step sizes to float32; its float64 path gradients, one quadrature node at a
+    # time (a step size of 1.0 is exact), weighted by its own float64 step sizes, are float64 throughout
+    sizes, alphas = (method(steps) for method in approximation_parameters("gausslegendre"))
+    ig, zeros = captum.IntegratedGradients(model), torch.zeros_like(images)
+    theirs = sum(size * ig._attribute((images,), (zeros,), targets, n_steps=steps,
+                                      step_sizes_and_alphas=([float(i == k) for i in range(steps)], alphas))[0]
+                 for k, size in enumerate(sizes))
+    for batch_size in (7, 1000):
+        ours = integrated_gradients(model, images, targets, steps=steps, batch_size=batch_size)
+        assert ours.dtype == torch.float64
+        torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-9 * float(theirs.abs().max()))
+    nodes, weights = gauss_legendre(5, torch.float64)
+    assert nodes.dtype == weights.dtype == torch.float64 and abs(float(weights.sum()) - 1.0) < 1e-15
+    assert integrated_gradients(model, images.float(), targets, steps=4).dtype == torch.float32  # the input's dtype
+
+
 def test_the_attributions_add_up_to_the_logits_change() -> None:
     model = tiny()
     images = torch.randn(4, 3, 16, 16)

@@ -44,9 +44,10 @@ def test_relevance_equals_lxt_on_the_models_torchvision_twin(linear_gamma: float
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs, logits = lxt_relevance(twin, images, ours.targets, linear_gamma, patch_gamma)
-    torch.testing.assert_close(logits.float(), ours.logits, atol=1e-5, rtol=1e-5)  # the twin is the same model
+    assert ours.pixels.dtype == ours.logits.dtype == torch.float64  # float64 stays float64
+    torch.testing.assert_close(logits, ours.logits, atol=1e-12, rtol=1e-9)  # the twin is the same model
     scale = theirs.abs().amax(dim=(1, 2), keepdim=True)
-    assert ((ours.pixels - theirs).abs() / scale).max() < 1e-5
+    assert ((ours.pixels - theirs).abs() / scale).max() < 1e-9
     # lxt's patches are undone: the next model's LayerNorm is torch's again
     assert torch.nn.LayerNorm.forward.__module__ == "torch.nn.modules.normalization"
 
@@ -60,8 +61,8 @@ def test_a_grayscale_models_relevance_equals_lxt_on_its_three_channel_twin() -> 
         warnings.simplefilter("ignore")
         theirs, logits = lxt_relevance(torchvision_twin(model).double(), images, ours.targets, rules.linear_gamma,
                                        rules.patch_gamma)
-    torch.testing.assert_close(logits.float(), ours.logits, atol=1e-5, rtol=1e-5)
-    assert ((ours.pixels - theirs).abs() / theirs.abs().amax(dim=(1, 2), keepdim=True)).max() < 1e-5
+    torch.testing.assert_close(logits, ours.logits, atol=1e-12, rtol=1e-9)
+    assert ((ours.pixels - theirs).abs() / theirs.abs().amax(dim=(1, 2), keepdim=True)).max() < 1e-9
     assert twin_problem(random_model(locality=True)) == "torchvision's ViT has no LSA (locality)"
 
 

@@ -40,7 +40,7 @@ def twin_problem(model: vitkit.VisionTransformer) -> str | None:
 
 def torchvision_twin(model: vitkit.VisionTransformer) -> vision_transformer.VisionTransformer:
     """torchvision's ``VisionTransformer`` with ``model``'s weights (:func:`twin_problem` says which
-    models have one), in eval mode. A grayscale model's twin takes the image repeated on 3
+    models have one), in eval mode and ``model``'s dtype. A grayscale model's twin takes the image repeated on 3
     channels, its patch weights split evenly among them (the same logits, and the same relevance
     summed over channels)."""
     problem = twin_problem(model)
@@ -51,7 +51,7 @@ def torchvision_twin(model: vitkit.VisionTransformer) -> vision_transformer.Visi
     twin = vision_transformer.VisionTransformer(
         image_size=size, patch_size=patch, num_layers=config.depth, num_heads=model.blocks[0].attn.num_heads,
         hidden_dim=config.embed_dim, mlp_dim=model.blocks[0].mlp.fc1.out_features, num_classes=config.num_classes,
-    )
+    ).to(model.pos_embed.dtype)  # in the model's dtype: a float64 model's split patch weights stay exact
     dim = config.embed_dim
     state = {
         "class_token": model.cls_token,

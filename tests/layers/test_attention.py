@@ -314,6 +314,16 @@ def test_additive_bias_equals_hand_computation_and_minus_infinity_equals_the_boo
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
+def test_a_float64_bias_on_a_float32_layer_is_cast_to_the_queries_dtype(attn_impl: str) -> None:
+    msa = make_msa(attn_impl=attn_impl)
+    x = torch.randn(BATCH, TOKENS, DIM)
+    bias = torch.randn(BATCH, HEADS, TOKENS, TOKENS)
+    out = msa(x, attn_bias=bias.double())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, msa(x, attn_bias=bias), **TOL)
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 def test_a_row_whose_bias_is_all_minus_infinity_gives_zeros_not_nan(attn_impl: str) -> None:
     msa = make_msa(attn_impl=attn_impl)
     x = torch.randn(1, TOKENS, DIM, requires_grad=True)
@@ -391,6 +401,29 @@ def test_kv_cache_token_by_token_decoding_equals_full_causal_pass(attn_impl: str
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL)
     assert len(cache) == TOKENS
     assert cache.k.shape == (BATCH, HEADS, TOKENS, DIM // HEADS)
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
+def test_causal_attention_with_a_float_bias_keeps_its_causal_mask(attn_impl: str) -> None:
+    causal = as_layer(CausalSelfAttention, make_msa(attn_impl=attn_impl).eval())
+    x = torch.randn(BATCH, TOKENS, DIM)
+    bias = torch.randn(TOKENS, TOKENS)
+    changed = x.clone()
+    changed[:, 1:] = torch.randn(BATCH, TOKENS - 1, DIM)
+    torch.testing.assert_close(causal(changed, attn_bias=bias)[:, 0], causal(x, attn_bias=bias)[:, 0], **TOL)
+    _, weights = causal(x, attn_bias=bias, need_weights=True)
+    upper = ~causal_mask(TOKENS, TOKENS)
+    assert torch.equal(weights[..., upper], torch.zeros_like(weights[..., upper]))
+
+
+def test_lsa_decoding_with_a_kv_cache_masks_each_tokens_own_key_as_the_full_causal_pass() -> None:
+    causal = as_layer(CausalSelfAttention, make_msa(attn_impl="explicit", locality=True).eval())
+    x = torch.randn(BATCH, TOKENS, DIM)
+    full, weights = causal(x, need_weights=True)
+    assert torch.equal(weights.diagonal(dim1=-2, dim2=-1), torch.zeros(BATCH, HEADS, TOKENS))  # none sees itself
+    cache = KVCache()
+    chunks = [causal(x[:, a:b], kv_cache=cache) for a, b in [(0, 1), (1, 4), (4, 5), (5, 7)]]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, **TOL)
 
 
 def test_kv_cache_chunked_prefill_then_decoding_equals_full_causal_pass() -> None:

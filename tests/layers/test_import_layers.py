@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("data", "evaluation"),
     ("export",),  # ONNX export and the onnxruntime runner, below predict's inference
     ("tasks",),  # training objectives: above the data and evaluation they use, below the trainer
-    ("train", "explain", "prune", "inference"),
+    ("train", "explain", "inference"),
+    ("prune",),  # recovery fine-tunes through train
     ("",),  # vitkit/__init__.py: the public names, imported lazily
     ("cli",),
 )
@@ -189,7 +190,8 @@ def test_the_graph_sees_in_function_and_relative_imports() -> None:
 
 
 @pytest.mark.parametrize(("module", "loads"), [
-    ("vitkit.explain", False), ("vitkit.io", False), ("vitkit.inference", False), ("vitkit.train", True),
+    ("vitkit.explain", False), ("vitkit.io", False), ("vitkit.inference", False), ("vitkit.prune", False),
+    ("vitkit.train", True),
 ])
 def test_only_train_loads_lightning(module: str, loads: bool) -> None:
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"

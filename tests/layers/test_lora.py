@@ -99,6 +99,14 @@ def test_only_the_adapters_train_and_the_base_weights_stay() -> None:
     assert changed == {name for name in trainable if name.endswith("lora_B")}  # A moves only once B is nonzero
 
 
+def test_an_adapter_takes_over_its_base_layers_tensors_and_they_stop_requiring_grad() -> None:
+    base = nn.Linear(6, 4)
+    layer = LoRALinear(base, rank=2, alpha=2.0)
+    assert layer.weight is base.weight and layer.bias is base.bias
+    assert not base.weight.requires_grad and not base.bias.requires_grad
+    assert layer.lora_A.requires_grad and layer.lora_B.requires_grad
+
+
 def test_adapter_dropout_acts_on_the_adapter_path_in_training_only() -> None:
     base = nn.Linear(8, 8)
     layer = noisy_(LoRALinear(base, rank=4, alpha=4.0, dropout=0.5))
@@ -190,6 +198,21 @@ def lightning_checkpoint(state: dict, config: ViTConfig, path: Path) -> Path:
     hparams = {"vit_config": config.to_dict(), "vitkit_format": "2", "extra": {}}
     torch.save({"state_dict": {"model." + k: v for k, v in state.items()}, "hyper_parameters": hparams}, path)
     return path
+
+
+def test_a_float64_model_merges_in_float64() -> None:
+    model = VisionTransformer(CONFIG).double()
+    add_lora(model, LoraConfig(rank=2, targets=["qkv", "fc1"]))
+    state = model.state_dict()
+    merged = merge_lora_state_dict(state)
+    assert torch.equal(merged["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"])  # B is zero: exact
+    noisy_(model)
+    state = model.state_dict()
+    merged = merge_lora_state_dict(state)
+    key = "blocks.1.mlp.fc1."
+    expected = state[key + "weight"] + state[key + "lora_scale"] * (state[key + "lora_B"] @ state[key + "lora_A"])
+    assert merged[key + "weight"].dtype == torch.float64
+    torch.testing.assert_close(merged[key + "weight"], expected, rtol=1e-12, atol=1e-14)
 
 
 def test_a_state_dict_without_adapters_comes_back_unchanged() -> None:

@@ -5,6 +5,7 @@ after recovery (summary.json, curves.csv, curves.png); ``recover_steps`` measure
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import shutil
@@ -18,9 +19,18 @@ from tiny_runs import short_recipe, tiny_recipe
 
 from vitkit import load_model, save_model
 from vitkit.io import load_model_and_extra
-from vitkit.prune import PruningStep, RecoveredStep, iterative_pruning, recover_steps
+from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.prune import (
+    PruningStep,
+    RecipeRecovery,
+    RecoveredStep,
+    iterative_pruning,
+    prune_heads,
+    recover_model,
+    recover_steps,
+)
 from vitkit.prune.report import pruning_curves_figure
-from vitkit.train import train
+from vitkit.train import load_recipe, train
 from vitkit.train.evaluate import datasets_for
 
 #: The tiny recipe's peak learning rate; recovery's default is a tenth of it.
@@ -155,17 +165,22 @@ def test_recover_steps_measures_each_steps_pruned_model_and_what_recover_returns
 
     def recover(pruned, step: PruningStep):
         seen.append(pruned.heads_per_layer())
+        recovered = copy.deepcopy(pruned)  # a new model, as a training run returns: the pruned one is unchanged
         with torch.no_grad():  # always class 2
-            pruned.head.weight.zero_()
-            pruned.head.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
-        return pruned
+            recovered.head.weight.zero_()
+            recovered.head.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
+        return recovered
 
     results = recover_steps(model, records[1:3], recover, val_loader=batches, test_loader=batches[:1])
     assert seen == [r.heads_per_layer for r in records[1:3]]
     labels = torch.cat([y for _, y in batches])
     for result, record in zip(results, records[1:3]):
         assert result.val_acc == (record.accuracy, pytest.approx(100.0 * float((labels == 2).float().mean())))
-        assert result.test_acc[1] == pytest.approx(100.0 * float((batches[0][1] == 2).float().mean()))
+        images, labels = batches[0]
+        with torch.no_grad():
+            before = prune_heads(copy.deepcopy(model), record.pruned).eval()(images).argmax(-1)
+        assert result.test_acc == (pytest.approx(100.0 * float((before == labels).float().mean())),
+                                   pytest.approx(100.0 * float((batches[0][1] == 2).float().mean())))
     with pytest.raises(RuntimeError, match="changed the head counts"):
         recover_steps(model, records[1:2], lambda pruned, step: model, val_loader=batches)
 
@@ -184,3 +199,29 @@ def test_pruning_figure_draws_recovery_arrows_against_the_measured_speedup() -> 
     assert arrows == [((1.5, 85.0), (1.5, 89.0)), ((2.0, 70.0), (2.0, 80.0))]
     assert "after 2 epoch(s)" in [t.get_text() for t in panel.get_legend().get_texts()]
     assert len(pruning_curves_figure({"importance": [curve]}).axes) == 1  # no recovery: one panel
+
+
+def test_recovery_lr_is_a_tenth_of_the_recipes_and_its_min_lr_is_capped_at_the_lr(tmp_path: Path) -> None:
+    recipe = short_recipe(tmp_path / "runs")
+    recipe["optim"]["min_lr"] = 1e-4
+    plan = RecipeRecovery.from_recipe(recipe, epochs=1, out=tmp_path)
+    assert (plan.lr, plan.min_lr) == (pytest.approx(RECIPE_LR / 10), 1e-4)
+    plan = RecipeRecovery.from_recipe(recipe, epochs=1, out=tmp_path, lr=5e-5)  # below the recipe's min_lr
+    assert (plan.lr, plan.min_lr) == (5e-5, 5e-5)
+    optim = load_recipe(recipe, plan.overrides(tmp_path / "m.safetensors", tmp_path)).optim  # a valid recipe
+    assert (optim.lr, optim.min_lr, optim.warmup_epochs) == (5e-5, 5e-5, 0)
+
+
+def test_recover_model_fine_tunes_another_pruners_model_with_a_recipe_and_keeps_its_head_counts(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    config = ViTConfig(img_size=8, in_chans=1, num_classes=10, patch_size=2, embed_dim=32, depth=2, num_heads=2,
+                       mlp_ratio=2.0)
+    pruned = prune_heads(VisionTransformer(config), {0: [1]})
+    result = recover_model(pruned, short_recipe(tmp_path / "unused"), epochs=1, out=tmp_path / "rec",
+                           extra={"mean": [0.5], "std": [0.5]})
+    assert result.model.heads_per_layer() == [1, 2] and weights_differ(result.model, pruned)
+    assert result.run_dir.is_relative_to(tmp_path / "rec") and not (tmp_path / "unused").exists()
+    config = run_config(result.run_dir)
+    assert config["model"]["pretrained"] == str(tmp_path / "rec" / "pruned.safetensors")
+    assert config["optim"]["lr"] == pytest.approx(RECIPE_LR / 10) and config["optim"]["warmup_epochs"] == 0
+    assert config["data"]["mean"] == [0.5]  # the model file's normalisation reached the run

@@ -146,6 +146,20 @@ def test_the_weights_normalisation_is_used_unless_the_recipe_sets_one(tmp_path: 
     assert "the same as" in note and "not " not in note
 
 
+def test_grayscale_data_from_rgb_weights_are_normalised_with_the_average_of_their_statistics(tmp_path: Path) -> None:
+    model = VisionTransformer(ViTConfig(**{**TINY, "img_size": 8, "in_chans": 3, "num_classes": 10}))
+    path = save_model(model, tmp_path / "rgb.safetensors", extra={"mean": [0.2, 0.4, 0.6], "std": [0.1, 0.2, 0.6]})
+    recipe = finetune_recipe(tmp_path, str(path))  # digits: 1 channel
+    data, note = pretrained_data(load_recipe(recipe).data, load_starting_weights(load_recipe(recipe).model))
+    assert data.mean == pytest.approx((0.4,)) and data.std == pytest.approx((0.3,)) and "mean [0.4]" in note
+    recipe["data"].update(mean=[0.4], std=[0.3])  # the average given by hand is the weights' own
+    data, note = pretrained_data(load_recipe(recipe).data, load_starting_weights(load_recipe(recipe).model))
+    assert "the same as" in note and "not " not in note
+    recipe["data"].update(mean=[0.2], std=[0.1])  # the first channel's is not
+    _, note = pretrained_data(load_recipe(recipe).data, load_starting_weights(load_recipe(recipe).model))
+    assert "not " in note
+
+
 def test_freezing_without_pretrained_weights_is_refused_in_one_line(tmp_path: Path) -> None:
     recipe = tiny_recipe(tmp_path)
     recipe["model"]["freeze"] = "blocks:1"

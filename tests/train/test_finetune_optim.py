@@ -9,6 +9,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import timm
 import torch
 from timm.optim import param_groups_layer_decay
 from tiny_runs import SHORT, tiny_recipe
@@ -76,6 +77,21 @@ def test_layer_decay_scales_are_beits_with_the_embeddings_at_0_and_the_head_at_d
         assert {n: scales[n] for n in extra} == extra
         assert scales["cls_token"] == 0.125 and scales["blocks.0.attn.qkv.weight"] == 0.25
         assert scales["blocks.1.mlp.fc2.weight"] == 0.5 and scales["head.weight"] == 1.0
+
+
+def test_mixed_rope_frequencies_decay_with_their_block_where_timms_eva_leaves_them_at_scale_1() -> None:
+    # A deliberate difference (OptimConfig.layer_decay): vitkit's frequencies are each block's own
+    # parameter and follow BEiT's rule with it; timm's Eva keeps every block's in one model-level
+    # tensor that no group matches, so it learns at the head's rate.
+    model = tiny(rope="mixed")
+    groups = named_groups(model, param_groups(model, 0.05, layer_decay=0.5))
+    rope = {name: (scale, decay) for names, scale, decay in groups for name in names if name.endswith("rope.freqs")}
+    assert rope == {"blocks.0.attn.rope.freqs": (0.25, 0.0), "blocks.1.attn.rope.freqs": (0.5, 0.0)}
+    eva = timm.create_model("vit_small_patch16_rope_mixed_224", pretrained=False, depth=2, img_size=32, embed_dim=48,
+                            num_heads=2, num_classes=3)
+    theirs = named_groups(eva, param_groups_layer_decay(eva, 0.05, no_weight_decay_list=eva.no_weight_decay(),
+                                                        layer_decay=0.5))
+    assert [(scale, decay) for names, scale, decay in theirs if "rope.freqs" in names] == [(1.0, 0.0)]
 
 
 def test_layer_decay_keeps_the_weight_decay_rule() -> None:

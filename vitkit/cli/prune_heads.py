@@ -55,7 +55,6 @@ import argparse
 import copy
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +71,14 @@ from vitkit.models import VisionTransformer, count_parameters, vit_flops
 from vitkit.output_dirs import check_output_dir, claim_output_dir
 from vitkit.prune import (
     PruningStep,
+    RecipeRecovery,
     RecoveredStep,
     entropy_scorer,
     importance_scorer,
     iterative_pruning,
     one_shot_pruning,
     prune_heads,
+    pruning_record,
     random_scorer,
     recover_steps,
     time_forward,
@@ -86,7 +87,7 @@ from vitkit.prune import (
 from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.plan import BatchCost, estimate, format_duration, iterative_steps, measure_batch_cost
 from vitkit.prune.report import curve_rows, plot_pruning_curves
-from vitkit.train import load_recipe, train
+from vitkit.train import load_recipe
 from vitkit.train.artifacts import CONFIG_FILE, write_json
 from vitkit.train.evaluate import check_model_fits, data_config_for
 from vitkit.train.model_builder import build_model, load_starting_weights, pretrained_data
@@ -95,51 +96,6 @@ from .commands import run_command
 
 #: ``--max-drop`` of an iterative run that gives none (percentage points).
 DEFAULT_MAX_DROP = 1.0
-
-
-@dataclass
-class RecipeRecovery:
-    """``vitkit prune``'s :data:`~vitkit.prune.Recover`: saves a step's pruned model in
-    ``out/recover/step_<k>/`` and trains ``recipe`` from it there (the overrides of
-    :meth:`overrides`); ``runs`` records each step's run directory."""
-
-    recipe: Path
-    epochs: int
-    lr: float
-    min_lr: float
-    data: list[str]
-    out: Path
-    extra: dict[str, Any]
-    source: str
-    runs: dict[int, Path] = field(default_factory=dict)
-
-    def overrides(self, pretrained: Path, folder: Path) -> list[str]:
-        """The recipe's changes: the pruned weights as they are (classifier kept, no timm options),
-        the fine-tuning schedule, ``folder`` for the run and the ``--data`` changes."""
-        return [  # paths as JSON strings, which YAML reads whole ('#', ': ', '[' and all)
-            f"model.pretrained={json.dumps(str(pretrained))}", "model.pretrained_file=null", "model.pretrained_kwargs={}",
-            "model.reset_head=false", "model.impl=vitkit",
-            f"optim.lr={self.lr!r}", f"optim.min_lr={self.min_lr!r}", "optim.warmup_epochs=0",
-            f"trainer.max_epochs={self.epochs}", f"output.dir={json.dumps(str(folder))}",
-            *(f"data.{item}" for item in self.data),
-        ]
-
-    def __call__(self, pruned: VisionTransformer, step: PruningStep) -> VisionTransformer:
-        folder = self.out / "recover" / f"step_{step.step}"
-        record = pruning_record(self.source, step.pruned, pruned)
-        path = save_model(pruned, folder / "pruned.safetensors", extra={**self.extra, "pruning": record})
-        result = train(self.recipe, self.overrides(path, folder))
-        self.runs[step.step] = result.run_dir
-        return result.model
-
-
-def pruning_record(source: str, heads: dict[int, list[int]], pruned: VisionTransformer) -> dict[str, Any]:
-    """The ``pruning`` metadata of a pruned model file: where from, which heads went, what is left."""
-    return {
-        "source": source,
-        "heads_pruned": {str(layer): indices for layer, indices in heads.items()},
-        "heads_per_layer": pruned.heads_per_layer(),
-    }
 
 
 def recovery_recipe(args: argparse.Namespace) -> Path | None:
@@ -170,10 +126,8 @@ def plan_recovery(args: argparse.Namespace, out: Path, extra: dict[str, Any]) ->
     recipe = recovery_recipe(args)
     if recipe is None:
         return None
-    optim = load_recipe(recipe).optim
-    lr = args.recover_lr if args.recover_lr is not None else optim.lr / 10
-    plan = RecipeRecovery(recipe=recipe, epochs=args.recover_epochs, lr=lr, min_lr=min(optim.min_lr, lr),
-                          data=list(args.data), out=out, extra=extra, source=str(args.checkpoint))
+    plan = RecipeRecovery.from_recipe(recipe, epochs=args.recover_epochs, out=out, lr=args.recover_lr,
+                                      data=args.data, extra=extra, source=str(args.checkpoint))
     # The recipe against the unpruned weights, as train() will check each pruned model: a bad --data
     # or lr, another architecture or class count is one line now, not after the pruning.
     config = load_recipe(recipe, plan.overrides(Path(args.checkpoint), out / "recover"))

@@ -17,10 +17,11 @@ from ..models import VisionTransformer
 from .targets import HeadlessModelError, Target, resolve_targets
 
 
-def gauss_legendre(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nodes ``alpha`` in ``(0, 1)`` and weights (summing to 1) of ``steps``-point Gauss-Legendre quadrature."""
+def gauss_legendre(steps: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nodes ``alpha`` in ``(0, 1)`` and weights (summing to 1) of ``steps``-point Gauss-Legendre
+    quadrature, in ``dtype`` (computed in float64)."""
     nodes, weights = np.polynomial.legendre.leggauss(steps)
-    return torch.from_numpy(0.5 * (nodes + 1)).float(), torch.from_numpy(0.5 * weights).float()
+    return torch.from_numpy(0.5 * (nodes + 1)).to(dtype), torch.from_numpy(0.5 * weights).to(dtype)
 
 
 def integrated_gradients(
@@ -33,7 +34,9 @@ def integrated_gradients(
     batch_size: int = 256,
 ) -> torch.Tensor:
     """Integrated Gradients ``[B, C, H, W]`` of ``images`` ``[B, C, H, W]`` for class ``target``
-    (``None``: each image's prediction; an int; or ``[B]`` indices).
+    (``None``: each image's prediction; an int; or ``[B]`` indices), in ``images``' dtype. The
+    quadrature's nodes, weights and sums are in the model's dtype, or float32 if that is wider
+    (a float64 model's attributions are float64 throughout).
 
     Args:
         baseline: the path's start, broadcastable to ``images`` (default zeros: the dataset mean).
@@ -45,18 +48,20 @@ def integrated_gradients(
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}.")
     parameter = next(model.parameters())
+    given = images.dtype
+    work = torch.promote_types(parameter.dtype, torch.float32)  # the nodes, weights and sums
     images = images.detach().to(device=parameter.device, dtype=parameter.dtype)
     start = torch.zeros_like(images) if baseline is None else baseline.to(images).expand_as(images)
     with torch.no_grad():
-        targets = resolve_targets(target, model(images).float())
-    alphas, weights = (t.to(images.device) for t in gauss_legendre(steps))
+        targets = resolve_targets(target, model(images).to(work))
+    alphas, weights = (t.to(images.device) for t in gauss_legendre(steps, work))
     count = len(images)
     # every (step, image) pair, step-major, with its target and quadrature weight
     path_alphas = alphas.repeat_interleave(count)
     path_targets = targets.repeat(steps)
     path_images = torch.arange(count, device=images.device).repeat(steps)
     path_weights = weights.repeat_interleave(count)
-    total = torch.zeros_like(images, dtype=torch.float32)
+    total = torch.zeros_like(images, dtype=work)
     for first in range(0, steps * count, batch_size):
         chunk = slice(first, first + batch_size)
         which, alpha = path_images[chunk], path_alphas[chunk].view(-1, 1, 1, 1).to(images.dtype)
@@ -64,5 +69,5 @@ def integrated_gradients(
         with torch.enable_grad():
             logits = model(points)
             (gradient,) = torch.autograd.grad(logits.gather(1, path_targets[chunk, None]).sum(), points)
-        total.index_add_(0, which, gradient.float() * path_weights[chunk].view(-1, 1, 1, 1))
-    return (images - start).float() * total
+        total.index_add_(0, which, gradient.to(work) * path_weights[chunk].view(-1, 1, 1, 1))
+    return ((images - start).to(work) * total).to(given)

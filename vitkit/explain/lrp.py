@@ -259,8 +259,9 @@ class Relevance:
     """LRP relevance of images for their target classes.
 
     Attributes:
-        pixels: ``[B, H, W]`` relevance per pixel (summed over channels).
-        logits: ``[B, K]`` float32 logits of the unperturbed images.
+        pixels: ``[B, H, W]`` relevance per pixel (summed over channels), in the images' dtype.
+        logits: ``[B, K]`` logits of the unperturbed images, in the model's dtype or float32 if
+            that is wider.
         targets: ``[B]`` explained class per image.
     """
 
@@ -282,16 +283,19 @@ def lrp_relevance(
     """AttnLRP relevance of ``images`` ``[B, C, H, W]`` for class ``target`` (``None``: each
     image's prediction; an int; or ``[B]`` indices), in one forward and one backward pass.
 
-    The model is used as it is (call ``model.eval()``); parameter gradients are neither computed
-    nor touched. Raises :class:`~vitkit.explain.HeadlessModelError` for a model without classifier.
+    The model is used as it is (call ``model.eval()``), in its own dtype; the pixels' relevance is
+    summed in that dtype or float32 if that is wider, and returned in ``images``' dtype (a float64
+    model's relevance is float64 throughout). Parameter gradients are neither computed nor
+    touched. Raises :class:`~vitkit.explain.HeadlessModelError` for a model without classifier.
     """
     if model.config.num_classes == 0:
         raise HeadlessModelError("lrp explains a class's logit, and this model has no classifier (num_classes=0).")
     parameter = next(model.parameters())
+    given, work = images.dtype, torch.promote_types(parameter.dtype, torch.float32)
     images = images.detach().to(device=parameter.device, dtype=parameter.dtype).requires_grad_(True)
     with torch.enable_grad(), lrp_rules(model, rules):
         logits = model(images)
         targets = resolve_targets(target, logits.detach())
         (gradient,) = torch.autograd.grad(logits.gather(1, targets[:, None]).sum(), images)
-    pixels = (images.detach() * gradient).float().sum(dim=1)
-    return Relevance(pixels=pixels, logits=logits.detach().float(), targets=targets)
+    pixels = (images.detach().to(work) * gradient.to(work)).sum(dim=1).to(given)
+    return Relevance(pixels=pixels, logits=logits.detach().to(work), targets=targets)

@@ -54,9 +54,18 @@ def padding_mask(key_padding: torch.Tensor) -> torch.Tensor:
     return ~key_padding[:, None, None, :]
 
 
-def without_diagonal(attn_bias: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
-    """``attn_bias`` with every token's attention to itself forbidden (Locality Self-Attention)."""
-    diagonal = torch.eye(num_tokens, dtype=torch.bool, device=device)
+def without_diagonal(
+    attn_bias: torch.Tensor | None, num_tokens: int, device: torch.device, num_keys: int | None = None
+) -> torch.Tensor:
+    """``attn_bias`` with every token's attention to itself forbidden (Locality Self-Attention).
+
+    With ``num_keys`` keys for ``num_tokens`` queries (a KV cache: the queries are the last
+    positions), query ``i``'s own key is key ``i + num_keys - num_tokens``, aligned bottom-right
+    as :func:`causal_mask`.
+    """
+    keys = num_tokens if num_keys is None else num_keys
+    rows = torch.arange(num_tokens, device=device).unsqueeze(1)
+    diagonal = torch.arange(keys, device=device).unsqueeze(0) == rows + (keys - num_tokens)
     if attn_bias is None:
         return ~diagonal
     if attn_bias.dtype == torch.bool:

@@ -73,8 +73,8 @@ class CausalSelfAttention(AttentionBase):
         q, k = self.rotate([self.q_norm(q), self.k_norm(k)], positions)  # the cache holds rotated keys
         if kv_cache is not None:
             k, v = kv_cache.extend(k, v)
-        if self.locality and kv_cache is None:  # LSA in a single causal pass: no token attends to itself
-            attn_bias = without_diagonal(attn_bias, x.shape[1], x.device)
+        if self.locality:  # LSA: no token attends to itself, cached or not
+            attn_bias = without_diagonal(attn_bias, x.shape[1], x.device, num_keys=k.shape[-2])
         causal = causal_mask(x.shape[1], k.shape[-2], x.device)
         if attn_bias is None or attn_bias.dtype == torch.bool:
             bias = causal if attn_bias is None else attn_bias.to(x.device) & causal

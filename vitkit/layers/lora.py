@@ -193,7 +193,8 @@ def merge_lora(model: nn.Module) -> nn.Module:
 
 
 def merge_lora_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` with every adapter folded into its layer's weight (``W + scale * B A``) and the
+    """``state`` with every adapter folded into its layer's weight (``W + scale * B A``, summed in
+    the weight's dtype or float32 if that is wider, and returned in the weight's dtype) and the
     ``lora_*`` entries dropped; a state dict without adapters comes back unchanged.
 
     Raises:
@@ -216,5 +217,6 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
                 f"the LoRA adapter of {prefix}weight {list(weight.shape)} has lora_A {list(a.shape)}, lora_B "
                 f"{list(b.shape)}, lora_scale {list(scale.shape)}; they must be [r, in], [out, r] and []."
             )
-        merged[prefix + "weight"] = (weight.float() + scale.float() * (b.float() @ a.float())).to(weight.dtype)
+        work = torch.promote_types(weight.dtype, torch.float32)  # float64 stays float64, half precision sums in float32
+        merged[prefix + "weight"] = (weight.to(work) + scale.to(work) * (b.to(work) @ a.to(work))).to(weight.dtype)
     return merged

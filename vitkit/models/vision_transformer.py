@@ -238,7 +238,9 @@ class VisionTransformer(nn.Module):
         (patch embedding with its conv stem, class, distillation and register tokens, position
         embedding, pre-norm), block ``i`` is layer ``i + 1``, the final ``norm`` joins the last block
         (timm's ``(99999,)`` suffix), and everything unmatched (``fc_norm``, ``attn_pool``, ``head``,
-        ``head_dist``) is layer ``depth + 1``, as timm's ``VisionTransformer`` and DeiT.
+        ``head_dist``) is layer ``depth + 1``, as timm's ``VisionTransformer`` and DeiT. A block's
+        mixed-RoPE frequencies (``blocks.i.attn.rope.freqs``) belong to its layer, unlike timm's
+        Eva, whose one model-level frequency tensor is unmatched (layer ``depth + 1``).
 
         Args:
             coarse: timm's switch between coarse and fine groups; a ViT block is already the finest

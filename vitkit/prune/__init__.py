@@ -4,7 +4,8 @@ https://arxiv.org/abs/1905.10650).
 ``head_importance`` scores heads, ``prune_heads`` removes them for good (saved and reloaded by
 ``vitkit.save_model`` / ``load_model``), ``iterative_pruning`` traces accuracy, parameters,
 FLOPs and speed as heads go, ``recover_steps`` fine-tunes pruned models through a caller's
-``recover`` and measures them before and after, and ``redundancy_test`` is the quick "halve the
+``recover`` (such as ``RecipeRecovery``, a training recipe run from the pruned weights) and
+measures them before and after, ``recover_model`` fine-tunes one pruned model with a recipe, and ``redundancy_test`` is the quick "halve the
 heads" check.
 """
 
@@ -22,12 +23,13 @@ from .iterative import (
     within_budget,
 )
 from .pruning import Gates, full_gates, gated_off, prune_heads, pruned_copy
-from .recovery import Recover, RecoveredStep, recover_steps
+from .recovery import RecipeRecovery, Recover, RecoveredStep, pruning_record, recover_model, recover_steps
 from .redundancy import RedundancyResult, redundancy_test
 
 __all__ = [
     "Gates",
     "PruningStep",
+    "RecipeRecovery",
     "Recover",
     "RecoveredStep",
     "RedundancyResult",
@@ -44,7 +46,9 @@ __all__ = [
     "least_scored",
     "prune_heads",
     "pruned_copy",
+    "pruning_record",
     "random_scorer",
+    "recover_model",
     "recover_steps",
     "redundancy_test",
     "time_forward",

@@ -173,7 +173,10 @@ class OptimConfig(Config):
             ``lr * layer_decay ** (depth + 1 - i)``, with the embeddings at layer 0, block ``k`` at
             layer ``k + 1`` (the final norm with the last block) and the head at ``depth + 1``
             (scale 1); ``min_lr`` is scaled alike. Typical values 0.65-0.75; ``null``: one learning
-            rate for every layer.
+            rate for every layer. Mixed-RoPE frequencies are each block's own parameters and decay
+            with their block (BEiT's rule, as freezing ``blocks:N`` freezes them with it); timm's
+            Eva keeps them in one model-level tensor that learns at scale 1, up to
+            ``layer_decay ** -depth`` times faster.
         clip_grad: max global gradient norm; ``null`` disables clipping.
         label_smoothing: target smoothing (also applied to mixed targets).
         mixup: Mixup alpha (0 disables); cutmix: CutMix alpha (0 disables).

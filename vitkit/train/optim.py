@@ -26,7 +26,9 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     With ``layer_decay``, timm's ``param_groups_layer_decay`` over ``model.group_matcher()``: a
     decayed and an undecayed group per layer, in timm's order, each with ``lr_scale =
     layer_decay ** (depth + 1 - layer id)``: 1 for the head (layer ``depth + 1``), ``layer_decay``
-    for the last block, ``layer_decay ** (depth + 1)`` for the embeddings (layer 0).
+    for the last block, ``layer_decay ** (depth + 1)`` for the embeddings (layer 0). A block's
+    mixed-RoPE frequencies are its own and take its scale (timm's Eva leaves its shared frequency
+    tensor at 1; see :class:`~vitkit.train.config.OptimConfig`).
     """
     skip = getattr(model, "no_weight_decay", set)()
     if layer_decay is not None:
