@@ -18,6 +18,7 @@ import torch
 import yaml
 from tiny_runs import run_tool, tiny_recipe
 
+import vitkit
 from vitkit.io import CheckpointError, UnsafeCheckpointError, load_checkpoint, read_model_file
 from vitkit.train.checkpoint import check_resumable, read_sharded_metadata
 
@@ -112,3 +113,11 @@ def test_a_sharded_checkpoint_whose_metadata_would_run_code_is_refused_before_it
     (tmp_path / ".metadata").write_bytes(pickle.dumps(Payload()))
     with pytest.raises(UnsafeCheckpointError, match="refusing to load"):
         read_sharded_metadata(tmp_path)
+
+
+def test_other_tools_given_a_sharded_checkpoint_are_sent_to_model_safetensors(tmp_path: Path) -> None:
+    sharded = tmp_path / "last.ckpt"
+    sharded.mkdir()
+    torch.save({}, sharded / "meta.pt")
+    with pytest.raises(CheckpointError, match=r"is a directory: a sharded checkpoint .*model\.safetensors"):
+        vitkit.load_model(sharded)
