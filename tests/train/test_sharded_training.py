@@ -80,6 +80,8 @@ def test_fsdp_is_vitkit_s_sharded_strategy_and_the_model_checkpoints_its_own_blo
 @pytest.mark.parametrize(("overrides", "message"), [
     (["trainer.strategy=fsdp_cpu_offload"], r"trainer\.strategy .*must be 'fsdp' to shard, got 'fsdp_cpu_offload'.*use trainer\.strategy=fsdp"),
     (["trainer.strategy=fsdp", "trainer.precision=16-mixed"], r"trainer\.precision .*cannot be '16-mixed' with trainer\.strategy=fsdp.*bf16-mixed"),
+    (["trainer.strategy=fsdp", "task.name=mae", "trainer.monitor=val/loss"],
+     r"trainer\.strategy .*is 'fsdp', but MAE .*trainer\.strategy=ddp"),
 ])
 def test_fsdp_combinations_vitkit_cannot_train_are_refused_in_one_line(
     tmp_path: Path, overrides: list[str], message: str

@@ -561,6 +561,11 @@ class RecipeConfig(Config):
                 f"classification options: {', '.join(found)}; remove them (they apply when fine-tuning the encoder) or "
                 f"start from a pre-training recipe (recipes/{self.task.name}_fashion_mnist.yaml)."
             )
+        if self.task.name == "mae" and self.trainer.strategy == "fsdp":
+            raise FieldError(
+                "trainer.strategy", "is 'fsdp', but MAE encodes through forward_features, and FSDP gathers a "
+                "sharded model's weights for its forward only; pre-train with trainer.strategy=ddp."
+            )
         if self.task.name == "mae" and self.model.impl != "vitkit":
             raise FieldError(
                 "model.impl", f"is {self.model.impl!r}, but MAE runs the encoder on the visible patches only, which "

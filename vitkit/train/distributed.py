@@ -67,10 +67,11 @@ class ShardedStrategy(ModelParallelStrategy):
 
 def shard(units: Iterable[nn.Module], mesh: DeviceMesh) -> None:
     """Shard each of ``units`` in place with FSDP2 over ``mesh``, inner ones first (each encoder
-    block, then the model: its embeddings and head, then a task's own layers such as MAE's decoder):
-    a unit's weights are gathered only while its ``forward`` runs, so every unit must be called
-    through it. Blocks checkpoint their activations as without FSDP (``model.grad_checkpointing``,
-    non-reentrant: the recomputation runs inside the block's gathering)."""
+    block, then the model: its embeddings and head, then a task's own layers): a unit's weights
+    are gathered only while its ``forward`` runs, so every unit must be called through it (tasks
+    that call ``forward_features`` instead, MAE and DINO, are refused with FSDP). Blocks
+    checkpoint their activations as without FSDP (``model.grad_checkpointing``, non-reentrant:
+    the recomputation runs inside the block's gathering)."""
     for unit in units:
         fully_shard(unit, mesh=mesh)
 
