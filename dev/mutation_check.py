@@ -126,7 +126,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/train/run.py", "precision=options.precision,", 'precision="32-true",',
              ("tests/train/test_train_options_effect.py",), "precision forced to 32-true"),
     Mutation("train", "vitkit/train/model_builder.py",
-             "model.set_grad_checkpointing(config.model.grad_checkpointing and config.trainer.strategy != \"fsdp\")",
+             "model.set_grad_checkpointing(config.model.grad_checkpointing)",
              "model.set_grad_checkpointing(False)", ("tests/train/test_train_options_effect.py",),
              "grad checkpointing switch ignored"),
     Mutation("train", "vitkit/pretrained.py", "        model.load_weights(state, source_grid=source.grid_size)",

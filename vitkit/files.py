@@ -1,12 +1,15 @@
-"""File helpers every floor of vitkit uses (no vitkit imports): atomic writes (a full disk named as
-such, whatever library wrote), result tables as CSV and Markdown, and reads that
-refuse anything but a regular file (a FIFO or device named by mistake must not block or be replaced)."""
+"""File helpers every floor of vitkit uses (no vitkit imports): atomic writes of files (a full disk
+named as such, whatever library wrote) and of directories (a symlink swapped atomically), result
+tables as CSV and Markdown, and reads that refuse anything but a regular file (a FIFO or device
+named by mistake must not block or be replaced)."""
 
 from __future__ import annotations
 
 import csv
 import errno
 import os
+import secrets
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +52,59 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None], replace:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def staging_directory(path: str | os.PathLike) -> Path:
+    """A fresh name beside ``path`` for a directory to write and then :func:`commit_directory` to
+    ``path``: ``.<name>.<random>.tmp`` (not created; the orphan of a killed write matches ``.*.tmp``)."""
+    path = Path(path)
+    return path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+
+
+def commit_directory(staging: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Make the complete directory ``staging`` (:func:`staging_directory`) what ``path`` names, as
+    :func:`atomic_write` does for a file: its files are fsynced, it is renamed to
+    ``<name>.<random>`` beside ``path``, and ``path`` becomes a symlink to it, replaced atomically
+    (a directory cannot be renamed over a non-empty one). A crash leaves ``path`` naming either the
+    old directory or the new one, both complete. The versions ``path`` no longer names are removed
+    (those of an earlier crash too). Returns ``path``."""
+    staging, path = Path(staging), Path(path)
+    for file in staging.rglob("*"):
+        if file.is_file():
+            with open(file, "rb+") as handle:
+                os.fsync(handle.fileno())
+    token = staging.name.removeprefix(f".{path.name}.").removesuffix(".tmp")
+    version = path.parent / f"{path.name}.{token}"
+    os.rename(staging, version)
+    if path.is_dir() and not path.is_symlink():  # a directory written in place by another tool
+        shutil.rmtree(path)
+    link = path.parent / f".{path.name}.{token}.link.tmp"
+    link.symlink_to(version.name, target_is_directory=True)
+    os.replace(link, path)
+    _fsync_directory(path.parent)
+    remove_unlinked_versions(path)
+    return path
+
+
+def remove_unlinked_versions(path: str | os.PathLike) -> list[Path]:
+    """Delete the ``<name>.<random>`` directories beside ``path`` that ``path`` (a symlink written by
+    :func:`commit_directory`) does not name: replaced versions, or one a crash left unlinked."""
+    path = Path(path)
+    current = path.resolve() if path.is_symlink() else None
+    stale = [version for version in path.parent.glob(f"{path.name}.*")
+             if version.is_dir() and not version.is_symlink() and version.resolve() != current]
+    for version in stale:
+        shutil.rmtree(version, ignore_errors=True)
+    return stale
+
+
+def _fsync_directory(folder: Path) -> None:
+    """Persist ``folder``'s entries (a rename or a new link in it)."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def _disk_full(error: BaseException, folder: Path) -> bool:

@@ -493,9 +493,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     Raises:
         FileNotFoundError: no file at ``path``.
         UnsafeCheckpointError: the file pickles something other than tensors and plain containers.
-        CheckpointError: the file is truncated or not a PyTorch checkpoint.
+        CheckpointError: the file is truncated or not a PyTorch checkpoint, or ``path`` is a
+            directory (a sharded checkpoint).
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"{path} is a directory: a sharded checkpoint of a trainer.strategy=fsdp run is one, and only that "
+            "run's --resume reads it; every other tool takes the run's model.safetensors (the full weights)."
+        )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist.")
     try:

@@ -10,7 +10,7 @@ clone they are recipes/*.yaml, so recipes/quickstart.yaml names the same one).
 Writes runs/<recipe>/<timestamp>/ (config.yaml, metrics.csv, checkpoints/, curves.png,
 summary.json, model.safetensors) and prints the test accuracy, the time taken and what to run
 next; summary.json holds the rest. Multi-GPU / multi-node: set trainer.devices, trainer.num_nodes
-and trainer.strategy=ddp; Lightning launches the other processes.
+and trainer.strategy=ddp or fsdp; Lightning launches the other processes.
 """
 
 from __future__ import annotations

@@ -12,8 +12,11 @@ and plain containers. :func:`check_resumable` refuses a checkpoint that cannot c
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +24,34 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..errors import VitkitError
-from ..files import atomic_write
-from ..io import CheckpointError, load_checkpoint, upgrade_checkpoint
+from ..files import atomic_write, remove_unlinked_versions
+from ..io import CheckpointError, UnsafeCheckpointError, first_line, load_checkpoint, upgrade_checkpoint
 from ..models import ViTConfig
 from .module import ViTModule, non_finite_tensors
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
-#: Glob of the temporary files :func:`~vitkit.files.atomic_write` leaves behind when killed mid-save.
+#: Glob of the temporary files :func:`~vitkit.files.atomic_write` (or the staging directories of
+#: :func:`~vitkit.files.commit_directory`) leaves behind when killed mid-save.
 ORPHAN_GLOB = ".*.ckpt.*.tmp"
+#: The file of a sharded checkpoint (a directory) holding everything but the weights and optimiser
+#: state: Lightning's name for it (``ModelParallelStrategy``).
+SHARDED_METADATA = "meta.pt"
 
 
-def check_resumable(path: str | os.PathLike, module: ViTModule, dataset: str) -> None:
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a sharded checkpoint of ``trainer.strategy=fsdp``: a directory of
+    ``torch.distributed.checkpoint`` shards and :data:`SHARDED_METADATA`."""
+    return Path(path).is_dir() and (Path(path) / SHARDED_METADATA).is_file()
+
+
+def check_resumable(path: str | os.PathLike, module: ViTModule, dataset: str, sharded: bool = False) -> None:
     """Refuse to resume from ``path`` unless it is a readable vitkit training checkpoint that
     ``module`` can continue from: the model the recipe builds (``vit_config``: architecture, image
     size, channels, classes) on the same ``dataset``, with every piece of training state Lightning
     restores (weights of the right names and shapes, the optimiser's state for this model's parameter
-    groups, the schedule, the loop counters). Reads only; changes nothing.
+    groups, the schedule, the loop counters), saved sharded (a directory) exactly when this run is
+    (``sharded``: ``trainer.strategy=fsdp``). Reads only (of a sharded one, the metadata); changes nothing.
 
     Raises:
         FileNotFoundError, UnsafeCheckpointError, CheckpointError: the message names each difference.
@@ -48,7 +62,14 @@ def check_resumable(path: str | os.PathLike, module: ViTModule, dataset: str) ->
             f"--resume {path}: a .safetensors model file holds the weights only, without the optimiser and "
             "schedule state a run continues from; give the run's checkpoints/last.ckpt instead."
         )
-    checkpoint = upgrade_checkpoint(load_checkpoint(path))
+    if is_sharded_checkpoint(path) != sharded:
+        saved, run = ("sharded", "without") if not sharded else ("whole", "with")
+        raise CheckpointError(
+            f"--resume {path}: the checkpoint was saved {saved} ({'by' if saved == 'sharded' else 'without'} "
+            f"trainer.strategy=fsdp) and this run trains {run} it; resume with the run's own trainer.strategy, or "
+            "start a new run from the checkpoint with model.pretrained=CHECKPOINT."
+        )
+    checkpoint = upgrade_checkpoint(load_checkpoint(path / SHARDED_METADATA if sharded else path))
     is_dict = isinstance(checkpoint, dict)
     hparams = checkpoint.get("hyper_parameters", {}) if is_dict else {}
     extra = hparams.get("extra", {}) if isinstance(hparams, dict) else None
@@ -71,7 +92,7 @@ def check_resumable(path: str | os.PathLike, module: ViTModule, dataset: str) ->
             f"builds: {'; '.join(differences)}. Resume with the run's own config.yaml (beside checkpoints/), "
             "or start a new run."
         )
-    problem = _training_state_problem(checkpoint, module)
+    problem = _sharded_state_problem(path, checkpoint, module) if sharded else _training_state_problem(checkpoint, module)
     if problem:
         raise CheckpointError(
             f"--resume {path}: the checkpoint cannot continue this run: {problem}. It was not saved by a vitkit "
@@ -84,9 +105,10 @@ def check_resumable(path: str | os.PathLike, module: ViTModule, dataset: str) ->
 TRAINING_STATE_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "epoch", "global_step", "loops")
 
 
-def _training_state_problem(checkpoint: dict[str, Any], module: ViTModule) -> str | None:
+def _training_state_problem(checkpoint: dict[str, Any], module: ViTModule, with_optimizer: bool = True) -> str | None:
     """Why ``checkpoint`` cannot be restored into ``module`` and its optimiser, or ``None``. Compares
-    names, shapes and group sizes only: nothing is copied or allocated."""
+    names, shapes and group sizes only: nothing is copied or allocated. Without ``with_optimizer``,
+    the weights only (the caller checks the optimiser state)."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in checkpoint]
     if missing:
         return f"it lacks {', '.join(missing)} (a weights-only checkpoint?)"
@@ -104,6 +126,8 @@ def _training_state_problem(checkpoint: dict[str, Any], module: ViTModule) -> st
     if wrong:
         shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
         return f"its weights do not fit the model: {shown}"
+    if not with_optimizer:
+        return None
     optimizer = module.build_optimizer()
     states, schedulers = checkpoint["optimizer_states"], checkpoint["lr_schedulers"]
     if not (isinstance(states, list) and len(states) == 1 and isinstance(states[0], dict)):
@@ -126,6 +150,84 @@ def _training_state_problem(checkpoint: dict[str, Any], module: ViTModule) -> st
     return None
 
 
+def _sharded_state_problem(path: Path, checkpoint: dict[str, Any], module: ViTModule) -> str | None:
+    """:func:`_training_state_problem` for a sharded checkpoint: the same comparisons, made on the
+    names and global shapes that its ``torch.distributed.checkpoint`` metadata lists (read without
+    unpickling code, as are its non-tensor entries: :func:`read_sharded_metadata`)."""
+    missing = [key for key in ("lr_schedulers", "epoch", "global_step", "loops") if key not in checkpoint]
+    if missing:
+        return f"its {SHARDED_METADATA} lacks {', '.join(missing)}"
+    shapes = read_sharded_metadata(path)
+    weights = {key.removeprefix("state_dict."): shape for key, shape in shapes.items() if key.startswith("state_dict.")}
+    optimizer = {key.removeprefix("optimizer_0."): shape for key, shape in shapes.items() if key.startswith("optimizer_0.")}
+    problem = _training_state_problem(
+        {**checkpoint, "state_dict": {name: torch.empty(shape, device="meta") for name, shape in weights.items()},
+         "optimizer_states": [{"state": {}, "param_groups": []}]},
+        module, with_optimizer=False,
+    )
+    if problem:
+        return problem
+    groups = {key.split(".")[1] for key in optimizer if key.startswith("param_groups.")}
+    ours = module.build_optimizer().param_groups
+    if len(groups) != len(ours):
+        return f"its optimiser state has {len(groups)} parameter groups, this run {len(ours)}"
+    expected = {name: tuple(t.shape) for name, t in module.named_parameters()}
+    for key, shape in optimizer.items():
+        name, _, stat = key.removeprefix("state.").rpartition(".")
+        if key.startswith("state.") and (name not in expected or (shape and tuple(shape) != expected[name])):
+            return f"optimiser state {stat!r} of {name} has shape {list(shape or ())}, the parameter {list(expected.get(name, ()))}"
+    return None
+
+
+#: What a ``torch.distributed.checkpoint`` metadata file may name when unpickled: its own record
+#: classes, shapes, dtypes and paths. Anything else is refused, as ``weights_only`` loads refuse it.
+_SHARDED_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": None, "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"}, "pathlib": {"PosixPath", "PurePosixPath", "Path"},
+    "collections": {"OrderedDict"}, "torch": {"Size"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _SHARDED_METADATA_GLOBALS.get(module, set())
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module in _SHARDED_METADATA_GLOBALS and allowed is None) or name in allowed or is_dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in a checkpoint's metadata")
+
+
+def read_sharded_metadata(path: str | os.PathLike) -> dict[str, torch.Size | None]:
+    """The entries of the sharded checkpoint ``path``: each key with the global shape of its tensor
+    (``None`` for a non-tensor entry). ``torch.distributed.checkpoint`` unpickles its metadata file
+    and its non-tensor entries (the optimiser's parameter groups) with no restriction; here the
+    metadata is read with an allow-list and every non-tensor entry with ``weights_only=True`` first,
+    so a checkpoint that would run code when loaded is refused before Lightning loads it.
+
+    Raises:
+        UnsafeCheckpointError: the metadata or an entry pickles anything else.
+        CheckpointError: the metadata is missing or unreadable.
+    """
+    path = Path(path)
+    try:
+        with open(path / ".metadata", "rb") as handle:
+            metadata = _MetadataUnpickler(handle).load()
+        shapes = {key: getattr(entry, "size", None) for key, entry in metadata.state_dict_metadata.items()}
+        for index, stored in metadata.storage_data.items():
+            if shapes.get(index.fqn, ()) is None:  # a non-tensor entry: pickled bytes
+                with open(path / stored.relative_path, "rb") as handle:
+                    handle.seek(stored.offset)
+                    torch.load(io.BytesIO(handle.read(stored.length)), weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it contains pickled objects other than tensors and plain Python containers "
+            f"({first_line(error)}); vitkit checkpoints never do, so it is not loaded."
+        ) from None
+    except (OSError, EOFError, AttributeError, RuntimeError, ValueError) as error:
+        raise CheckpointError(f"{path} is not a readable sharded checkpoint ({first_line(error)}).") from None
+    return shapes
+
+
 def _meaning(values: dict[str, Any]) -> dict[str, Any]:
     """A model config as JSON would give it back (tuples as lists), with every field a config
     written before that field existed leaves to its default, and the position embedding an unset
@@ -140,17 +242,28 @@ def _meaning(values: dict[str, Any]) -> dict[str, Any]:
 
 def remove_orphan_temp_files(folder: str | os.PathLike, pattern: str = ORPHAN_GLOB) -> list[Path]:
     """Delete the temporary files a save killed mid-write left in ``folder``: ``.<name>.ckpt.<random>.tmp``
-    (``pattern``: another glob, e.g. every ``.*.tmp`` of :func:`~vitkit.io.atomic_write`)."""
-    orphans = [path for path in Path(folder).glob(pattern) if path.is_file()]
+    (``pattern``: another glob, e.g. every ``.*.tmp`` of :func:`~vitkit.io.atomic_write`), the
+    staging directories of a killed sharded save, and the versions of a sharded checkpoint that its
+    link no longer names (:func:`~vitkit.files.commit_directory`)."""
+    orphans = [path for path in Path(folder).glob(pattern) if path.is_file() or path.is_symlink() or path.is_dir()]
     for orphan in orphans:
-        orphan.unlink(missing_ok=True)
+        if orphan.is_dir() and not orphan.is_symlink():
+            shutil.rmtree(orphan, ignore_errors=True)
+        else:
+            orphan.unlink(missing_ok=True)
+    for link in Path(folder).glob("*.ckpt"):
+        if link.is_symlink():
+            orphans += remove_unlinked_versions(link)
     return orphans
 
 
 def newest_finite_checkpoint(folder: str | os.PathLike) -> Path | None:
     """The most recently written ``*.ckpt`` in ``folder`` whose weights and optimiser state are all
-    finite (loaded to check), or ``None``."""
+    finite (loaded to check), or ``None``. A sharded one is finite by construction: its save is
+    refused on every rank when any rank's shards are not (``ViTModule.on_save_checkpoint``)."""
     for candidate in sorted(Path(folder).glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
+        if is_sharded_checkpoint(candidate):
+            return candidate
         try:
             checkpoint = load_checkpoint(candidate)
         except VitkitError:
@@ -178,3 +291,4 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         return upgrade_checkpoint(load_checkpoint(path, map_location=map_location or "cpu"))
+

@@ -288,6 +288,16 @@ class TrainerConfig(Config):
             raise FieldError(
                 "strategy", f"must be a Lightning strategy ('auto', 'ddp', 'fsdp', ...), got {describe(self.strategy)}.{hint}"
             )
+        if self.strategy.startswith("fsdp") and self.strategy != "fsdp":
+            raise FieldError(
+                "strategy", f"must be 'fsdp' to shard, got {self.strategy!r}: Lightning's FSDP1 variant, which "
+                "vitkit does not train with; use trainer.strategy=fsdp (torch's FSDP2, sharded checkpoints, CPUs and GPUs)."
+            )
+        if self.strategy == "fsdp" and self.precision == "16-mixed":
+            raise FieldError(
+                "precision", "cannot be '16-mixed' with trainer.strategy=fsdp (Lightning's ModelParallelStrategy "
+                "has no float16 loss scaling); use trainer.precision=bf16-mixed or 32-true."
+            )
         devices = self.devices
         count_ok = isinstance(devices, int) and 1 <= devices <= MAX_DEVICES
         ids_ok = isinstance(devices, list) and 0 < len(set(devices)) == len(devices)
@@ -569,6 +579,11 @@ class RecipeConfig(Config):
                 "task.name", f"is {self.task.name!r}, which pre-trains without labels, but the recipe sets "
                 f"classification options: {', '.join(found)}; remove them (they apply when fine-tuning the encoder) or "
                 f"start from a pre-training recipe (recipes/{self.task.name}_fashion_mnist.yaml)."
+            )
+        if self.task.name == "mae" and self.trainer.strategy == "fsdp":
+            raise FieldError(
+                "trainer.strategy", "is 'fsdp', but MAE encodes through forward_features, and FSDP gathers a "
+                "sharded model's weights for its forward only; pre-train with trainer.strategy=ddp."
             )
         if self.task.name == "mae" and self.model.impl != "vitkit":
             raise FieldError(

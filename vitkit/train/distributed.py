@@ -1,44 +1,109 @@
 """What training across processes needs beyond Lightning's strategies: the FSDP strategy built
-for a ViT, gradient clipping by the global norm of sharded gradients, and the full weights of a
-sharded model gathered for export.
+for a ViT (torch's FSDP2 ``fully_shard`` under Lightning's ``ModelParallelStrategy``, with sharded,
+atomic checkpoints), gradient clipping by the global norm of sharded gradients, and the full weights
+of a sharded model gathered on rank 0 for export.
 
 Lightning runs the processes (``trainer.strategy=ddp``/``fsdp``, ``trainer.num_nodes``, torchrun
 or SLURM); see docs/train.md. Under FSDP each rank holds a shard of every parameter and of its
 gradient, so a norm computed on one rank is its shard's, not the model's: the global norm is
 ``sqrt(all_reduce(sum over ranks of the local sums of squares))``. Torch's FSDP1 wrapper
-(Lightning's ``FSDPStrategy``, ``use_orig_params=True``: each parameter a view of this rank's part
-of the flat shard) and FSDP2's ``fully_shard`` (each parameter a ``DTensor`` sharded on dim 0) both
-keep every element on exactly one rank, so the sum over ranks counts each element once.
+(each parameter a view of this rank's part of the flat shard) and FSDP2's ``fully_shard`` (each
+parameter a ``DTensor`` sharded on dim 0) both keep every element on exactly one rank, so the sum
+over ranks counts each element once.
+
+FSDP2, not Lightning's ``FSDPStrategy`` (FSDP1): torch 2.14's FSDP1 refuses to run without a GPU
+("FSDP needs a non-CPU accelerator device"), FSDP2 runs on CPU processes over gloo as on GPUs over
+NCCL, so the sharded path is tested on CPU (tests/train/test_fsdp_resume.py).
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 
+from ..files import commit_directory, staging_directory
 
-def fsdp_strategy(model: nn.Module, checkpoint_blocks: bool) -> FSDPStrategy:
-    """Lightning's ``FSDPStrategy`` for ``model`` (a ViT with ``blocks``): one FSDP unit per
-    encoder block (the class of ``model.blocks``' members: vitkit's ``EncoderBlock`` or timm's
-    ``Block``), the blocks' activations recomputed in the backward pass when ``checkpoint_blocks``,
-    and checkpoints holding the full state dict (written by rank 0, readable by every tool)."""
-    blocks = {type(block) for block in model.blocks}
-    return FSDPStrategy(
-        auto_wrap_policy=blocks,
-        activation_checkpointing_policy=blocks if checkpoint_blocks else None,
-        state_dict_type="full",
-    )
+
+class ShardedStrategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` as vitkit's FSDP: every rank one data-parallel shard
+    (no tensor parallelism; :meth:`ViTModule.configure_model` calls :func:`shard`), checkpoints
+    saved sharded through ``torch.distributed.checkpoint`` (each rank writes its own part, nothing
+    is gathered) into a directory committed atomically (:func:`~vitkit.files.commit_directory`:
+    ``last.ckpt`` is a symlink to the complete directory of the last save)."""
+
+    def __init__(self) -> None:
+        super().__init__(save_distributed_checkpoint=True)
+
+    def setup_environment(self) -> None:
+        # every process of every node shards the same model: a 1-D data-parallel mesh
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any = None) -> None:
+        """Every rank writes its shards into a staging directory beside ``filepath`` (rank 0 also
+        the metadata); once all have, rank 0 commits it as ``filepath``."""
+        path = Path(self.broadcast(os.fspath(filepath)))
+        staging = Path(self.broadcast(os.fspath(staging_directory(path))))
+        super().save_checkpoint(checkpoint, staging, storage_options)
+        self.barrier()
+        if self.is_global_zero:
+            commit_directory(staging, path)
+        self.barrier()
+
+
+def shard(units: Iterable[nn.Module], mesh: DeviceMesh) -> None:
+    """Shard each of ``units`` in place with FSDP2 over ``mesh``, inner ones first (each encoder
+    block, then the model: its embeddings and head, then a task's own layers): a unit's weights
+    are gathered only while its ``forward`` runs, so every unit must be called through it (tasks
+    that call ``forward_features`` instead, MAE and DINO, are refused with FSDP). Blocks
+    checkpoint their activations as without FSDP (``model.grad_checkpointing``, non-reentrant:
+    the recomputation runs inside the block's gathering)."""
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
 
 
 def is_sharded(strategy: object) -> bool:
     """Whether ``strategy`` (a Lightning strategy) shards the parameters across the ranks."""
-    return isinstance(strategy, FSDPStrategy)
+    return isinstance(strategy, ShardedStrategy)
+
+
+def meta_skeleton(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and saved buffers are on the meta device (no memory),
+    for :func:`gather_into` to fill; buffers left out of the state dict (fixed tables rebuilt at
+    construction) are copied as they are."""
+    saved = module.state_dict(keep_vars=True)
+    memo: dict[int, Any] = {}
+    for tensor in saved.values():
+        empty = torch.empty_like(tensor, device="meta")
+        memo[id(tensor)] = nn.Parameter(empty, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else empty
+    return copy.deepcopy(module, memo)
+
+
+def gather_into(skeleton: nn.Module, wrapped: nn.Module, prefix: str = "") -> nn.Module | None:
+    """The full weights of ``wrapped``'s submodule at ``prefix``, gathered shard by shard onto rank
+    0's CPU, loaded into ``skeleton`` (:func:`meta_skeleton` of that submodule) on rank 0; ``None``
+    on the other ranks, which hold nothing more than their shards. A collective: every rank calls it."""
+    gathered = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    skeleton.load_state_dict(
+        {key[len(prefix):]: value for key, value in gathered.items() if key.startswith(prefix)}, assign=True
+    )
+    return skeleton
 
 
 def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, sharded: bool = False) -> torch.Tensor:
@@ -78,20 +143,3 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, sharded:
     for part in local:
         part.detach().mul_(scale.to(part.device, part.dtype))
     return norm
-
-
-def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """``module``'s state dict with every shard gathered (FSDP1, FSDP2, DDP or a plain module), its
-    keys those of the unwrapped module, on the CPU on every rank. A collective under FSDP: every
-    rank must call it."""
-    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
-    return {name: tensor.detach().cpu() for name, tensor in state.items()}
-
-
-def load_gathered(target: nn.Module, wrapped: nn.Module, prefix: str = "") -> nn.Module:
-    """Fill ``target``, an unsharded copy of ``wrapped``'s submodule at ``prefix`` (kept before
-    sharding), with the weights :func:`full_state_dict` gathers from ``wrapped``; every key must
-    be there (a collective: every rank calls it). Returns ``target``."""
-    gathered = full_state_dict(wrapped)
-    target.load_state_dict({key[len(prefix):]: value for key, value in gathered.items() if key.startswith(prefix)})
-    return target

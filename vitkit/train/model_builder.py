@@ -153,8 +153,7 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights
         add_lora(model, config.model.lora)
     else:
         freeze(model, config.model.freeze)
-    # under FSDP the strategy checkpoints the blocks (vitkit.train.distributed.fsdp_strategy)
-    model.set_grad_checkpointing(config.model.grad_checkpointing and config.trainer.strategy != "fsdp")
+    model.set_grad_checkpointing(config.model.grad_checkpointing)  # under FSDP too (inside each block's unit)
     return model, vit_config
 
 

@@ -14,6 +14,7 @@ import lightning as L
 import torch
 from timm.utils import ModelEmaV3
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..data.multicrop import MultiCrop
 from ..errors import VitkitError
@@ -23,7 +24,7 @@ from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
 from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
-from .distributed import clip_grad_norm, is_sharded, load_gathered
+from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
 from .optim import build_optimizer, warmup_cosine
 from .schema import RecipeError
 
@@ -132,13 +133,18 @@ class ViTModule(L.LightningModule):
         self._first_bad_step: torch.Tensor | None = None
         #: The training loss of the latest logging step, for the progress bar.
         self.shown_loss: float | None = None
-        #: Under FSDP, an unsharded CPU copy of the model taken before sharding, which
-        #: :meth:`export_model` fills with the gathered weights (outside the children, as the EMA).
-        self.__dict__["unsharded"] = None
+        #: Under FSDP, the model's structure taken before sharding, its weights on the meta device
+        #: (no memory), which :meth:`export_model` fills on rank 0 with the gathered weights.
+        self.__dict__["skeleton"] = None
 
     def configure_model(self) -> None:
-        if self.unsharded is None and is_sharded(self.trainer.strategy):  # Lightning calls this before it shards
-            self.__dict__["unsharded"] = copy.deepcopy(self.model).cpu()
+        """Under FSDP (:func:`~vitkit.train.distributed.shard`), shard the model once: one unit per
+        encoder block, one for the rest of the model, one for each of the task's layers that hold
+        weights. Lightning calls this before every fit, validation and test."""
+        if self.skeleton is None and is_sharded(self.trainer.strategy):
+            self.__dict__["skeleton"] = meta_skeleton(self.model)
+            task_layers = [layer for layer in self.task.children() if any(True for _ in layer.parameters())]
+            shard([*self.model.blocks, self.model, *task_layers], self.trainer.strategy.device_mesh["data_parallel"])
 
     def on_fit_start(self) -> None:
         self.task.on_fit_start(self.device)
@@ -160,13 +166,17 @@ class ViTModule(L.LightningModule):
         """The weights to evaluate and export: the EMA when enabled, else the trained ones."""
         return self.ema.module if self.ema is not None else self.model
 
-    def export_model(self) -> VisionTransformer:
+    def export_model(self) -> VisionTransformer | None:
         """The model the task releases (:meth:`~vitkit.tasks.Task.exported_model` of
         :attr:`inference_model`: DINO's teacher) as a plain vitkit model on the CPU in eval mode
-        (LoRA adapters merged, a timm reference converted, so every tool takes it)."""
+        (LoRA adapters merged, a timm reference converted, so every tool takes it). Under FSDP the
+        shards are gathered on rank 0 only (a collective: every rank calls this); the other ranks
+        get ``None``."""
         model = self.task.exported_model(self.inference_model)
-        if self.unsharded is not None:  # this rank holds shards: every rank gathers the whole model
-            model = load_gathered(self.unsharded, self.trainer.model, prefix=MODEL_PREFIX)
+        if self.skeleton is not None:  # this rank holds shards: rank 0 gathers the whole model
+            model = gather_into(self.skeleton, self.trainer.model, prefix=MODEL_PREFIX)
+            if model is None:
+                return None
         if has_lora(model):  # a plain model for every tool: the adapters folded into the weights
             model = merge_lora(copy.deepcopy(model))
         if not isinstance(model, VisionTransformer):
@@ -238,9 +248,14 @@ class ViTModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse to write a checkpoint with non-finite weights or optimiser state (the weights can
         diverge a step before the loss does), or after a non-finite loss. Runs on every rank, so DDP
-        processes stop together."""
+        processes stop together; under FSDP each rank checks its own shards and the ranks agree
+        (an all-reduce) before any of them writes."""
         self.raise_if_diverged()
         bad = non_finite_tensors(checkpoint)
+        if is_sharded(self.trainer.strategy):
+            found = torch.tensor(float(len(bad)), device=self.device)
+            torch.distributed.all_reduce(found)
+            bad = bad or (["the shards of another rank"] if found.item() else [])
         if bad:
             shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
             raise NonFiniteLossError(
@@ -317,9 +332,10 @@ def _load_ema(
 
 def non_finite_tensors(checkpoint: dict[str, Any]) -> list[str]:
     """Names (``state_dict/model.head.weight``, ``optimizer_states/0/state/3/exp_avg``) of the
-    floating-point tensors with a NaN or infinite entry in a checkpoint's weights and optimiser state."""
+    floating-point tensors with a NaN or infinite entry in a checkpoint's weights and optimiser state
+    (of a sharded checkpoint: this rank's shards)."""
     sections = {key: checkpoint[key] for key in ("state_dict", "optimizer_states") if key in checkpoint}
-    tensors = _tensors(sections, "")
+    tensors = ((name, tensor.to_local() if isinstance(tensor, DTensor) else tensor) for name, tensor in _tensors(sections, ""))
     return [name for name, tensor in tensors if tensor.is_floating_point() and not tensor.isfinite().all()]
 
 

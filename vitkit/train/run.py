@@ -57,13 +57,14 @@ from .checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
     check_resumable,
+    is_sharded_checkpoint,
     newest_finite_checkpoint,
     remove_orphan_temp_files,
 )
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
-from .distributed import fsdp_strategy
+from .distributed import ShardedStrategy
 from .kernel_trial import TrainingKernelChooser
 from .model_builder import build_model, load_starting_weights, pretrained_data
 from .module import NonFiniteLossError, ViTModule
@@ -91,12 +92,13 @@ class RunInterruptedError(RunStoppedError):
 @dataclass
 class RunResult:
     """What :func:`train` returns: the run directory, its ``summary.json`` content, the trained
-    model (best checkpoint, EMA weights when enabled) on the CPU in eval mode, and whether this
+    model (best checkpoint, EMA weights when enabled) on the CPU in eval mode (``None`` on the ranks
+    other than 0 of an FSDP run, which never hold the whole model), and whether this
     process is global rank 0 (the one that writes the run's files and reports it)."""
 
     run_dir: Path
     summary: dict[str, Any]
-    model: VisionTransformer
+    model: VisionTransformer | None
     primary: bool = True
 
 
@@ -127,9 +129,9 @@ def train(
     started = time.perf_counter()
     config = load_recipe(recipe, overrides)
     check_precision(config.trainer)
-    if resume is not None and Path(resume).is_dir():
+    if resume is not None and Path(resume).is_dir() and not is_sharded_checkpoint(resume):
         raise CheckpointError(f"checkpoint to resume {resume} is a directory; give its checkpoints/last.ckpt.")
-    if resume is not None and not Path(resume).is_file():
+    if resume is not None and not Path(resume).exists():
         raise FileNotFoundError(f"checkpoint to resume {resume} does not exist.")
     if config.trainer.num_threads is not None:
         torch.set_num_threads(config.trainer.num_threads)
@@ -162,7 +164,7 @@ def train(
     module = build_module(config, datamodule.info, weights)
     datamodule.training_data = module.task.training_data  # DINO's crops
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
-        check_resumable(resume, module, datamodule.info.name)
+        check_resumable(resume, module, datamodule.info.name, sharded=config.trainer.strategy == "fsdp")
         check_recipe_unchanged(config, adopted_run_dir(resume), filled)
     teacher = build_teacher(config.distill.teacher, datamodule.info) if config.distill.type != "none" else None
     check_hardware(config.trainer)
@@ -251,7 +253,6 @@ def _fit(
     pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
     trainer = build_trainer(
         config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *bar, *pretraining, *callbacks],
-        model=module.model,
     )
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
@@ -279,7 +280,7 @@ def _fit(
         "recipe": config.name,
         "dataset": datamodule.info.name,
         "model": describe_model(config),
-        "num_parameters": count_parameters(model),
+        "num_parameters": count_parameters(model) if model is not None else None,
         "val_acc": _metric(validated, "val/acc1"),
         "test_acc": _metric(tested, "test/acc1"),
         "test_acc5": _metric(tested, "test/acc5"),
@@ -364,7 +365,7 @@ def check_hardware(config: TrainerConfig) -> None:
             accelerator=config.accelerator,
             devices=config.devices,
             num_nodes=config.num_nodes,
-            strategy=config.strategy,
+            strategy=training_strategy(config),
             precision=config.precision,
             logger=False,
             enable_checkpointing=False,
@@ -386,24 +387,23 @@ def _first_sentence(error: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callback], model: nn.Module) -> L.Trainer:
-    """A Lightning ``Trainer`` for ``model`` from the recipe's ``trainer`` and ``optim`` sections:
+def build_trainer(config: RecipeConfig, run_dir: Path, callbacks: list[L.Callback]) -> L.Trainer:
+    """A Lightning ``Trainer`` from the recipe's ``trainer`` and ``optim`` sections:
     atomic, ``weights_only`` checkpoint IO; CSV logs (TensorBoard too when installed)."""
     options = config.trainer
     loggers: list[Logger] = [CSVLogger(run_dir, name="logs")]
     if importlib.util.find_spec("tensorboard") is not None:
         loggers.append(TensorBoardLogger(run_dir, name="tensorboard"))
     with _without_lightning_tips():
-        return _trainer(config, options, run_dir, callbacks, loggers, training_strategy(config, model))
+        return _trainer(config, options, run_dir, callbacks, loggers, training_strategy(options))
 
 
-def training_strategy(config: RecipeConfig, model: nn.Module) -> str | Strategy:
-    """``trainer.strategy`` for Lightning: ``fsdp`` as :func:`fsdp_strategy` builds it for
-    ``model`` (one FSDP unit per block; ``model.grad_checkpointing`` through the strategy), any
-    other by its name in Lightning's registry."""
-    if config.trainer.strategy == "fsdp":
-        return fsdp_strategy(model, checkpoint_blocks=config.model.grad_checkpointing)
-    return config.trainer.strategy
+def training_strategy(config: TrainerConfig) -> str | Strategy:
+    """``trainer.strategy`` for Lightning: ``fsdp`` as vitkit's :class:`ShardedStrategy` (FSDP2,
+    sharded checkpoints), any other by its name in Lightning's registry."""
+    if config.strategy == "fsdp":
+        return ShardedStrategy()
+    return config.strategy
 
 
 def _trainer(
