@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 from einops import rearrange
 
+from ..errors import UnsupportedModelError
 from .attention import MultiHeadSelfAttention
 from .attention_masks import without_diagonal
 from .block import EncoderBlock
@@ -201,11 +202,11 @@ class MergeState:
 
 
 def check_mergeable(block: object) -> None:
-    """Raise ``ValueError`` (one line) unless ``block`` is an encoder block with vitkit's
-    self-attention, whose keys and branches :func:`run_merging_block` reads."""
+    """Raise :class:`~vitkit.errors.UnsupportedModelError` (one line) unless ``block`` is an
+    encoder block with vitkit's self-attention, whose keys and branches :func:`run_merging_block` reads."""
     if type(block) is not EncoderBlock or type(block.attn).forward is not MultiHeadSelfAttention.forward:
         attn = type(getattr(block, "attn", None)).__name__
-        raise ValueError(
+        raise UnsupportedModelError(
             f"token merging runs vitkit's EncoderBlock with its MultiHeadSelfAttention (ToMe's timm Block layout), "
             f"got {type(block).__name__} with {attn}."
         )
