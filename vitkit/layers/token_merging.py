@@ -24,6 +24,7 @@ branches, as ToMe's ``ToMeBlock`` runs timm's ``Block`` (whose layout the encode
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -91,31 +92,39 @@ def token_counts(num_tokens: int, num_protected: int, schedule: Sequence[int]) -
 class TokenMerge:
     """One block's bipartite matching: which A tokens merge into which B tokens.
 
-    Indices are among the A tokens (even positions) and the B tokens (odd positions), each
-    ``[B, k, 1]``, as ToMe's ``unm_idx``, ``src_idx`` and ``dst_idx``.
+    Kept as row indices into the flattened ``[B * N, C]`` tokens (``index_select`` and
+    ``index_add_`` on rows are many times faster on a CPU than ``gather`` and ``scatter_reduce``
+    with an index expanded over the channels), from ToMe's ``unm_idx``, ``src_idx`` and ``dst_idx``.
+
+    Attributes:
+        kept: ``[B * (N - r)]`` rows of the output, in ToMe's order: the protected tokens, the
+            unmerged A tokens, then the B tokens.
+        moved: ``[B * r]`` rows of the A tokens merged away.
+        into: ``[B * r]`` output rows they merge into (their B tokens').
+        r: tokens it removes from each image.
     """
 
-    unmerged: torch.Tensor
-    source: torch.Tensor
-    destination: torch.Tensor
-    num_protected: int
-
-    @property
-    def r(self) -> int:
-        """Tokens this merge removes."""
-        return self.source.shape[1]
+    kept: torch.Tensor
+    moved: torch.Tensor
+    into: torch.Tensor
+    r: int
 
     def __call__(self, x: torch.Tensor, mode: MergeMode = "mean") -> torch.Tensor:
         """``[B, N, C]`` to ``[B, N - r, C]``: each merged A token reduced into its B token by
-        ``mode``; the protected tokens first and unchanged, then the unmerged A tokens, then the B
-        tokens (ToMe's order)."""
-        a, b = x[:, ::2], x[:, 1::2]
-        batch, _, channels = a.shape
-        kept = a.gather(1, self.unmerged.expand(batch, -1, channels))
-        moved = a.gather(1, self.source.expand(batch, -1, channels))
-        b = b.scatter_reduce(1, self.destination.expand(batch, -1, channels), moved, reduce=mode)
-        protected_a, protected_b = (self.num_protected + 1) // 2, self.num_protected // 2
-        return torch.cat([x[:, : self.num_protected], kept[:, protected_a:], b[:, protected_b:]], dim=1)
+        ``mode`` (``"sum"``, ``"mean"`` or ``"amax"``, the B token included, as ToMe's
+        ``scatter_reduce``); the protected tokens first and unchanged, then the unmerged A tokens,
+        then the B tokens (ToMe's order)."""
+        batch, _, channels = x.shape
+        rows = x.reshape(-1, channels)
+        out = rows.index_select(0, self.kept)
+        moved = rows.index_select(0, self.moved)
+        if mode == "sum":
+            out = out.index_add(0, self.into, moved)
+        else:
+            with warnings.catch_warnings():  # torch calls index_reduce beta; it is exact
+                warnings.filterwarnings("ignore", message="index_reduce\\(\\) is in beta")
+                out = out.index_reduce(0, self.into, moved, mode, include_self=True)
+        return out.view(batch, -1, channels)
 
 
 def bipartite_soft_matching(metric: torch.Tensor, r: int, num_protected: int = 0) -> TokenMerge:
@@ -131,19 +140,37 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, num_protected: int = 0
     Returns:
         The :class:`TokenMerge`, applied to any ``[B, N, C]`` tensor of the same tokens.
     """
-    r = min(r, merge_limit(metric.shape[1], num_protected))
+    batch, tokens, _ = metric.shape
+    r = min(r, merge_limit(tokens, num_protected))
+    protected_a, protected_b = (num_protected + 1) // 2, num_protected // 2
     with torch.no_grad():
         metric = metric / metric.norm(dim=-1, keepdim=True)
         scores = metric[:, ::2] @ metric[:, 1::2].transpose(-1, -2)
-        scores[:, : (num_protected + 1) // 2, :] = -math.inf  # protected A tokens merge into nothing
-        scores[:, :, : num_protected // 2] = -math.inf  # and nothing merges into protected B tokens
+        scores[:, :protected_a, :] = -math.inf  # protected A tokens merge into nothing
+        scores[:, :, :protected_b] = -math.inf  # and nothing merges into protected B tokens
         best, best_index = scores.max(dim=-1)
-        order = best.argsort(dim=-1, descending=True)[..., None]
+        order = best.argsort(dim=-1, descending=True)
         unmerged, source = order[:, r:], order[:, :r]
-        destination = best_index[..., None].gather(1, source)
+        destination = best_index.gather(1, source)
         if num_protected:  # ToMe sorts when there is a class token: the protected A tokens first
             unmerged = unmerged.sort(dim=1).values
-    return TokenMerge(unmerged, source, destination, num_protected)
+        # ToMe's output order as token indices: protected, unmerged A (2i), B (2j + 1)
+        num_b = tokens // 2
+        b_tokens = torch.arange(protected_b, num_b, device=metric.device) * 2 + 1
+        kept = torch.cat([
+            torch.arange(num_protected, device=metric.device).expand(batch, -1),
+            unmerged[:, protected_a:] * 2,
+            b_tokens.expand(batch, -1),
+        ], dim=1)
+        first_b = num_protected + unmerged.shape[1] - protected_a  # output position of B token protected_b
+        into = destination - protected_b + first_b
+        offsets = torch.arange(batch, device=metric.device)[:, None]
+    return TokenMerge(
+        kept=(kept + offsets * tokens).flatten(),
+        moved=(source * 2 + offsets * tokens).flatten(),
+        into=(into + offsets * kept.shape[1]).flatten(),
+        r=r,
+    )
 
 
 @dataclass
