@@ -11,11 +11,14 @@ import pytest
 import timm
 import torch
 from timm.models.vision_transformer import Attention, Block
+from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit import VisionTransformer, ViTConfig
 from vitkit.layers.positions import TokenPositions
 from vitkit.layers.token_merging import MergeState, bipartite_soft_matching, merge_schedule
+from vitkit.models import vit_flops
+from vitkit.prune import prune_heads
 from vitkit.schema import ConfigError
 
 # ------------------------------------------------------------------ ToMe's reference, verbatim logic
@@ -312,3 +315,22 @@ def test_timm_export_of_a_merged_model_is_refused_in_one_line() -> None:
     with pytest.raises(vitkit.VitkitError, match="token merging") as refused:
         vitkit.to_timm_state_dict(model)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("r", [6, [12, 0, 8, 3]])
+def test_flops_of_a_merged_model_count_each_block_on_its_tokens(r: Any) -> None:
+    model = vitkit.merge_tokens(tiny(reg_tokens=1, attn_impl="explicit"), r)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(images(1))
+    assert vit_flops(model.config) == counter.get_total_flops()
+    assert vit_flops(model.config) < vit_flops(model.config.replace(merge_tokens=0))
+
+
+def test_a_pruned_model_with_a_layer_without_heads_merges() -> None:
+    model = tiny()
+    prune_heads(model, {0: [0, 1], 1: [0, 1, 2, 3]})
+    vitkit.merge_tokens(model, 8)
+    with torch.no_grad():
+        run = model.forward_intermediates(images(), return_attention=True)
+    assert run.attentions[1].shape[1] == 0 and run.features.shape[1] == 65 - 32
+    assert torch.isfinite(model.forward_head(run.features)).all()

@@ -259,7 +259,7 @@ class AttentionBase(nn.Module):
             out, weights = explicit_attention(q, k, v, bias, dropout_p, scale)
         if row_has_key is not None:
             out = out * row_has_key
-            if weights is not None and not _every_row_attends(row_has_key):
+            if need_weights and not _every_row_attends(row_has_key):
                 weights = weights * row_has_key
         if head_gates is not None:
             out = out * self._gates(head_gates, batch).to(out.dtype)

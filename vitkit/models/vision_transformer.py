@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..layers import ConvPatchEmbed, PatchEmbed, TokenPositions, get_part, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
 from ..layers.patch_embed import conv_stem_widths
-from ..layers.token_merging import MergeState, check_mergeable, run_merging_block, unmerge_tokens
+from ..layers.token_merging import MergeState, check_mergeable, run_merging_block, token_counts, unmerge_tokens
 from .config import ViTConfig
 from .init import init_parts
 
@@ -598,14 +598,22 @@ def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -
     classifier (two with ``distilled``); norms, softmax, activations and RoPE's rotations are
     elementwise and left out. A block is counted by torch's FLOP counter on the meta device (no
     memory, no init), so a registered block, attention or MLP counts whatever its layers are
-    named (a SwiGLU MLP's three projections, a block without ``.mlp``).
+    named (a SwiGLU MLP's three projections, a block without ``.mlp``). With token merging
+    (``config.merge_tokens``), each block is counted on the tokens it sees, its similarity
+    product included, and the attention pool on the merged patch tokens.
     """
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
-    dim, patches = config.embed_dim, config.num_patches
+    dim = config.embed_dim
     hidden = int(dim * config.mlp_ratio)
     macs = _tokenizer_macs(config)
-    measured = {h: _block_macs(config, h) for h in set(heads)}
-    macs += sum(measured[h] for h in heads)
+    schedule = config.merge_per_block()
+    counts = token_counts(config.num_tokens, config.num_prefix_tokens, schedule)
+    if any(schedule):
+        macs += sum(_merging_block_macs(config, h, n, r) for h, n, r in zip(heads, counts, schedule))
+    else:
+        measured = {h: _block_macs(config, h) for h in set(heads)}
+        macs += sum(measured[h] for h in heads)
+    patches = counts[-1] - config.num_prefix_tokens
     if config.global_pool == "map":  # one latent query over the patches: q, kv, QK^T and AV, proj, MLP
         macs += dim * dim + patches * dim * 2 * dim + 2 * patches * dim + dim * dim + 2 * dim * hidden
     macs += dim * config.num_classes * (1 + int(config.distilled))
@@ -620,6 +628,18 @@ def _block_macs(config: ViTConfig, num_heads: int) -> int:
     positions = TokenPositions.of_grid(config.grid_size, config.num_prefix_tokens, device="meta")
     with FlopCounterMode(display=False) as counter:
         block(tokens, rope=positions)
+    return counter.get_total_flops() // 2
+
+
+def _merging_block_macs(config: ViTConfig, num_heads: int, num_tokens: int, r: int) -> int:
+    """MACs of one block with ``num_heads`` heads merging ``r`` of one image's ``num_tokens`` tokens
+    (:func:`~vitkit.layers.token_merging.run_merging_block`), counted on the meta device."""
+    block = build_block(config, num_heads, attn_impl="explicit", device="meta")
+    tokens = torch.empty(1, num_tokens, config.embed_dim, device="meta")
+    positions = TokenPositions(torch.zeros(1, num_tokens - config.num_prefix_tokens, 2, device="meta"),
+                               config.num_prefix_tokens, config.grid_size)
+    with FlopCounterMode(display=False) as counter:
+        run_merging_block(block, tokens, MergeState(positions, config.num_prefix_tokens), r)
     return counter.get_total_flops() // 2
 
 
