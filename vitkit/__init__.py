@@ -14,7 +14,15 @@ if TYPE_CHECKING:
     from .errors import VitkitError
     from .inference import Prediction, predict
     from .io import load_model, load_model_and_extra, save_model
-    from .models import VisionTransformer, ViTConfig, create_model, from_timm, list_models, to_timm_state_dict
+    from .models import (
+        VisionTransformer,
+        ViTConfig,
+        create_model,
+        from_timm,
+        list_models,
+        merge_tokens,
+        to_timm_state_dict,
+    )
     from .pretrained import load_pretrained, read_pretrained
 
 __version__ = "0.1.0"
@@ -31,6 +39,7 @@ _ATTRIBUTES = {
     "load_model": "io",
     "load_model_and_extra": "io",
     "load_pretrained": "pretrained",
+    "merge_tokens": "models",
     "predict": "inference",
     "read_pretrained": "pretrained",
     "save_model": "io",
@@ -49,6 +58,7 @@ __all__ = [
     "load_model",
     "load_model_and_extra",
     "load_pretrained",
+    "merge_tokens",
     "predict",
     "read_pretrained",
     "save_model",

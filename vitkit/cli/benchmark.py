@@ -56,6 +56,8 @@ from .commands import run_command
 from .parsers import parse_model_spec
 
 PRECISIONS = ("fp32", "bf16")
+#: ``--merge-tokens``: ``(r, schedule)`` for :func:`vitkit.merge_tokens`.
+MergeTokens = tuple[int | list[int], str]
 
 
 def autocast(precision: str) -> torch.autocast:
@@ -88,15 +90,17 @@ def make_step(
     return train_step
 
 
-def twins(name: str, **overrides: int | bool) -> tuple[nn.Module, nn.Module | None]:
+def twins(name: str, merge: MergeTokens | None = None, **overrides: int | bool) -> tuple[nn.Module, nn.Module | None]:
     """A vitkit model (variant ``name`` with ``ViTConfig`` ``overrides``) and the timm model with
-    the same weights (``None`` where timm has no equivalent: shifted patches, locality attention)."""
+    the same weights (``None`` where timm has no equivalent: shifted patches, locality attention);
+    with ``merge``, the vitkit model merges tokens (:func:`vitkit.merge_tokens`) and timm's does not."""
     torch.manual_seed(0)
     model = vitkit.create_model(name, **overrides)
     try:
-        return model, to_timm(model)
+        twin = to_timm(model)
     except ValueError:
-        return model, None
+        twin = None
+    return (model if merge is None else vitkit.merge_tokens(model, *merge)), twin
 
 
 def batch_for(model: nn.Module, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,9 +119,10 @@ def chosen_kernel(model: nn.Module, asked: set[AutotuneKey]) -> str:
     return "/".join(sorted(kernels)) or "sdpa (not measured)"
 
 
-def bench_models(specs: list[str], repeats: int) -> list[str]:
+def bench_models(specs: list[str], repeats: int, merge: MergeTokens | None = None) -> list[str]:
     """vitkit vs timm per model, mode and precision, with vitkit's achieved GFLOP/s and its share
-    of this machine's GEMM peak at the model's own shapes (bf16 and float32 measured apart)."""
+    of this machine's GEMM peak at the model's own shapes (bf16 and float32 measured apart); with
+    ``merge``, vitkit's models merge tokens (ToMe) and timm's do not."""
     rows = [
         "| model | batch | mode | precision | vitkit kernel | vitkit img/s | timm img/s | vitkit/timm | vitkit GFLOP/s | % of GEMM peak |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -125,7 +130,7 @@ def bench_models(specs: list[str], repeats: int) -> list[str]:
     peaks = []
     for spec in specs:
         name, batch_size, overrides = parse_model_spec(spec)
-        ours, theirs = twins(name, **overrides)
+        ours, theirs = twins(name, merge, **overrides)
         if overrides:
             name += " (" + ", ".join(f"{key}={value}" for key, value in overrides.items()) + ")"
         images, labels = batch_for(ours, batch_size)
@@ -492,10 +497,11 @@ ONNX_MODELS = {
 
 
 def bench_onnx(repeats: int, model_file: str | None = None, batches: tuple[int, ...] = (1, 64),
-               models: dict[str, dict[str, Any]] | None = None) -> list[str]:
+               models: dict[str, dict[str, Any]] | None = None, merge: MergeTokens | None = None) -> list[str]:
     """Images/s of vitkit eager (float32, bf16 autocast) and onnxruntime (float32, dynamic int8) at
     each batch size, interleaved per model; with ``model_file`` (a trained model) its test-split
-    accuracy in float32, on onnxruntime and in int8 first."""
+    accuracy in float32, on onnxruntime and in int8 first; with ``merge``, every model merges
+    tokens (:func:`vitkit.merge_tokens`)."""
     import tempfile
 
     from vitkit.export import OnnxClassifier, export_onnx, quantize_dynamic
@@ -513,6 +519,8 @@ def bench_onnx(repeats: int, model_file: str | None = None, batches: tuple[int, 
             else:
                 model, extra = vitkit.create_model(fields.pop("name"), **fields), {}
             model.eval()
+            if merge is not None:
+                vitkit.merge_tokens(model, *merge)
             float_path = export_onnx(model, Path(folder) / f"{len(rows)}.onnx", extra=extra)
             int8_path = quantize_dynamic(float_path, Path(folder) / f"{len(rows)}-int8.onnx")
             runners = {"onnxruntime fp32": OnnxClassifier(float_path), "onnxruntime int8": OnnxClassifier(int8_path)}
@@ -580,7 +588,9 @@ def run(args: argparse.Namespace) -> None:
     if "kernels" in args.sections:
         print("\n".join(["Attention kernels (medians):", ""] + bench_kernels(args.repeats)) + "\n")
     if "models" in args.sections:
-        print("\n".join(["vitkit vs timm, same weights (images/s, medians of interleaved pairs):", ""] + bench_models(args.models, args.repeats)) + "\n")
+        merged = f" (vitkit merging tokens: --merge-tokens {args.merge_tokens[0]})" if args.merge_tokens else ""
+        print("\n".join([f"vitkit vs timm, same weights{merged} (images/s, medians of interleaved pairs):", ""]
+                        + bench_models(args.models, args.repeats, args.merge_tokens)) + "\n")
         print("\n".join(["Attention autotuner (best times per call; speed-up = SDPA / explicit):", "", format_autotune_report(autotune_report())]) + "\n")
     if "levers" in args.sections:
         print("\n".join(bench_levers(args.levers_model, args.repeats, args.levers_compile)) + "\n")
@@ -589,7 +599,7 @@ def run(args: argparse.Namespace) -> None:
     if "memory" in args.sections:
         print("\n".join(bench_memory(args.memory_model, args.repeats)) + "\n")
     if "onnx" in args.sections:
-        print("\n".join(bench_onnx(args.repeats, args.onnx_model)) + "\n")
+        print("\n".join(bench_onnx(args.repeats, args.onnx_model, merge=args.merge_tokens)) + "\n")
     if "data" in args.sections:
         print("\n".join(bench_data(args.repeats)) + "\n")
         print("\n".join(bench_folder_loaders(args.repeats)))

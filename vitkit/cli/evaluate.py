@@ -30,14 +30,15 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(errno.ENOENT, "model file does not exist", args.model)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
     check_output_dir(out, "evaluate")  # claimed once there are results: a refused model leaves no folder
-    report = evaluate(args.model, args.data, split=args.split, tta=args.tta)
+    report = evaluate(args.model, args.data, split=args.split, tta=args.tta, merge_tokens=args.merge_tokens)
     write_evaluation(report, claim_output_dir(out, "evaluate"))
     per_class = "  ".join(f"{name}: {acc:.1f}" for name, acc in report["per_class"].items())
     views = "" if report["tta"] == "none" else f", {report['tta']} views averaged"
+    views += f", {report['merge_tokens']} tokens merged per block" if report["merge_tokens"] else ""
     print(f"{report['dataset']} {report['split']} ({report['num_images']} images{views}): "
           f"top-1 {report['top1']:.2f}%  top-5 {report['top5']:.2f}%")
     print(f"per class: {per_class}")
-    print(json.dumps({key: report[key] for key in ("top1", "top5", "num_images", "tta")}))
+    print(json.dumps({key: report[key] for key in ("top1", "top5", "num_images", "tta", "merge_tokens")}))
     print(f"wrote {out / 'eval.json'} and {out / 'confusion_matrix.png'}")
     return 0
 

@@ -24,7 +24,7 @@ from ..data.arrays import spread_over_classes
 from ..data.images import convert_channels, describe_conversion, files_under
 from ..errors import UnsupportedModelError, UsageError, VitkitError
 from ..io import MODEL_SUFFIX, load_model_and_extra, read_weights_file
-from ..models import VisionTransformer, from_timm
+from ..models import VisionTransformer, from_timm, merge_tokens
 from ..models.timm_interop import pretrained_preprocessing
 from ..train.evaluate import datasets_for
 
@@ -43,6 +43,8 @@ def load_model_from_arguments(args: argparse.Namespace) -> tuple[VisionTransform
         flags = ", ".join(_flag(key) for key in overrides)
         raise UsageError(f"{flags} only apply to --timm-weights; a vitkit model file keeps its own preprocessing.")
     model, extra = load_explained_model(args.checkpoint, args.model, args.timm_weights, **overrides)
+    if getattr(args, "merge_tokens", None) is not None:
+        merge_tokens(model, *args.merge_tokens)
     if args.timm_weights is not None:
         info = DataInfo.from_extra(extra)
         print(

@@ -188,6 +188,32 @@ def layer_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated block indices such as 0,5,11, got {text!r}") from None
 
 
+def merge_tokens_value(text: str) -> tuple[int | list[int], str]:
+    """``argparse`` type of ``--merge-tokens``: ``R`` (every block), ``R1,R2,...`` (one count per
+    block) or ``R:decreasing`` (ToMe's schedule), as ``(r, schedule)`` for :func:`vitkit.merge_tokens`."""
+    count, _, schedule = text.partition(":")
+    try:
+        counts = [int(part) for part in count.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or any(value < 0 for value in counts) or schedule not in ("", "decreasing") or (
+        schedule and len(counts) > 1
+    ):
+        raise argparse.ArgumentTypeError(
+            f"expected R (tokens merged per block, 0 or more), R1,R2,... (one per block) or R:decreasing, got {text[:120]!r}"
+        )
+    return (counts[0] if len(counts) == 1 else counts), schedule or "constant"
+
+
+def merge_tokens_argument(parser: argparse.ArgumentParser) -> None:
+    """``--merge-tokens R``: token merging (ToMe) on the loaded model (:func:`vitkit.merge_tokens`)."""
+    parser.add_argument(
+        "--merge-tokens", type=merge_tokens_value, metavar="R",
+        help="token merging (ToMe): R tokens merged in every block, R1,R2,... one count per block, or R:decreasing "
+        "(2R in the first block down to 0); 0 undoes a model file's merging (None: as the model file says)",
+    )
+
+
 def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int | bool]]:
     """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."`` (integer or true/false ``ViTConfig``
     overrides, e.g. ``vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10``)."""
@@ -225,6 +251,7 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("test", "val"), default="test", help="split to evaluate")
     tta_argument(parser)
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
+    merge_tokens_argument(parser)
 
 
 def export(parser: argparse.ArgumentParser) -> None:
@@ -239,6 +266,7 @@ def export(parser: argparse.ArgumentParser) -> None:
                         help="input size (None: the model's; another needs a dynamic_img_size model)")
     parser.add_argument("--quantize", choices=("dynamic",),
                         help="int8: onnxruntime's dynamic quantisation of the linear layers (None: float32)")
+    merge_tokens_argument(parser)
 
 
 def predict(parser: argparse.ArgumentParser) -> None:
@@ -253,6 +281,7 @@ def predict(parser: argparse.ArgumentParser) -> None:
     force_argument(parser, "--csv")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
     tta_argument(parser)
+    merge_tokens_argument(parser)
 
 
 def model_and_images(parser: argparse.ArgumentParser) -> None:
@@ -261,6 +290,7 @@ def model_and_images(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", nargs="*", metavar="[MODEL] IMAGE_OR_FOLDER",
                         help=f"the model file ({MODEL_HELP}) unless --checkpoint or --model gives it, then image files "
                         "and/or folders")
+    merge_tokens_argument(parser)
 
 
 def attention_maps(parser: argparse.ArgumentParser) -> None:
@@ -292,6 +322,7 @@ def attention_maps(parser: argparse.ArgumentParser) -> None:
 
 def faithfulness(parser: argparse.ArgumentParser) -> None:
     model_arguments(parser)
+    merge_tokens_argument(parser)
     data_arguments(parser)
     parser.add_argument("--out", required=True, help="output folder for faithfulness.csv, .md and .png")
     parser.add_argument("--images", type=positive_int, default=500,
@@ -466,6 +497,7 @@ def benchmark(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--onnx-model", help="onnx section: a trained model file, whose test split gives the accuracy "
                         "of float32 and int8 (None: speed only, of random weights)")
     parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
+    merge_tokens_argument(parser)
 
 
 #: ``vitkit.cli.<module>`` -> the function that adds its options.

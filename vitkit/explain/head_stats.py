@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layers.attention_stats import row_entropy
+from ..layers.token_merging import unmerge_attention
 from ..models import VisionTransformer
 
 _EPS = 1e-12
@@ -176,7 +177,10 @@ def model_head_stats(
         if len(images) == 0:
             break
         images = images.to(parameter.device, parameter.dtype)
-        attentions = model.forward_intermediates(images, intermediates_only=True, return_attention=True).attentions
+        run = model.forward_intermediates(images, intermediates_only=True, return_attention=True)
+        attentions = run.attentions if run.sources is None else [  # merged tokens back on the patches
+            unmerge_attention(a, source) for a, source in zip(run.attentions, run.sources)
+        ]
         batch_stats = attention_statistics(attentions, model.num_prefix_tokens, model.config.reg_tokens)
         stats = batch_stats if stats is None else stats.merge(batch_stats)
         seen += len(images)

@@ -6,7 +6,10 @@ the AttnLRP relevance (:mod:`.lrp`); ``patch_maps`` turns the capture into rollo
 Chefer et al. relevance, AttnLRP or per-head maps over the patches and ``maps_from_capture`` puts
 them on the image's pixel grid, so the kinds can share one forward pass. ``explain`` does both in
 one call. Every attention map is read out as the model pools (class token or average of the patch
-tokens, see :func:`~vitkit.explain.rollout.read_out`).
+tokens, see :func:`~vitkit.explain.rollout.read_out`). A model that merges tokens
+(:func:`vitkit.merge_tokens`) has its attention, and the gradients, put back on the patches through
+ToMe's source matrix (:func:`~vitkit.layers.token_merging.unmerge_attention`), so every map is on
+the full patch grid.
 
 A model without a classifier (``num_classes=0``, a feature extractor such as timm's DINOv2) has
 rollout and per-head maps, which read its attention as it pools, but no gradient or LRP maps:
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..layers.token_merging import unmerge_attention, unmerge_gradient
 from ..method_names import CLASS_METHODS, GRADIENT_METHODS, METHODS, Method
 from ..models import VisionTransformer
 from .lrp import LRPRules, lrp_relevance, scaled_relevance
@@ -35,8 +39,11 @@ class AttentionCapture:
         logits: ``[B, num_classes]`` float32 (``[B, 0]`` for a model without a classifier).
         targets: ``[B]`` class explained per image (given, or the predicted one); ``None`` for a
             model without a classifier.
-        attentions: one ``[B, H_l, N, N]`` detached tensor per block, in forward order.
-        gradients: ∂(target logit)/∂attention per block, same shapes, or ``None``.
+        attentions: one ``[B, H_l, N, N]`` detached tensor per block, in forward order; a model
+            that merges tokens has its attention over merged tokens put back on the ``N``
+            tokens of the first block (:func:`~vitkit.layers.token_merging.unmerge_attention`).
+        gradients: ∂(target logit)/∂attention per block, same shapes (merged tokens' put back by
+            :func:`~vitkit.layers.token_merging.unmerge_gradient`), or ``None``.
         relevance: AttnLRP relevance of the targets summed per patch ``[B, gh, gw]``
             (:func:`~vitkit.explain.lrp.lrp_relevance`), or ``None``.
         grid: patch grid ``(gh, gw)`` with ``gh * gw = N - num_prefix_tokens``.
@@ -115,6 +122,11 @@ def capture_attention(
             in_graph = [a for a in attentions if a.requires_grad]
             grads = iter(torch.autograd.grad(selected, in_graph) if in_graph else ())
             gradients = [next(grads).detach() if a.requires_grad else torch.zeros_like(a) for a in attentions]
+    attentions = [a.detach() for a in attentions]
+    if run.sources is not None:  # merged tokens back on the patches they hold
+        attentions = [unmerge_attention(a, source) for a, source in zip(attentions, run.sources)]
+        if gradients is not None:
+            gradients = [unmerge_gradient(g, source) for g, source in zip(gradients, run.sources)]
     relevance = None
     if with_relevance:
         patch_size = tuple(images.shape[2 + axis] // grid[axis] for axis in range(2))
@@ -122,7 +134,7 @@ def capture_attention(
     return AttentionCapture(
         logits=logits.detach().float(),
         targets=targets,
-        attentions=[a.detach() for a in attentions],
+        attentions=attentions,
         gradients=gradients,
         grid=grid,
         image_size=(images.shape[2], images.shape[3]),

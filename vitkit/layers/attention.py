@@ -41,6 +41,15 @@ def _linear(in_features: int, out_features: int, bias: bool = True, **factory: o
         return nn.Linear(in_features, out_features, bias=bias, **factory)
 
 
+def _every_row_attends(row_has_key: torch.Tensor) -> bool:
+    """Whether every query has a key: then the weights are returned as they multiplied the values,
+    in the graph (gradient maps through a bias, such as token merging's sizes). Only the maps ask
+    for weights, so the host sync is off the hot path; while a graph is recorded, ``False``."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    return bool(row_has_key.all())
+
+
 @dataclass(frozen=True)
 class AttentionOptions:
     """How an attention layer (:class:`AttentionBase`) attends: every option but its size (``dim``, ``num_heads``).
@@ -252,7 +261,8 @@ class AttentionBase(nn.Module):
             out, weights = explicit_attention(q, k, v, bias, dropout_p, scale)
         if row_has_key is not None:
             out = out * row_has_key
-            weights = None if weights is None else weights * row_has_key
+            if need_weights and not _every_row_attends(row_has_key):
+                weights = weights * row_has_key
         if head_gates is not None:
             out = out * self._gates(head_gates, batch).to(out.dtype)
         return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)"))), weights

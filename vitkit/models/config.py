@@ -13,6 +13,7 @@ from ..layers.mlp import ActLayer
 from ..layers.parts import PART_FIELDS, get_part
 from ..layers.patch_embed import conv_stem_reaches
 from ..layers.rope import RopeAxes, RopeKind
+from ..layers.token_merging import merge_limit, merge_schedule
 from ..schema import MAX_IMG_SIDE, Channels, Config, FieldError, bounds
 from .init import InitScheme
 
@@ -70,6 +71,8 @@ class ViTConfig(Config):
     a model file records them, so a custom block round-trips once its module is imported.
     ``init`` names the weight initialisation scheme (:mod:`vitkit.models.init`): ``'vitkit'``
     (Xavier-uniform, scaled-down ``W_o``), ``'timm'`` or ``'jax'``.
+    ``merge_tokens`` is an inference option, not a weight: ToMe's ``r``, the tokens each block
+    merges (one count for all, or one per block; :func:`vitkit.merge_tokens` sets it, 0 = none).
     Each field's allowed range is in its metadata (``MAX_*`` above); :meth:`validate` adds the
     cross-field rules (divisibility, :data:`MAX_TOKENS`, :data:`MAX_PARAMETERS`).
     """
@@ -115,6 +118,7 @@ class ViTConfig(Config):
     block: str = "encoder"
     attn_layer: str = "self_attention"
     mlp_layer: str = "mlp"
+    merge_tokens: int | list[int] = field(default=0, metadata=bounds(ge=0, le=MAX_TOKENS))
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first inconsistent hyper-parameter."""
@@ -156,6 +160,7 @@ class ViTConfig(Config):
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")
         self._validate_prefix_tokens()
+        self._validate_merging()
         weights = self.num_weights()
         if weights > MAX_PARAMETERS:
             raise ValueError(
@@ -194,6 +199,25 @@ class ViTConfig(Config):
         if self.global_pool == "map" and self.embed_dim % self.pool_heads:
             raise ValueError(f"global_pool='map' splits embed_dim ({self.embed_dim}) into {self.pool_heads} heads; "
                              "choose an embed_dim divisible by the head width.")
+
+    def _validate_merging(self) -> None:
+        """Token merging's count per block, and a first block that can merge that many tokens
+        (later blocks merge at most half of what is left, as ToMe)."""
+        schedule = self.merge_per_block()
+        limit = merge_limit(self.num_tokens, self.num_prefix_tokens)
+        if schedule and schedule[0] > limit:
+            raise FieldError(
+                "merge_tokens",
+                f"asks the first block to merge {schedule[0]} tokens, but at most {limit} of its {self.num_tokens} "
+                f"tokens ({self.num_prefix_tokens} never merge) can merge in one block; lower r.",
+            )
+
+    def merge_per_block(self) -> list[int]:
+        """Tokens each block merges, ``[depth]`` (all zeros without token merging)."""
+        try:
+            return merge_schedule(self.merge_tokens, self.depth)
+        except ValueError as problem:
+            raise FieldError("merge_tokens", str(problem).removeprefix("r ")) from None
 
     def heads_per_layer(self) -> list[int]:
         """Head count of every block, ``[depth]``."""

@@ -25,6 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..layers import ConvPatchEmbed, PatchEmbed, TokenPositions, get_part, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
 from ..layers.patch_embed import conv_stem_widths
+from ..layers.token_merging import MergeState, check_mergeable, run_merging_block, token_counts, unmerge_tokens
 from .config import ViTConfig
 from .init import init_parts
 
@@ -47,8 +48,13 @@ class Intermediates:
             unless ``return_prefix_tokens``.
         attentions: per chosen block, its post-softmax weights ``[B, H_l, N, N]`` (a block with
             every head pruned gives ``[B, 0, N, N]``, outside the graph), or ``None`` unless
-            ``return_attention``.
+            ``return_attention``. With token merging, ``N`` is the tokens the block attends over.
         indices: the chosen blocks, ascending.
+        sources: with token merging, per chosen block, ToMe's source matrix ``[B, N, N0]`` of the
+            tokens it attends over (which of the first block's ``N0`` tokens each holds:
+            :func:`~vitkit.layers.token_merging.unmerge_attention` puts the weights back on the
+            patches); ``None`` without. Merged patch tokens in ``intermediates`` are already
+            back on the ``gh*gw`` grid, each patch with the features of the token that holds it.
     """
 
     features: torch.Tensor | None
@@ -56,6 +62,7 @@ class Intermediates:
     prefix_tokens: list[torch.Tensor] | None
     attentions: list[torch.Tensor] | None
     indices: list[int]
+    sources: list[torch.Tensor] | None = None
 
 
 def _take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
@@ -81,6 +88,8 @@ class VisionTransformer(nn.Module):
     ``indices, ..., return_attention=False)`` for chosen blocks' tokens and attention weights
     (an :class:`Intermediates`), ``set_grad_checkpointing``, ``reset_classifier``,
     ``no_weight_decay``, ``group_matcher``. Every forward takes ``head_gates`` (per-block head gates).
+    With ``config.merge_tokens`` (:func:`vitkit.merge_tokens`), every forward merges tokens
+    between each block's attention and MLP (ToMe, :mod:`vitkit.layers.token_merging`).
 
     The blocks are ``config.block`` (a registered name, :mod:`vitkit.layers.parts`) built with
     ``config.attn_layer`` and ``config.mlp_layer``; ``block_fn`` overrides the block class for
@@ -146,6 +155,8 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(dim, config.num_classes, **factory) if config.num_classes > 0 else nn.Identity()
         with_dist_head = config.distilled and config.num_classes > 0
         self.head_dist = nn.Linear(dim, config.num_classes, **factory) if with_dist_head else nn.Identity()
+        self.merge_schedule: list[int] = []
+        self.set_token_merging(config.merge_tokens)
         self._init_weights()
 
     @staticmethod
@@ -254,6 +265,24 @@ class VisionTransformer(nn.Module):
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm\.", (99999,))],
         )
 
+    def set_token_merging(self, r: int | Sequence[int]) -> None:
+        """Merge ``r`` tokens in every block (an int) or ``r[l]`` in block ``l`` (a list), 0 for
+        none: ToMe between each block's attention and MLP, recorded in ``config.merge_tokens``
+        (an inference option saved with the model, not a weight). :func:`vitkit.merge_tokens`
+        also builds ToMe's schedules.
+
+        Raises:
+            vitkit.schema.ConfigError: a count below 0, a list of another length than ``depth``,
+                or more tokens than the first block can merge.
+            ValueError: blocks other than vitkit's encoder block with its self-attention.
+        """
+        config = self.config.replace(merge_tokens=r if isinstance(r, int) else list(r))
+        schedule = config.merge_per_block()
+        if any(schedule):
+            for block in self.blocks:
+                check_mergeable(block)
+        self.config, self.merge_schedule = config, schedule if any(schedule) else []
+
     def heads_per_layer(self) -> list[int]:
         """Current head count of each block."""
         return [block.attn.num_heads for block in self.blocks]
@@ -350,6 +379,25 @@ class VisionTransformer(nn.Module):
         out = checkpoint(block, x, use_reentrant=False, **kwargs) if self._checkpointing() else block(x, **kwargs)
         return out if need_weights else (out, None)
 
+    def _run_merging_block(
+        self, index: int, x: torch.Tensor, gates: torch.Tensor | None, need_weights: bool, state: MergeState
+    ) -> tuple[torch.Tensor, torch.Tensor | None, MergeState]:
+        """Block ``index`` with token merging (:func:`~vitkit.layers.token_merging.run_merging_block`)."""
+        run = partial(run_merging_block, self.blocks[index], r=self.merge_schedule[index], head_gates=gates,
+                      need_weights=need_weights)
+        return checkpoint(run, x, state, use_reentrant=False) if self._checkpointing() else run(x, state)
+
+    def _merge_state(
+        self, positions: TokenPositions, attn_bias: torch.Tensor | None, trace_source: bool
+    ) -> MergeState | None:
+        """The state merged tokens start from, or ``None`` without token merging."""
+        if not self.merge_schedule:
+            return None
+        if attn_bias is not None:
+            raise ValueError("attn_bias covers the tokens before merging: run a model without token merging "
+                             "(merge_tokens(model, 0)) to pass one.")
+        return MergeState(positions, self.num_prefix_tokens, trace_source=trace_source)
+
     def _checkpointing(self) -> bool:
         return self.grad_checkpointing and torch.is_grad_enabled()
 
@@ -398,14 +446,25 @@ class VisionTransformer(nn.Module):
         tokens, positions = self._embed_checked(x, keep)
         kept: list[torch.Tensor] = []
         attentions: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
         gates = self._layer_head_gates(head_gates)
+        state = self._merge_state(positions, attn_bias, trace_source=True)
         for index, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
             wanted = index in take
-            tokens, weights = self._run_block(
-                block, tokens, gates[index], return_attention and wanted, positions, attn_bias
-            )
+            if state is None:
+                tokens, weights = self._run_block(
+                    block, tokens, gates[index], return_attention and wanted, positions, attn_bias
+                )
+            else:
+                if wanted:
+                    sources.append(state.current_source(tokens.shape[1], tokens))
+                tokens, weights, state = self._run_merging_block(
+                    index, tokens, gates[index], return_attention and wanted, state
+                )
             if wanted:
                 kept.append(self.norm(tokens) if norm else tokens)
+                if state is not None:  # each patch takes the features of the token that holds it
+                    kept[-1] = unmerge_tokens(kept[-1], state.current_source(tokens.shape[1], tokens))
                 if weights is not None:
                     attentions.append(weights)
         prefix = self.num_prefix_tokens
@@ -419,6 +478,7 @@ class VisionTransformer(nn.Module):
             prefix_tokens=[y[:, :prefix] for y in kept] if return_prefix_tokens else None,
             attentions=attentions if return_attention else None,
             indices=take,
+            sources=sources if state is not None else None,
         )
 
     def _embed_checked(
@@ -449,8 +509,12 @@ class VisionTransformer(nn.Module):
                 ``[B, H, N, N]`` over the tokens the blocks see, handed to every block.
         """
         x, positions = self._embed_checked(images, keep)
-        for block, gates in zip(self.blocks, self._layer_head_gates(head_gates)):
-            x = self._run_block(block, x, gates, False, positions, attn_bias)[0]
+        state = self._merge_state(positions, attn_bias, trace_source=False)
+        for index, (block, gates) in enumerate(zip(self.blocks, self._layer_head_gates(head_gates))):
+            if state is None:
+                x = self._run_block(block, x, gates, False, positions, attn_bias)[0]
+            else:
+                x, _, state = self._run_merging_block(index, x, gates, False, state)
         return self.norm(x)
 
     def pool(self, features: torch.Tensor) -> torch.Tensor:
@@ -536,14 +600,22 @@ def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -
     classifier (two with ``distilled``); norms, softmax, activations and RoPE's rotations are
     elementwise and left out. A block is counted by torch's FLOP counter on the meta device (no
     memory, no init), so a registered block, attention or MLP counts whatever its layers are
-    named (a SwiGLU MLP's three projections, a block without ``.mlp``).
+    named (a SwiGLU MLP's three projections, a block without ``.mlp``). With token merging
+    (``config.merge_tokens``), each block is counted on the tokens it sees, its similarity
+    product included, and the attention pool on the merged patch tokens.
     """
     heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
-    dim, patches = config.embed_dim, config.num_patches
+    dim = config.embed_dim
     hidden = int(dim * config.mlp_ratio)
     macs = _tokenizer_macs(config)
-    measured = {h: _block_macs(config, h) for h in set(heads)}
-    macs += sum(measured[h] for h in heads)
+    schedule = config.merge_per_block()
+    counts = token_counts(config.num_tokens, config.num_prefix_tokens, schedule)
+    if any(schedule):
+        macs += sum(_merging_block_macs(config, h, n, r) for h, n, r in zip(heads, counts, schedule))
+    else:
+        measured = {h: _block_macs(config, h) for h in set(heads)}
+        macs += sum(measured[h] for h in heads)
+    patches = counts[-1] - config.num_prefix_tokens
     if config.global_pool == "map":  # one latent query over the patches: q, kv, QK^T and AV, proj, MLP
         macs += dim * dim + patches * dim * 2 * dim + 2 * patches * dim + dim * dim + 2 * dim * hidden
     macs += dim * config.num_classes * (1 + int(config.distilled))
@@ -558,6 +630,18 @@ def _block_macs(config: ViTConfig, num_heads: int) -> int:
     positions = TokenPositions.of_grid(config.grid_size, config.num_prefix_tokens, device="meta")
     with FlopCounterMode(display=False) as counter:
         block(tokens, positions=positions)
+    return counter.get_total_flops() // 2
+
+
+def _merging_block_macs(config: ViTConfig, num_heads: int, num_tokens: int, r: int) -> int:
+    """MACs of one block with ``num_heads`` heads merging ``r`` of one image's ``num_tokens`` tokens
+    (:func:`~vitkit.layers.token_merging.run_merging_block`), counted on the meta device."""
+    block = build_block(config, num_heads, attn_impl="explicit", device="meta")
+    tokens = torch.empty(1, num_tokens, config.embed_dim, device="meta")
+    positions = TokenPositions(torch.zeros(1, num_tokens - config.num_prefix_tokens, 2, device="meta"),
+                               config.num_prefix_tokens, config.grid_size)
+    with FlopCounterMode(display=False) as counter:
+        run_merging_block(block, tokens, MergeState(positions, config.num_prefix_tokens), r)
     return counter.get_total_flops() // 2
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,9 @@ from ..data.info import MetadataError
 from ..errors import VitkitError
 from ..evaluation import TestTimeAugmentation, black_level, default_device, evaluate_model, recorded_tta
 from ..io import load_model_and_extra
+from ..layers.token_merging import Schedule
 from ..models import VisionTransformer
+from ..models import merge_tokens as merge_tokens_into
 from .artifacts import write_json
 from .plots import plot_confusion_matrix
 from .schema import build, dotted_keys, merge, parse_overrides
@@ -29,6 +31,7 @@ def evaluate(
     split: str = "test",
     batch_size: int = 256,
     tta: TestTimeAugmentation | None = None,
+    merge_tokens: tuple[int | Sequence[int], Schedule] | None = None,
 ) -> dict[str, Any]:
     """Accuracy of a ``.safetensors`` or ``.ckpt`` model on a split of the data it was trained on,
     computed on :func:`~vitkit.evaluation.default_device` (a GPU when there is one).
@@ -41,14 +44,19 @@ def evaluate(
         batch_size: evaluation batch size.
         tta: test-time augmentation (:func:`~vitkit.evaluation.predict`); ``None``: the one the
             model was trained with (saved with it; ``'none'`` for older files).
+        merge_tokens: ``(r, schedule)`` of :func:`vitkit.merge_tokens` (ToMe) for this evaluation;
+            ``None``: as the model file records.
 
     Returns:
-        ``{"top1", "top5"}`` in percent, ``"loss"`` (mean cross-entropy), ``"per_class"`` accuracy by class name, ``"confusion_matrix"``
+        ``"merge_tokens"`` (ToMe's r per block, 0: none), ``{"top1", "top5"}`` in percent,
+        ``"loss"`` (mean cross-entropy), ``"per_class"`` accuracy by class name, ``"confusion_matrix"``
         (rows: true class), ``"num_images"``, ``"model"``, ``"dataset"``, ``"split"``, ``"tta"``.
     """
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}.")
     model, extra = load_model_and_extra(model_path)
+    if merge_tokens is not None:
+        merge_tokens_into(model, *merge_tokens)
     tta = recorded_tta(extra, str(model_path)) if tta is None else tta  # checked before the data is loaded
     model.eval()
     bundle = datasets_for(model, extra, data_overrides)
@@ -63,6 +71,7 @@ def evaluate(
         "dataset": info.name,
         "split": split,
         "tta": tta,
+        "merge_tokens": model.config.merge_tokens,
         "num_images": scores.num_images,
         "top1": round(scores.top1, 3),
         "top5": round(scores.top5, 3),

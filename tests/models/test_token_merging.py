@@ -1,0 +1,336 @@
+"""Token merging (ToMe) against the reference: ToMe's functions and its timm patch, written out
+below from facebookresearch/ToMe (``tome/merge.py``, ``tome/patch/timm.py``, ``tome/utils.py``),
+and the invariants of merging (protected tokens, sizes, sources, undo, save/load)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import timm
+import torch
+from timm.models.vision_transformer import Attention, Block
+from torch.utils.flop_counter import FlopCounterMode
+
+import vitkit
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.layers.positions import TokenPositions
+from vitkit.layers.token_merging import MergeState, bipartite_soft_matching, merge_schedule
+from vitkit.models import vit_flops
+from vitkit.prune import prune_heads
+from vitkit.schema import ConfigError
+
+# ------------------------------------------------------------------ ToMe's reference, verbatim logic
+
+
+def do_nothing(x, mode=None):
+    return x
+
+
+def tome_bipartite_soft_matching(metric, r, class_token=False, distill_token=False):
+    protected = int(class_token) + int(distill_token)
+    t = metric.shape[1]
+    r = min(r, (t - protected) // 2)
+    if r <= 0:
+        return do_nothing, do_nothing
+    with torch.no_grad():
+        metric = metric / metric.norm(dim=-1, keepdim=True)
+        a, b = metric[..., ::2, :], metric[..., 1::2, :]
+        scores = a @ b.transpose(-1, -2)
+        if class_token:
+            scores[..., 0, :] = -math.inf
+        if distill_token:
+            scores[..., :, 0] = -math.inf
+        node_max, node_idx = scores.max(dim=-1)
+        edge_idx = node_max.argsort(dim=-1, descending=True)[..., None]
+        unm_idx = edge_idx[..., r:, :]
+        src_idx = edge_idx[..., :r, :]
+        dst_idx = node_idx[..., None].gather(dim=-2, index=src_idx)
+        if class_token:
+            unm_idx = unm_idx.sort(dim=1)[0]
+
+    def merge(x, mode="mean"):
+        src, dst = x[..., ::2, :], x[..., 1::2, :]
+        n, t1, c = src.shape
+        unm = src.gather(dim=-2, index=unm_idx.expand(n, t1 - r, c))
+        src = src.gather(dim=-2, index=src_idx.expand(n, r, c))
+        dst = dst.scatter_reduce(-2, dst_idx.expand(n, r, c), src, reduce=mode)
+        if distill_token:
+            return torch.cat([unm[:, :1], dst[:, :1], unm[:, 1:], dst[:, 1:]], dim=1)
+        return torch.cat([unm, dst], dim=1)
+
+    return merge, None
+
+
+def tome_merge_wavg(merge, x, size=None):
+    if size is None:
+        size = torch.ones_like(x[..., 0, None])
+    x = merge(x * size, mode="sum")
+    size = merge(size, mode="sum")
+    return x / size, size
+
+
+def tome_merge_source(merge, x, source=None):
+    if source is None:
+        n, t, _ = x.shape
+        source = torch.eye(t, device=x.device)[None, ...].expand(n, t, t)
+    return merge(source, mode="amax")
+
+
+def tome_parse_r(num_layers, r):
+    inflect = 0
+    if isinstance(r, list):
+        return r + [0] * (num_layers - len(r))
+    if isinstance(r, tuple):
+        r, inflect = r
+    min_val = int(r * (1.0 - inflect))
+    max_val = 2 * r - min_val
+    step = (max_val - min_val) / (num_layers - 1)
+    return [int(min_val + step * i) for i in range(num_layers)]
+
+
+class ToMeBlock(Block):
+    """ToMe's ``ToMeBlock`` on today's timm ``Block`` (whose LayerScale, absent from ToMe's timm, is
+    applied as the block applies it)."""
+
+    def forward(self, x):
+        attn_size = self._tome_info["size"] if self._tome_info["prop_attn"] else None
+        x_attn, metric = self.attn(self.norm1(x), attn_size)
+        x = x + self.drop_path1(self.ls1(x_attn))
+        r = self._tome_info["r"].pop(0)
+        if r > 0:
+            merge, _ = tome_bipartite_soft_matching(
+                metric, r, self._tome_info["class_token"], self._tome_info["distill_token"]
+            )
+            if self._tome_info["trace_source"]:
+                self._tome_info["source"] = tome_merge_source(merge, x, self._tome_info["source"])
+            x, self._tome_info["size"] = tome_merge_wavg(merge, x, self._tome_info["size"])
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class ToMeAttention(Attention):
+    def forward(self, x, size=None):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        if size is not None:
+            attn = attn + size.log()[:, None, None, :, 0]
+        attn = attn.softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj(x), k.mean(1)
+
+
+def tome_apply_patch(model, r, trace_source=True):
+    base = model.__class__
+
+    class ToMeVisionTransformer(base):
+        def forward(self, *args, **kwargs):
+            self._tome_info["r"] = tome_parse_r(len(self.blocks), self.r)
+            self._tome_info["size"] = None
+            self._tome_info["source"] = None
+            return super().forward(*args, **kwargs)
+
+    model.__class__ = ToMeVisionTransformer
+    model.r = r
+    model._tome_info = {
+        "r": r, "size": None, "source": None, "trace_source": trace_source, "prop_attn": True,
+        "class_token": model.cls_token is not None,
+        "distill_token": getattr(model, "dist_token", None) is not None,
+    }
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.__class__ = ToMeBlock
+            module._tome_info = model._tome_info
+        elif isinstance(module, Attention):
+            module.__class__ = ToMeAttention
+    return model
+
+
+# ------------------------------------------------------------------------------- the functions
+
+PROTECTED = {"none": (0, False, False), "class": (1, True, False), "class_and_distillation": (2, True, True)}
+
+
+@pytest.mark.parametrize("protected", PROTECTED)
+@pytest.mark.parametrize("tokens", [197, 198, 65])
+def test_matching_merges_sizes_and_sources_equal_tomes(protected: str, tokens: int) -> None:
+    count, class_token, distill_token = PROTECTED[protected]
+    generator = torch.Generator().manual_seed(tokens)
+    x = torch.randn(3, tokens, 24, generator=generator)
+    positions = TokenPositions(torch.zeros(1, tokens - count, 2), count)
+    state = MergeState(positions, count, trace_source=True)
+    size = source = None
+    for r in (16, 9, 40, 200):  # the last is clamped to half the mergeable tokens, as ToMe does
+        metric = torch.randn(3, x.shape[1], 8, generator=generator)
+        reference, _ = tome_bipartite_soft_matching(metric, r, class_token, distill_token)
+        ours = bipartite_soft_matching(metric, r, count)
+        for mode in ("sum", "mean", "amax"):
+            assert torch.equal(ours(x, mode), reference(x, mode))
+        source = tome_merge_source(reference, x, source)
+        expected, size = tome_merge_wavg(reference, x, size)
+        x, state = state.merged(x, metric, r)
+        assert torch.equal(x, expected)
+        assert torch.equal(state.size, size)
+        assert torch.equal(state.source, source)
+
+
+def test_schedules_are_tomes() -> None:
+    assert merge_schedule(8, 12) == tome_parse_r(12, 8)
+    assert merge_schedule(8, 12, "decreasing") == tome_parse_r(12, (8, -1.0))
+    assert merge_schedule([1, 2, 3], 3) == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------- the model, against timm
+
+TIMM_MODELS = {
+    "vit_small_patch16_224": ({}, 13),
+    "test_vit": ({}, 8),
+    "deit_tiny_distilled_patch16_224": ({"depth": 3}, 20),
+    "vit_tiny_patch16_224.avg": ({"depth": 3, "global_pool": "avg", "class_token": False, "fc_norm": False}, 24),
+}
+
+
+@pytest.mark.parametrize("name", TIMM_MODELS)
+def test_timm_import_with_tome_matches_tome_on_the_timm_model(name: str) -> None:
+    kwargs, r = TIMM_MODELS[name]
+    source = timm.create_model(name.split(".")[0], pretrained=False, **kwargs).eval()
+    with torch.no_grad():  # prefix tokens and positions away from their near-zero init
+        for token in ("cls_token", "dist_token", "pos_embed"):
+            if getattr(source, token, None) is not None:
+                getattr(source, token).normal_(0, 0.5)
+    model = vitkit.merge_tokens(vitkit.from_timm(source).eval(), r)
+    size = source.patch_embed.img_size
+    images = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = source(images)
+        reference = tome_apply_patch(source, r)(images)
+        ours = model(images)
+    assert (plain - reference).abs().max() > 1e-3  # merging changed the logits
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-4)
+    with torch.no_grad():
+        traced = model.forward_intermediates(images, indices=1, return_attention=True)
+    assert traced.sources[0].shape[1] == traced.attentions[0].shape[-1]
+
+
+def test_decreasing_schedule_matches_tome() -> None:
+    source = timm.create_model("test_vit", pretrained=False).eval()
+    model = vitkit.merge_tokens(vitkit.from_timm(source).eval(), 8, "decreasing")
+    images = torch.randn(2, 3, 160, 160)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images), tome_apply_patch(source, (8, -1.0))(images), rtol=0, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------- invariants
+
+TINY: dict[str, Any] = dict(img_size=32, patch_size=4, num_classes=5, embed_dim=32, depth=4, num_heads=4, mlp_ratio=2.0)
+VARIANTS = {
+    "class": {},
+    "registers": {"reg_tokens": 3},
+    "distilled": {"distilled": True},
+    "avg_no_class": {"class_token": False, "global_pool": "avg"},
+    "rope_registers": {"rope": "axial", "reg_tokens": 2},
+}
+
+
+def tiny(**overrides: Any) -> VisionTransformer:
+    model = VisionTransformer(ViTConfig(**{**TINY, **overrides})).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name in ("cls_token", "reg_token", "dist_token", "pos_embed"):
+                parameter.normal_(0, 1)
+    return model
+
+
+def images(batch: int = 2) -> torch.Tensor:
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_protected_tokens_are_kept_sizes_sum_to_patches_and_sources_partition(variant: str) -> None:
+    model = vitkit.merge_tokens(tiny(**VARIANTS[variant]), 10)
+    prefix, patches = model.num_prefix_tokens, model.config.num_patches
+    with torch.no_grad():
+        run = model.forward_intermediates(images(), return_attention=True, output_fmt="NLC")
+    assert [s.shape[1] for s in run.sources] == [prefix + patches - 10 * i for i in range(4)]
+    for source in run.sources:
+        # the prefix tokens hold themselves alone, and nothing else holds them
+        assert torch.equal(source[:, :prefix, :prefix], torch.eye(prefix).expand(2, -1, -1))
+        assert source[:, prefix:, :prefix].sum() == 0 and source[:, :prefix, prefix:].sum() == 0
+        # every patch is held by exactly one token, and the sizes add up to the patch count
+        assert torch.equal(source.sum(dim=1), torch.ones(2, prefix + patches))
+        assert torch.equal(source[:, prefix:].sum(dim=(1, 2)), torch.full((2,), float(patches)))
+    assert run.features.shape[1] == prefix + patches - 40
+    assert all(y.shape == (2, patches, 32) for y in run.intermediates)  # back on the full grid
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_r_zero_is_the_plain_model_and_undoes_merging(variant: str) -> None:
+    model = tiny(**VARIANTS[variant])
+    with torch.no_grad():
+        plain = model(images())
+        merged = vitkit.merge_tokens(model, 6)(images())
+        undone = vitkit.merge_tokens(model, 0)(images())
+    assert not torch.allclose(plain, merged, atol=1e-4)
+    assert torch.equal(plain, undone)
+    assert model.config.merge_tokens == 0 and model.merge_schedule == []
+
+
+def test_merged_forward_features_equals_the_intermediates_features() -> None:
+    model = vitkit.merge_tokens(tiny(reg_tokens=1), [4, 0, 8, 2])
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_features(images()), model.forward_intermediates(images()).features)
+
+
+def test_merging_is_recorded_in_the_model_file_not_in_the_weights(tmp_path) -> None:
+    model = tiny()
+    with torch.no_grad():
+        plain = model(images())
+    path = vitkit.save_model(vitkit.merge_tokens(model, 5, "decreasing"), tmp_path / "merged")
+    loaded = vitkit.load_model(path).eval()
+    assert loaded.merge_schedule == model.merge_schedule == [10, 6, 3, 0]
+    assert set(loaded.state_dict()) == set(tiny().state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images()), model(images()))
+        torch.testing.assert_close(vitkit.load_model(path, merge_tokens=0)(images()), plain)
+
+
+@pytest.mark.parametrize(
+    ("r", "message"),
+    [
+        (40, r"^merge_tokens in the arguments asks the first block to merge 40 tokens, but at most 32 of its 65"),
+        (-1, r"^merge_tokens in the arguments is out of range"),
+        ([1, 2], r"^merge_tokens in the arguments lists 2 blocks, but the model has 4"),
+    ],
+)
+def test_bad_r_is_refused_in_one_line(r: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as refused:
+        vitkit.merge_tokens(tiny(), r)
+    assert "\n" not in str(refused.value)
+
+
+def test_timm_export_of_a_merged_model_is_refused_in_one_line() -> None:
+    model = vitkit.merge_tokens(tiny(), 4)
+    with pytest.raises(vitkit.VitkitError, match="token merging") as refused:
+        vitkit.to_timm_state_dict(model)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("r", [6, [12, 0, 8, 3]])
+def test_flops_of_a_merged_model_count_each_block_on_its_tokens(r: Any) -> None:
+    model = vitkit.merge_tokens(tiny(reg_tokens=1, attn_impl="explicit"), r)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(images(1))
+    assert vit_flops(model.config) == counter.get_total_flops()
+    assert vit_flops(model.config) < vit_flops(model.config.replace(merge_tokens=0))
+
+
+def test_a_pruned_model_with_a_layer_without_heads_merges() -> None:
+    model = tiny()
+    prune_heads(model, {0: [0, 1], 1: [0, 1, 2, 3]})
+    vitkit.merge_tokens(model, 8)
+    with torch.no_grad():
+        run = model.forward_intermediates(images(), return_attention=True)
+    assert run.attentions[1].shape[1] == 0 and run.features.shape[1] == 65 - 32
+    assert torch.isfinite(model.forward_head(run.features)).all()
