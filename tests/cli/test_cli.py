@@ -87,11 +87,12 @@ def test_help_of_every_subcommand_lists_each_option_with_its_set_default_and_deb
 
 def test_the_written_out_library_constants_equal_the_librarys() -> None:
     from vitkit.evaluation import TestTimeAugmentation
-    from vitkit.explain import DEFAULT_MAX_BYTES, HEAD_FUSIONS, HeadThresholds
+    from vitkit.explain import DEFAULT_MAX_BYTES, HEAD_FUSIONS, LRP_PRESETS, HeadThresholds
     from vitkit.explain.lrp import ATTENTION_RULES
 
     assert parsers.LIBRARY_CONSTANTS == {
         "vitkit.explain.lrp.ATTENTION_RULES": ATTENTION_RULES,
+        "vitkit.explain.LRP_PRESETS": tuple(LRP_PRESETS),
         "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
         "vitkit.explain.HeadThresholds()": dataclasses.asdict(HeadThresholds()),
         "vitkit.explain.DEFAULT_MAX_BYTES": DEFAULT_MAX_BYTES,

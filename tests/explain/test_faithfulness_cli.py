@@ -42,8 +42,11 @@ def test_the_table_figure_and_next_step(checkpoint: Path, tmp_path: Path, capsys
     assert rows["random"]["sanity_spearman"] == "" and rows["lrp"]["sanity_spearman"] != ""
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[0] == "note: 6 test images drawn across 6 classes (seed 0; --seed to draw others)."
-    assert printed[1].startswith("note: about ") and " min for the 6 images (the first 6 took " in printed[1]
-    printed = printed[2:]
+    chosen_on = printed[1].split()[1]  # the tiny data's validation split holds fewer than --lrp-choice-images 32
+    assert printed[1] == f"note: {chosen_on} validation images drawn across 6 classes (seed 0; --seed to draw others)."
+    assert printed[2].startswith("lrp rules: ") and f"on {chosen_on} validation images" in printed[2]  # chosen, and said
+    assert printed[3].startswith("note: about ") and " min for the 6 images (the first 6 took " in printed[3]
+    printed = printed[4:]
     assert printed[0].startswith("| method | deletion_auc |") and len(printed) >= 8
     assert printed[-1].startswith("most faithful here (insertion minus deletion): ")
     assert f"vitkit maps {checkpoint} --method " in printed[-1]  # the next step
@@ -62,14 +65,38 @@ def test_each_option_changes_what_it_should(checkpoint: Path, tmp_path: Path) ->
 
     assert differs(measure(checkpoint, tmp_path / "blur", *methods, "--baseline", "blur"), "chefer", "insertion_auc")
     assert all(row["sanity_spearman"] == "" for row in measure(checkpoint, tmp_path / "fast", *methods, "--no-sanity").values())
-    attnlrp = measure(checkpoint, tmp_path / "attnlrp", *methods, "--lrp-attention", "attnlrp")
-    gamma = measure(checkpoint, tmp_path / "gamma", *methods, "--linear-gamma", "2", "--patch-gamma", "0")
-    assert differs(attnlrp, "lrp", "sanity_spearman") and differs(gamma, "lrp", "sanity_spearman")
+    preset = measure(checkpoint, tmp_path / "preset", *methods, "--lrp-rules", "cp-gamma")
+    attnlrp = measure(checkpoint, tmp_path / "attnlrp", *methods, "--lrp-rules", "cp-gamma", "--lrp-attention", "attnlrp")
+    gamma = measure(checkpoint, tmp_path / "gamma", *methods, "--lrp-rules", "cp-gamma", "--linear-gamma", "2",
+                    "--patch-gamma", "0")
+    assert attnlrp["lrp"]["sanity_spearman"] != preset["lrp"]["sanity_spearman"] != gamma["lrp"]["sanity_spearman"]
     assert not differs(attnlrp, "chefer", "sanity_spearman")  # lrp's options touch lrp alone
     reseeded = measure(checkpoint, tmp_path / "seed", *methods, "--seed", "4")
     assert differs(reseeded, "random", "deletion_auc") or differs(reseeded, "random", "insertion_auc")
     steps = measure(checkpoint, tmp_path / "steps", "--methods", "chefer", "--steps", "16")
     assert steps["chefer"]["deletion_auc"] != base["chefer"]["deletion_auc"]
+
+
+def test_lrp_rules_auto_measures_the_rules_it_names(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from vitkit.explain import LRP_PRESETS
+
+    auto = measure(checkpoint, tmp_path / "auto", "--methods", "lrp", "--lrp-choice-images", "3")
+    said = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("lrp rules: "))
+    chosen = said.split()[2].rstrip(",")
+    assert chosen in LRP_PRESETS and "on 3 validation images" in said
+    rows = {name: measure(checkpoint, tmp_path / name, "--methods", "lrp", "--lrp-rules", name)["lrp"]
+            for name in LRP_PRESETS}
+    capsys.readouterr()
+
+    def areas(row: dict[str, str]) -> tuple[str, ...]:
+        return tuple(row[f"{test}_auc"] for test in ("deletion", "insertion", "positive", "negative")) + (row["sanity_spearman"],)
+
+    assert areas(auto["lrp"]) == areas(rows[chosen])  # the rules it named are the rules it measured
+    assert len({areas(row) for row in rows.values()}) > 1  # the presets differ on this model: the choice matters
+    assert main(["--checkpoint", str(checkpoint), "--linear-gamma", "0.5", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --lrp-attention, --linear-gamma and --patch-gamma change one preset") and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
 
 
 def test_bad_input_is_one_line(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

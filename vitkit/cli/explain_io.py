@@ -12,7 +12,7 @@ import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import timm
 import torch
@@ -260,25 +260,27 @@ class LoadedImage(NamedTuple):
 
 
 def load_test_images(
-    model: VisionTransformer, extra: dict[str, Any], count: int, seed: int, overrides: Sequence[str] = ()
+    model: VisionTransformer, extra: dict[str, Any], count: int, seed: int, overrides: Sequence[str] = (),
+    split: Literal["test", "val"] = "test",
 ) -> list[LoadedImage]:
-    """``count`` preprocessed test images of the dataset the model was trained on
-    (``extra["data_config"]`` changed by ``overrides``, see :func:`load_explained_model`), spread
-    over its classes by ``seed`` (:func:`~vitkit.data.arrays.spread_over_classes`), with their labels;
-    prints a ``note:`` saying so. Data that no longer fits ``model`` is refused
-    (:func:`~vitkit.train.evaluate.datasets_for`), an empty test split too."""
+    """``count`` preprocessed images of the ``split`` (test, or validation) of the dataset the model
+    was trained on (``extra["data_config"]`` changed by ``overrides``, see :func:`load_explained_model`),
+    spread over its classes by ``seed`` (:func:`~vitkit.data.arrays.spread_over_classes`), with their
+    labels; prints a ``note:`` saying so. Data that no longer fits ``model`` is refused
+    (:func:`~vitkit.train.evaluate.datasets_for`), an empty split too."""
     bundle = datasets_for(model, extra, list(overrides), features_only=True)
-    test_set = bundle.test
-    if len(test_set) == 0:
-        raise UsageError("the test split is empty: give data with a test split (--data ...).")
-    chosen = spread_over_classes(test_set.labels, count, seed)
-    classes = len(set(test_set.labels[chosen].tolist()))
-    print(f"note: {len(chosen)} test images drawn across {classes} classes (seed {seed}; --seed to draw others).")
+    images = bundle.test if split == "test" else bundle.val
+    noun = "test" if split == "test" else "validation"
+    if len(images) == 0:
+        raise UsageError(f"the {noun} split is empty: give data with a {noun} split (--data ...).")
+    chosen = spread_over_classes(images.labels, count, seed)
+    classes = len(set(images.labels[chosen].tolist()))
+    print(f"note: {len(chosen)} {noun} images drawn across {classes} classes (seed {seed}; --seed to draw others).")
     names = bundle.info.class_names
     return [
-        LoadedImage(f"test image {index}", image, label, None, names[label])
+        LoadedImage(f"{noun} image {index}", image, label, None, names[label])
         for index in chosen.tolist()
-        for image, label in [test_set[index]]
+        for image, label in [images[index]]
     ]
 
 

@@ -21,6 +21,10 @@ are deleted (lower and higher are better). The sanity column is the mean Spearma
 between the model's maps and those of a copy with re-drawn weights (Adebayo et al., arXiv
 1810.03292): a map that explains the model is far below 1. ms/image times the maps alone.
 
+lrp's rules (--lrp-rules): by default each preset (lxt's AttnLRP, CP-LRP, CP-LRP with gamma rules)
+is measured on --lrp-choice-images images of the validation split, never the test images the table
+reports, and the most faithful is used and named; a preset's name uses it as it is.
+
 OUT/faithfulness.csv holds one row per method, OUT/faithfulness.png the mean curves, and
 OUT/faithfulness.md the table.
 """
@@ -28,6 +32,7 @@ OUT/faithfulness.md the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import time
 from pathlib import Path
@@ -35,7 +40,7 @@ from pathlib import Path
 import torch
 
 from vitkit.errors import UsageError
-from vitkit.explain import FaithfulnessReport, LRPRules, faithfulness
+from vitkit.explain import LRP_PRESETS, FaithfulnessReport, choose_lrp_rules, faithfulness
 from vitkit.explain.render import faithfulness_figure
 from vitkit.files import atomic_write, markdown_table, write_csv
 from vitkit.method_names import MAP_METHODS
@@ -68,8 +73,23 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps > patches:
         raise UsageError(f"--steps {args.steps} is more than the {grid_rows}x{grid_columns} = {patches} patches of the "
                          f"model's images; give at most {patches} (one patch per step), or leave --steps out.")
+    changes = {field: value for field, value in (("attention", args.lrp_attention), ("linear_gamma", args.linear_gamma),
+                                                  ("patch_gamma", args.patch_gamma)) if value is not None}
+    if changes and args.lrp_rules == "auto":
+        raise UsageError("--lrp-attention, --linear-gamma and --patch-gamma change one preset of lrp's rules, and "
+                         "--lrp-rules auto chooses among them: name the preset to change (--lrp-rules lxt, cp or "
+                         "cp-gamma), or leave those options out.")
+    choose = args.lrp_rules == "auto" and "lrp" in args.methods
+    choice_images = (load_test_images(model, extra, args.lrp_choice_images, args.seed, args.data, split="val")
+                     if choose else [])
     claim_output_dir(out, "faithfulness")
-    rules = LRPRules(attention=args.lrp_attention, linear_gamma=args.linear_gamma, patch_gamma=args.patch_gamma)
+    if choose:
+        choice = choose_lrp_rules(model, torch.stack([image.image for image in choice_images]),
+                                  baseline=args.baseline, batch_size=args.batch_size)
+        print(choice.describe(), flush=True)
+        rules = choice.rules
+    else:
+        rules = None if args.lrp_rules == "auto" else dataclasses.replace(LRP_PRESETS[args.lrp_rules], **changes)
     torch.manual_seed(args.seed)
     with StopSignals() as stop:
         report = faithfulness(

@@ -30,12 +30,14 @@ EXIT_STATUS_HELP = """exit status (every command):
 #: Written out from the library (they live beside torch code): explain's rollout head fusions,
 #: HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
 LRP_ATTENTION_RULES = ("cp", "attnlrp")
+LRP_PRESET_NAMES = ("lxt", "cp", "cp-gamma")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
 TTA_CHOICES = ("none", "hflip", "hflip_shift")
 LIBRARY_CONSTANTS = {
     "vitkit.explain.lrp.ATTENTION_RULES": LRP_ATTENTION_RULES,
+    "vitkit.explain.LRP_PRESETS": LRP_PRESET_NAMES,
     "vitkit.explain.HEAD_FUSIONS": HEAD_FUSIONS,
     "vitkit.explain.HeadThresholds()": HEAD_THRESHOLDS,
     "vitkit.explain.DEFAULT_MAX_BYTES": EXPLORER_MAX_BYTES,
@@ -339,11 +341,18 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sanity", action="store_true", help="skip the parameter-randomisation check (halves the time)")
     parser.add_argument("--seed", type=seed_int, default=0,
                         help="seed of the test images drawn, the random map and the re-drawn weights")
-    parser.add_argument("--lrp-attention", choices=LRP_ATTENTION_RULES, default="cp",
-                        help="lrp inside the attention: cp holds the attention weights constant (lxt's choice for "
-                        "ViTs), attnlrp propagates through the softmax")
-    parser.add_argument("--linear-gamma", type=number_in(0), default=0.25, help="lrp: gamma of the linear layers")
-    parser.add_argument("--patch-gamma", type=number_in(0), default=1.0, help="lrp: gamma of the patch projection")
+    parser.add_argument("--lrp-rules", choices=("auto", *LRP_PRESET_NAMES), default="auto",
+                        help="lrp's rules: auto measures every preset on --lrp-choice-images validation images and "
+                        "keeps the most faithful (insertion minus deletion), saying which; lxt: AttnLRP as lxt applies "
+                        "it to ViTs; cp: attention weights held constant, LRP-0 elsewhere; cp-gamma: cp with gamma "
+                        "0.25 on the linear layers and 1 on the patch projection")
+    parser.add_argument("--lrp-choice-images", type=positive_int, default=32, metavar="N",
+                        help="validation images --lrp-rules auto chooses on (never the test images measured)")
+    parser.add_argument("--lrp-attention", choices=LRP_ATTENTION_RULES, default=None,
+                        help="change the preset's rule inside the attention: cp holds the attention weights constant, "
+                        "attnlrp propagates through the softmax")
+    parser.add_argument("--linear-gamma", type=number_in(0), default=None, help="change the preset's gamma of the linear layers")
+    parser.add_argument("--patch-gamma", type=number_in(0), default=None, help="change the preset's gamma of the patch projection")
 
 
 def explore(parser: argparse.ArgumentParser) -> None:

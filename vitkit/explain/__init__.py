@@ -15,6 +15,7 @@ from .gradients import integrated_gradients
 from .head_stats import HeadStats, HeadThresholds, attention_statistics, head_warnings, model_head_stats
 from .localization import LocalizationScores, evaluate_localization, localization_scores
 from .lrp import LRPRules, Relevance, lrp_relevance, lrp_rules
+from .lrp_choice import LRP_PRESETS, LRPChoice, choose_lrp_rules
 from .map_methods import BUILTIN_METHODS, MapMethod, map_method
 from .maps import (
     CLASS_METHODS,
@@ -45,6 +46,8 @@ __all__ = [
     "TESTS",
     "FaithfulnessReport",
     "LRPRules",
+    "LRPChoice",
+    "LRP_PRESETS",
     "MapMethod",
     "MethodResult",
     "PerturbationCurves",
@@ -52,6 +55,7 @@ __all__ = [
     "faithfulness",
     "integrated_gradients",
     "lrp_relevance",
+    "choose_lrp_rules",
     "lrp_rules",
     "map_method",
     "patch_maps",
