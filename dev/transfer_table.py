@@ -97,12 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--all-seeds", type=int, nargs="+", default=[0], help="seeds of the 'all' budget")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, train nothing")
+    parser.add_argument("--figure", type=Path, default=None,
+                        help="also draw mean test accuracy against labels per class, one line per method")
     args = parser.parse_args(argv)
     sources = dict(item.split("=", 1) for item in args.source)
     if not sources and set(args.methods) != {"scratch"}:
         parser.error("--source NAME=PATH is needed for every method but scratch")
     classes = None if args.classes == ["all"] else [int(c) for c in args.classes]
     rows = []
+    curves: dict[str, dict[str, float]] = {}
     for budget in args.budgets:
         seeds = args.all_seeds if budget == "all" else args.seeds
         for method in args.methods:
@@ -115,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 tests = [run["test_acc"] for run in runs]
                 spread = f" ({min(tests):.2f}-{max(tests):.2f})" if len(tests) > 1 else ""
                 label = method if method == "scratch" else f"{source} → {method}"
+                curves.setdefault(label, {})[budget] = statistics.mean(tests)
                 rows.append(
                     f"| {budget} | {label} | {statistics.mean(tests):.2f}%{spread} | {len(tests)} | "
                     f"{statistics.mean(run['wall_time_s'] for run in runs):.0f} s |"
@@ -122,7 +126,27 @@ def main(argv: list[str] | None = None) -> int:
     print("| labels per class | method | test accuracy (mean, min-max) | seeds | time per run |")
     print("|---|---|---|---|---|")
     print("\n".join(rows))
+    if args.figure is not None:
+        draw(curves, args.budgets, args.figure)
     return 0
+
+
+def draw(curves: dict[str, dict[str, float]], budgets: list[str], path: Path) -> None:
+    """Mean test accuracy against labels per class (one line per method) as a PNG."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 4))
+    axes = figure.subplots()
+    for label, points in curves.items():
+        shown = [budget for budget in budgets if budget in points]
+        axes.plot([budgets.index(b) for b in shown], [points[b] for b in shown], marker="o",
+                  linestyle="--" if label == "scratch" else "-", label=label)
+    axes.set_xticks(range(len(budgets)), [f"{b} labels/class" if b != "all" else "all labels" for b in budgets])
+    axes.set_ylabel("test accuracy (%)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=130)
 
 
 if __name__ == "__main__":
