@@ -215,3 +215,16 @@ def test_the_onnx_benchmark_scores_a_model_file_on_its_test_split(tmp_path: Path
     assert header.startswith(f"| test accuracy ({test_split} images) | vitkit fp32 | onnxruntime fp32 | onnxruntime int8 |")
     fp32, ort_fp32, _ = (float(cell.strip(" %")) for cell in top1.split("|")[2:5])
     assert fp32 == ort_fp32  # the float32 graph classifies exactly as the model
+
+
+def test_an_onnx_classifier_runs_on_the_threads_it_is_given(tmp_path: Path) -> None:
+    from vitkit.export import OnnxClassifier
+
+    torch.manual_seed(0)
+    model = vitkit.VisionTransformer(**TINY).eval()
+    graph = export_onnx(model, tmp_path / "model.onnx")
+    images = torch.randn(2, 3, 16, 16)
+    default, single = OnnxClassifier(graph), OnnxClassifier(graph, num_threads=1)
+    assert single.session.get_session_options().intra_op_num_threads == 1
+    assert default.session.get_session_options().intra_op_num_threads == 0  # onnxruntime's own choice
+    torch.testing.assert_close(single(images), default(images))

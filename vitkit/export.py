@@ -184,14 +184,18 @@ class OnnxClassifier:
             or damaged metadata; one line naming the file.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, num_threads: int | None = None) -> None:
+        """``num_threads``: onnxruntime's intra-op threads (``None``: its default, one per physical core)."""
         onnxruntime = require("onnxruntime", "onnx", "running an .onnx file")
         self.path = Path(path)
         if not self.path.is_file():
             what = "is a folder" if self.path.is_dir() else "does not exist"
             raise OnnxFileError(f"ONNX model {self.path} {what}; give the .onnx file vitkit export wrote.")
         try:
-            self.session = onnxruntime.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+            options = onnxruntime.SessionOptions()
+            if num_threads is not None:
+                options.intra_op_num_threads, options.inter_op_num_threads = num_threads, 1
+            self.session = onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         except Exception as error:  # onnxruntime's InvalidProtobuf, Fail, ...: no common type
             raise OnnxFileError(
                 f"{self.path} is not a readable ONNX model ({first_line(error)[:300]}); the file is damaged or was not "
