@@ -14,7 +14,8 @@ patches and zennit's gamma rule), so only plain class-token ViTs get its row. It
 (the areas of :mod:`vitkit.explain.faithfulness`, the sanity correlation and ms per image) and
 writes it with the curves to --out. ``--lrp-sweep`` instead measures lrp under 24 rule settings
 (both attention rules, linear gamma 0 to 1, patch gamma 0 to 1) and Integrated Gradients on the
-first --images *validation* images, most faithful first: how ``LRPRules``' defaults were chosen.
+first --images *validation* images, most faithful first (how the cp-gamma preset was chosen; the
+defaults now follow dev/lrp_protocol.py's held-out models).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.explain import LRPRules, faithfulness
+from vitkit.explain import LRP_PRESETS, LRPRules, faithfulness
 from vitkit.explain.faithfulness import pool_per_patch
 from vitkit.explain.map_methods import BUILTIN_METHODS, MapMethod, map_method
 from vitkit.explain.render import faithfulness_figure
@@ -95,8 +96,8 @@ def peer_methods(model: vitkit.VisionTransformer) -> list[tuple[str, MapMethod]]
     peers += [(f"captum {kind}", captum_method(kind)) for kind in ("integrated_gradients", "input_x_gradient")]
     problem = twin_problem(model)
     if problem is None:
-        rules = LRPRules()  # the same gammas as vitkit's lrp row
-        peers.append(("lxt AttnLRP (torchvision twin)", lxt_method(rules.linear_gamma, rules.patch_gamma)))
+        rules = LRP_PRESETS["cp"]  # lxt's ViT patch holds the attention weights (CP-LRP): vitkit's "lrp cp" row
+        peers.append(("lxt CP-LRP (torchvision twin)", lxt_method(rules.linear_gamma, rules.patch_gamma)))
     else:
         print(f"note: no lxt row: {problem}")
     return peers
@@ -151,7 +152,7 @@ def main() -> None:
     if args.lrp_sweep:
         sweep_lrp(model, images, labels, args.batch_size)
         return
-    methods = [*BUILTIN_METHODS, *peer_methods(model)]
+    methods = [*BUILTIN_METHODS, ("lrp cp", map_method("lrp", rules=LRP_PRESETS["cp"])), *peer_methods(model)]
     report = faithfulness(model, images, labels, methods, steps=args.steps, batch_size=args.batch_size, progress=True)
     rows = report.rows()
     out = Path(args.out)

@@ -40,7 +40,8 @@ def test_relevance_equals_lxt_on_the_models_torchvision_twin(linear_gamma: float
     model = random_model().double()
     images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     twin = torchvision_twin(model).double()
-    ours = lrp_relevance(model, images, rules=LRPRules(linear_gamma=linear_gamma, patch_gamma=patch_gamma))
+    # lxt's patch of torchvision's ViT holds the attention weights constant (CP-LRP)
+    ours = lrp_relevance(model, images, rules=LRPRules("cp", linear_gamma=linear_gamma, patch_gamma=patch_gamma))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs, logits = lxt_relevance(twin, images, ours.targets, linear_gamma, patch_gamma)
@@ -56,7 +57,8 @@ def test_a_grayscale_models_relevance_equals_lxt_on_its_three_channel_twin() -> 
     pytest.importorskip("lxt")
     model = random_model(in_chans=1).double()
     images = torch.randn(3, 1, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    ours, rules = lrp_relevance(model, images), LRPRules()  # the defaults
+    rules = LRPRules("cp", linear_gamma=0.25, patch_gamma=1.0)  # lxt's ViT patch holds the attention weights
+    ours = lrp_relevance(model, images, rules=rules)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs, logits = lxt_relevance(torchvision_twin(model).double(), images, ours.targets, rules.linear_gamma,
@@ -90,12 +92,12 @@ def test_relevance_adds_up_to_the_logit_when_nothing_has_a_bias(options: dict) -
             if name.endswith("bias"):
                 parameter.zero_()
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
-    for rules in (LRPRules(), LRPRules(linear_gamma=0.5, patch_gamma=2.0)):
+    for rules in (LRPRules("cp"), LRPRules("cp", linear_gamma=0.5, patch_gamma=2.0)):
         total, logit = source_relevance(model, images, rules)
         torch.testing.assert_close(total, logit, atol=1e-4, rtol=1e-4)
     # with biases, they take a share: the image and tokens alone no longer make up the logit
     biased = random_model(**options)
-    total, logit = source_relevance(biased, images, LRPRules())
+    total, logit = source_relevance(biased, images, LRPRules("cp"))
     assert (total - logit).abs().max() > 1e-2
 
 
@@ -156,5 +158,5 @@ def test_imported_timm_families_conserve_the_logit_without_biases(name: str) -> 
                 parameter.add_(0.1 * torch.randn_like(parameter))
     size = model.config.img_size[0]
     images = torch.randn(2, 3, size, size)
-    total, logit = source_relevance(model, images, LRPRules())
+    total, logit = source_relevance(model, images, LRPRules("cp"))
     torch.testing.assert_close(total, logit, atol=1e-4, rtol=1e-4)

@@ -21,7 +21,7 @@ are deleted (lower and higher are better). The sanity column is the mean Spearma
 between the model's maps and those of a copy with re-drawn weights (Adebayo et al., arXiv
 1810.03292): a map that explains the model is far below 1. ms/image times the maps alone.
 
-lrp's rules (--lrp-rules): by default each preset (lxt's AttnLRP, CP-LRP, CP-LRP with gamma rules)
+lrp's rules (--lrp-rules): by default each preset (AttnLRP, CP-LRP, CP-LRP with gamma rules)
 is measured on --lrp-choice-images images of the validation split, never the test images the table
 reports, and the most faithful is used and named; a preset's name uses it as it is.
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                                                   ("patch_gamma", args.patch_gamma)) if value is not None}
     if changes and args.lrp_rules == "auto":
         raise UsageError("--lrp-attention, --linear-gamma and --patch-gamma change one preset of lrp's rules, and "
-                         "--lrp-rules auto chooses among them: name the preset to change (--lrp-rules lxt, cp or "
+                         "--lrp-rules auto chooses among them: name the preset to change (--lrp-rules attnlrp, cp or "
                          "cp-gamma), or leave those options out.")
     choose = args.lrp_rules == "auto" and "lrp" in args.methods
     choice_images = (load_test_images(model, extra, args.lrp_choice_images, args.seed, args.data, split="val")

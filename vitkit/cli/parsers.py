@@ -30,7 +30,7 @@ EXIT_STATUS_HELP = """exit status (every command):
 #: Written out from the library (they live beside torch code): explain's rollout head fusions,
 #: HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
 LRP_ATTENTION_RULES = ("cp", "attnlrp")
-LRP_PRESET_NAMES = ("lxt", "cp", "cp-gamma")
+LRP_PRESET_NAMES = ("attnlrp", "cp", "cp-gamma")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
@@ -343,9 +343,10 @@ def faithfulness(parser: argparse.ArgumentParser) -> None:
                         help="seed of the test images drawn, the random map and the re-drawn weights")
     parser.add_argument("--lrp-rules", choices=("auto", *LRP_PRESET_NAMES), default="auto",
                         help="lrp's rules: auto measures every preset on --lrp-choice-images validation images and "
-                        "keeps the most faithful (insertion minus deletion), saying which; lxt: AttnLRP as lxt applies "
-                        "it to ViTs; cp: attention weights held constant, LRP-0 elsewhere; cp-gamma: cp with gamma "
-                        "0.25 on the linear layers and 1 on the patch projection")
+                        "keeps the most faithful (insertion minus deletion), saying which; attnlrp: AttnLRP through the "
+                        "softmax, LRP-0 elsewhere (vitkit maps' rules); cp: attention weights held constant, LRP-0 "
+                        "elsewhere (lxt's ViT patch); cp-gamma: cp with gamma 0.25 on the linear layers and 1 on the "
+                        "patch projection")
     parser.add_argument("--lrp-choice-images", type=positive_int, default=32, metavar="N",
                         help="validation images --lrp-rules auto chooses on (never the test images measured)")
     parser.add_argument("--lrp-attention", choices=LRP_ATTENTION_RULES, default=None,

@@ -11,11 +11,11 @@ backward pass gives relevance = input x gradient at every layer. The rules, inst
   constant in the backward pass (``lxt.efficient.patches.layer_norm_forward``).
 * The MLP activation (GELU, quick-GELU, tanh-GELU): the identity rule, relevance passed through
   unchanged (``lxt``'s ``identity_rule_implicit``).
-* Attention: ``"cp"`` (default) holds the attention weights constant (CP-LRP, Ali et al. 2022,
-  arXiv 2202.07304): queries and keys get no relevance, the values carry it all. ``lxt`` uses
-  this inside the attention of ViTs. ``"attnlrp"`` propagates through the softmax (its gradient
-  is AttnLRP's softmax rule) and splits each product's relevance evenly between its factors
-  (the uniform rule: queries and keys a quarter each of the score's gradient, values half).
+* Attention: ``"attnlrp"`` (default) propagates through the softmax (its gradient is AttnLRP's
+  softmax rule) and splits each product's relevance evenly between its factors (the uniform
+  rule: queries and keys a quarter each of the score's gradient, values half). ``"cp"`` holds
+  the attention weights constant (CP-LRP, Ali et al. 2022, arXiv 2202.07304): queries and keys
+  get no relevance, the values carry it all; ``lxt``'s patch of torchvision's ViT uses it.
 * The patch projection and every linear layer outside the attention projections (MLP, head,
   attention-pool MLP): the generalised gamma rule (Montavon et al. 2019; ``zennit.rules.Gamma``,
   which ``lxt`` pairs with its rules for ViTs) with ``patch_gamma`` and ``linear_gamma``; ``0``
@@ -60,14 +60,15 @@ class LRPRules:
         patch_gamma: gamma of the patch projection.
         stabilizer: added, with the denominator's sign, to the gamma rule's denominators.
 
-    The defaults were the most faithful of 24 settings (both attention rules, linear gamma 0, 0.05,
-    0.25 and 1, patch gamma 0, 0.25 and 1) on the validation images of both models of
-    docs/results.md ("Which map explains the prediction?"), which ``lxt``'s ViT example sweeps.
+    The defaults (AttnLRP, LRP-0 elsewhere) were the most faithful of the presets of
+    :data:`~vitkit.explain.lrp_choice.LRP_PRESETS` on 7 of 8 models that chose nothing
+    (docs/results.md, "lrp's rules on held-out models"); the gammas 0.25 / 1.0 with CP-LRP, swept on
+    two models, were the least faithful there. :func:`~vitkit.explain.choose_lrp_rules` picks per model.
     """
 
-    attention: AttentionRule = "cp"
-    linear_gamma: float = 0.25
-    patch_gamma: float = 1.0
+    attention: AttentionRule = "attnlrp"
+    linear_gamma: float = 0.0
+    patch_gamma: float = 0.0
     stabilizer: float = 1e-6
 
     def __post_init__(self) -> None:

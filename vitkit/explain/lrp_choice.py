@@ -3,8 +3,8 @@ each preset's deletion and insertion on a few images the model was not evaluated
 split) and keeps the most faithful.
 
 No setting of LRP's rules is the most faithful on every model: a sweep on two models picks a
-setting that fits those two (issue 53's held-out check found vitkit's swept setting less faithful
-than ``lxt``'s AttnLRP on a model of another seed and length). Choosing per model on held-out
+setting that fits those two (on 8 models that chose nothing, the setting swept on two others was
+the least faithful of three presets; docs/results.md). Choosing per model on held-out
 images of that model costs one ``lrp`` pass and one perturbation test per preset and image.
 """
 
@@ -20,13 +20,13 @@ from .faithfulness_report import faithfulness
 from .lrp import LRPRules
 from .map_methods import map_method
 
-#: The rule presets ``--lrp-rules`` names. ``lxt``: AttnLRP as ``lxt`` applies it to ViTs (softmax
-#: and uniform rules in the attention, LRP-0 outside it); ``cp``: attention weights held constant,
-#: LRP-0 elsewhere; ``cp-gamma``: attention weights held constant with gamma 0.25 on the linear
-#: layers and 1 on the patch projection (the most faithful of 24 settings on the two models of
-#: docs/results.md, which chose it).
+#: The rule presets ``--lrp-rules`` names. ``attnlrp``: AttnLRP (softmax and uniform rules in the
+#: attention, LRP-0 outside it; :class:`~vitkit.explain.lrp.LRPRules`' defaults); ``cp``: attention
+#: weights held constant, LRP-0 elsewhere (``lxt``'s patch of torchvision's ViT with gammas 0);
+#: ``cp-gamma``: attention weights held constant with gamma 0.25 on the linear layers and 1 on the
+#: patch projection (the most faithful of 24 settings on the two models of docs/results.md, which chose it).
 LRP_PRESETS: dict[str, LRPRules] = {
-    "lxt": LRPRules(attention="attnlrp", linear_gamma=0.0, patch_gamma=0.0),
+    "attnlrp": LRPRules(attention="attnlrp", linear_gamma=0.0, patch_gamma=0.0),
     "cp": LRPRules(attention="cp", linear_gamma=0.0, patch_gamma=0.0),
     "cp-gamma": LRPRules(attention="cp", linear_gamma=0.25, patch_gamma=1.0),
 }
