@@ -70,7 +70,7 @@ def plain_round(changes: list[str], steps: int, seed: int) -> float:
                               total_steps=config.trainer.max_epochs * per_epoch, lr=config.optim.lr,
                               min_lr=config.optim.min_lr)
     order = torch.randperm(len(images))
-    started, seen = 0.0, 0
+    started = 0.0
     for step in range(steps):
         if step == 1:  # the first step (warm-up, kernel choice) is timed apart, as vitkit's Throughput does
             started = time.perf_counter()
@@ -83,8 +83,7 @@ def plain_round(changes: list[str], steps: int, seed: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.clip_grad)
         optimizer.step()
         scheduler.step()
-        seen += len(chosen) if step >= 1 else 0
-    return seen / (time.perf_counter() - started)
+    return (steps - 1) * batch / (time.perf_counter() - started)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,16 +20,17 @@ from pathlib import Path
 
 import torch
 
-from vitkit.cli.explain_io import load_test_images
+from vitkit.cli.explain_io import draw_images
 from vitkit.explain import LRP_PRESETS, choose_lrp_rules, faithfulness, map_method
 from vitkit.io import load_model_and_extra
+from vitkit.train.evaluate import datasets_for
 
 
 def measure(path: Path, images: int, choice_images: int, seed: int) -> dict[str, object]:
     model, extra = load_model_and_extra(path)
     model.eval()
-    test = load_test_images(model, extra, images, seed)
-    val = load_test_images(model, extra, choice_images, seed, split="val")
+    bundle = datasets_for(model, extra, features_only=True)
+    test, val = draw_images(bundle, "test", images, seed), draw_images(bundle, "val", choice_images, seed)
     choice = choose_lrp_rules(model, torch.stack([image.image for image in val]))
     methods = [(name, map_method("lrp", rules=rules)) for name, rules in LRP_PRESETS.items()]
     report = faithfulness(model, torch.stack([image.image for image in test]),

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..data import DataInfo, ImageReadError, build_eval_transform, load_image
+from ..data import DataInfo, DatasetBundle, ImageReadError, build_eval_transform, load_image
 from ..data.arrays import spread_over_classes
 from ..data.images import convert_channels, describe_conversion, files_under
 from ..errors import UnsupportedModelError, UsageError, VitkitError
@@ -260,15 +260,19 @@ class LoadedImage(NamedTuple):
 
 
 def load_test_images(
-    model: VisionTransformer, extra: dict[str, Any], count: int, seed: int, overrides: Sequence[str] = (),
-    split: Literal["test", "val"] = "test",
+    model: VisionTransformer, extra: dict[str, Any], count: int, seed: int, overrides: Sequence[str] = ()
 ) -> list[LoadedImage]:
-    """``count`` preprocessed images of the ``split`` (test, or validation) of the dataset the model
-    was trained on (``extra["data_config"]`` changed by ``overrides``, see :func:`load_explained_model`),
-    spread over its classes by ``seed`` (:func:`~vitkit.data.arrays.spread_over_classes`), with their
-    labels; prints a ``note:`` saying so. Data that no longer fits ``model`` is refused
-    (:func:`~vitkit.train.evaluate.datasets_for`), an empty split too."""
-    bundle = datasets_for(model, extra, list(overrides), features_only=True)
+    """``count`` preprocessed test images of the dataset the model was trained on
+    (``extra["data_config"]`` changed by ``overrides``, see :func:`load_explained_model`), as
+    :func:`draw_images` draws them. Data that no longer fits ``model`` is refused
+    (:func:`~vitkit.train.evaluate.datasets_for`)."""
+    return draw_images(datasets_for(model, extra, list(overrides), features_only=True), "test", count, seed)
+
+
+def draw_images(bundle: DatasetBundle, split: Literal["test", "val"], count: int, seed: int) -> list[LoadedImage]:
+    """``count`` preprocessed images of ``bundle``'s ``split`` (test, or validation), spread over
+    its classes by ``seed`` (:func:`~vitkit.data.arrays.spread_over_classes`), with their labels;
+    prints a ``note:`` saying so. An empty split is refused."""
     images = bundle.test if split == "test" else bundle.val
     noun = "test" if split == "test" else "validation"
     if len(images) == 0:

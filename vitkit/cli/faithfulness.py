@@ -45,9 +45,10 @@ from vitkit.explain.render import faithfulness_figure
 from vitkit.files import atomic_write, markdown_table, write_csv
 from vitkit.method_names import MAP_METHODS
 from vitkit.output_dirs import claim_output_dir
+from vitkit.train.evaluate import datasets_for
 
 from .commands import run_command
-from .explain_io import load_model_from_arguments, load_test_images
+from .explain_io import draw_images, load_model_from_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if repeated:
         raise UsageError(f"--methods names {', '.join(repeated)} more than once; name each method once.")
     out = Path(args.out)
-    loaded = load_test_images(model, extra, args.images, args.seed, args.data)
+    bundle = datasets_for(model, extra, args.data, features_only=True)  # test images, and validation images to choose on
+    loaded = draw_images(bundle, "test", args.images, args.seed)
     images, labels = torch.stack([image.image for image in loaded]), torch.tensor([image.label for image in loaded])
     grid_rows, grid_columns = model.patch_embed.grid_size(*images.shape[2:])
     patches = grid_rows * grid_columns
@@ -80,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
                          "--lrp-rules auto chooses among them: name the preset to change (--lrp-rules attnlrp, cp or "
                          "cp-gamma), or leave those options out.")
     choose = args.lrp_rules == "auto" and "lrp" in args.methods
-    choice_images = (load_test_images(model, extra, args.lrp_choice_images, args.seed, args.data, split="val")
-                     if choose else [])
+    choice_images = draw_images(bundle, "val", args.lrp_choice_images, args.seed) if choose else []
     claim_output_dir(out, "faithfulness")
     if choose:
         choice = choose_lrp_rules(model, torch.stack([image.image for image in choice_images]),
