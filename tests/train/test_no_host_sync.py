@@ -45,36 +45,39 @@ class SyncCounter(TorchFunctionMode):
 
 
 class CountSteadySteps(L.Callback):
-    def __init__(self, after: int) -> None:
-        self.after, self.counter, self.steps = after, None, 0
+    """Counts the syncs of the training steps ``after`` to ``until - 1`` (the steps of neither the
+    kernel choice nor the epoch's end, where the losses are checked and logged)."""
+
+    def __init__(self, after: int, until: int) -> None:
+        self.after, self.until, self.counter, self.steps = after, until, None, 0
+        self.calls: collections.Counter[str] = collections.Counter()
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step >= self.after and self.counter is None:
+        if trainer.global_step == self.after:
             self.counter = SyncCounter()
             self.counter.__enter__()
+        if trainer.global_step == self.until and self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self.calls, self.counter = self.counter.calls, None
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.steps += self.counter is not None
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.counter is not None:
-            self.counter.__exit__(None, None, None)
-
 
 def test_a_steady_training_step_makes_no_host_sync(tmp_path: Path) -> None:
-    recipe = tiny_recipe(tmp_path, limit_train_batches=9, log_every=1000)
+    recipe = tiny_recipe(tmp_path, limit_train_batches=10, log_every=1000)
     recipe["model"].update(locality=True, reg_tokens=2, rope="axial")
     recipe["optim"].update(ema=True, clip_grad=1.0)
     config = load_recipe(recipe)
     data = ViTDataModule(config.data, config.trainer.batch_size, on_device=True)
     module = build_module(config, data.info)
-    window = CountSteadySteps(after=4)
+    window = CountSteadySteps(after=4, until=9)
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=9,
+                        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=10,
                         limit_val_batches=0, log_every_n_steps=1000, gradient_clip_val=1.0, callbacks=[window])
     trainer.fit(module, datamodule=data)
     assert window.steps == 5
-    assert dict(window.counter.calls) == {}
+    assert dict(window.calls) == {}
 
 
 def test_the_counter_sees_a_sync() -> None:

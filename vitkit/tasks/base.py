@@ -12,6 +12,7 @@ trained one, or the one the task releases instead (:meth:`Task.exported_model`: 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,13 +27,16 @@ class StepOutput:
 
     Attributes:
         loss: the scalar to minimise (training) or the batch's loss (evaluation).
-        metrics: other scalars to log, by name without the stage (``"acc1"``, ``"knn_acc1"``).
+        metrics: other scalars to log, by name without the stage (``"acc1"``, ``"knn_acc1"``). A
+            training step's metric may be a function of no arguments that computes it: the
+            training loop calls it only on the steps it logs (``trainer.log_every``), so the
+            other steps do not pay for it.
         batch_size: images in the batch (the weight of its metrics in the epoch's mean).
     """
 
     loss: torch.Tensor
     batch_size: int
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    metrics: dict[str, torch.Tensor | Callable[[], torch.Tensor]] = field(default_factory=dict)
 
 
 class Task(nn.Module):

@@ -16,12 +16,13 @@ logits again for a model without one, as DeiT does) learn the teacher:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.loss import SoftTargetCrossEntropy
 from timm.utils import accuracy
 from torch import nn
 
@@ -71,6 +72,11 @@ class DistillationLoss(nn.Module):
         return base * (1 - self.alpha) + distill * self.alpha
 
 
+def _top1(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Top-1 accuracy in percent of ``[B, K]`` logits against ``[B]`` labels (timm's ``accuracy``)."""
+    return accuracy(logits, targets)[0]
+
+
 def build_criterion(
     num_classes: int,
     *,
@@ -93,7 +99,7 @@ def build_criterion(
         )
         return mixer, SoftTargetCrossEntropy()
     if label_smoothing > 0:
-        return None, LabelSmoothingCrossEntropy(smoothing=label_smoothing)
+        return None, nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return None, nn.CrossEntropyLoss()
 
 
@@ -163,7 +169,7 @@ class ClassifyTask(Task):
             loss = self.distill_loss(logits, dist_logits, soft_targets, teacher_logits)
         else:
             loss = self.train_criterion(logits, soft_targets)
-        metrics = {} if self.mixup is not None else {"acc1": accuracy(logits.detach(), targets)[0]}
+        metrics = {} if self.mixup is not None else {"acc1": partial(_top1, logits.detach(), targets)}
         return StepOutput(loss, len(targets), metrics)
 
     def evaluation_step(self, model: nn.Module, batch: Batch, stage: str) -> StepOutput:

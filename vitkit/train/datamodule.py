@@ -138,7 +138,7 @@ class ViTDataModule(L.LightningDataModule):
             return False
         if self.on_device is not None:
             return self.on_device
-        return self.trainer is not None and self.trainer.strategy.root_device.type != "cpu"
+        return self.trainer is not None and (self.trainer.strategy.root_device.type != "cpu" or self.config.num_workers == 0)
 
     def _split_loader(self, split: Split, batch_size: int, train: bool) -> DataLoader:
         """The loader Lightning iterates: of indices for an on-device split, else :meth:`loader`."""
@@ -150,6 +150,13 @@ class ViTDataModule(L.LightningDataModule):
             _Indices(len(dataset)), batch_size=batch_size, shuffle=train, drop_last=train,
             collate_fn=partial(IndexBatch.collate, split=split),
         )
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """An :class:`IndexBatch` moves its one tensor (Lightning's generic move would deep-copy
+        the dataclass every step); other batches move as Lightning moves them."""
+        if isinstance(batch, IndexBatch):
+            return IndexBatch(batch.indices.to(device, non_blocking=True), batch.split)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """An :class:`IndexBatch` (already on the device) becomes ``(images [B, C, H, W], labels
