@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import data, explain, layers, prune, tasks, train
+    from .allocator import keep_freed_memory
     from .errors import VitkitError
     from .inference import Prediction, predict
     from .io import load_model, load_model_and_extra, save_model
@@ -35,6 +36,7 @@ _ATTRIBUTES = {
     "VisionTransformer": "models",
     "create_model": "models",
     "from_timm": "models",
+    "keep_freed_memory": "allocator",
     "list_models": "models",
     "load_model": "io",
     "load_model_and_extra": "io",
@@ -54,6 +56,7 @@ __all__ = [
     "VisionTransformer",
     "create_model",
     "from_timm",
+    "keep_freed_memory",
     "list_models",
     "load_model",
     "load_model_and_extra",

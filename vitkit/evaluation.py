@@ -66,6 +66,27 @@ def eval_mode(model: nn.Module, *, frozen: bool = False) -> Iterator[None]:
         model.train(was_training)
 
 
+#: The precision an inference forward runs in: float32, or bfloat16 autocast (float32 weights,
+#: the matrix products in bfloat16; 2-3x faster on CPUs with AVX512-BF16 or AMX).
+Precision = Literal["fp32", "bf16"]
+
+
+@contextmanager
+def inference_context(model: nn.Module, precision: Precision = "fp32") -> Iterator[None]:
+    """What every inference forward of vitkit runs under (``predict``, ``evaluate``, the
+    benchmarks): ``model`` in eval mode (restored after), ``torch.inference_mode`` and, for
+    ``"bf16"``, bfloat16 autocast on the model's device.
+
+    Raises:
+        ValueError: an unknown ``precision``.
+    """
+    if precision not in get_args(Precision):
+        raise ValueError(f"precision must be one of {get_args(Precision)}, got {precision!r}.")
+    autocast = torch.autocast(model_device(model).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    with eval_mode(model), torch.inference_mode(), autocast:
+        yield
+
+
 def batches(loader: Iterable[Batch], max_batches: int | None, desc: str, progress: bool) -> Iterator[Batch]:
     """``(images, labels)`` batches of ``loader``, at most ``max_batches``, with a tqdm bar if asked."""
     total = len(loader) if hasattr(loader, "__len__") else None
@@ -199,7 +220,6 @@ class Evaluation:
         return len(self.labels)
 
 
-@torch.no_grad()
 def evaluate_model(
     model: nn.Module,
     loader: Iterable[Batch],
@@ -209,6 +229,7 @@ def evaluate_model(
     progress: bool = False,
     tta: TestTimeAugmentation = "none",
     fill: torch.Tensor | None = None,
+    precision: Precision = "fp32",
 ) -> Evaluation:
     """Score ``model`` (in eval mode, on its own device) over ``loader``.
 
@@ -220,6 +241,8 @@ def evaluate_model(
         progress: show a tqdm bar.
         tta: test-time augmentation (:func:`predict`).
         fill: ``[C]`` normalised value of a black pixel, for ``tta='hflip_shift'`` (:func:`black_level`).
+        precision: ``"bf16"``: the forward under bfloat16 autocast (:func:`inference_context`);
+            the loss and accuracies are computed in float32 either way.
 
     Raises:
         ValueError: the loader yielded no images.
@@ -228,11 +251,11 @@ def evaluate_model(
     gates = None if head_gates is None else [g.to(device) for g in head_gates]
     loss, hits1, hits5 = 0.0, 0, 0
     labels, predictions = [], []
-    with eval_mode(model):
+    with inference_context(model, precision):
         for images, targets in batches(loader, max_batches, "evaluate", progress):
             targets = torch.as_tensor(targets).to(device)
             # Models without head gates (timm's, during training) are called without the argument.
-            logits = predict(model, images.to(device), tta, fill, **({} if gates is None else {"head_gates": gates}))
+            logits = predict(model, images.to(device), tta, fill, **({} if gates is None else {"head_gates": gates})).float()
             batch_loss, acc1, acc5 = batch_metrics(logits, targets)
             size = len(targets)
             loss += float(batch_loss) * size

@@ -19,7 +19,7 @@ from PIL import Image
 from .data import DataInfo, build_eval_transform, load_image
 from .data.images import convert_channels
 from .errors import VitkitError
-from .evaluation import TestTimeAugmentation, black_level, recorded_tta
+from .evaluation import Precision, TestTimeAugmentation, black_level, inference_context, recorded_tta
 from .evaluation import predict as predict_logits
 from .export import OnnxClassifier
 from .io import load_model_and_extra
@@ -133,6 +133,7 @@ def predict(
     info: DataInfo | None = None,
     batch_size: int = 64,
     tta: TestTimeAugmentation | None = None,
+    precision: Precision = "fp32",
 ) -> list[Prediction]:
     """The ``top_k`` classes and probabilities (softmax of the logits) of each image.
 
@@ -151,6 +152,8 @@ def predict(
         tta: test-time augmentation (:func:`vitkit.evaluation.predict`: ``'hflip'`` averages the
             probabilities of each image and its mirror); ``None``: the one a model file records,
             ``'none'`` for a model.
+        precision: ``"bf16"``: a vitkit model's forward under bfloat16 autocast
+            (:func:`vitkit.evaluation.inference_context`); an ``.onnx`` file runs as exported.
 
     Returns:
         One :class:`Prediction` per image, in order.
@@ -174,13 +177,9 @@ def predict(
     else:
         model, saved, tta = load_predictor(model_or_path, tta)
         info = info or saved
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
-    try:
+    with inference_context(model, precision):
         return _predict_batches(lambda batch: model(batch.to(device)), _as_list(images), info, tta, top_k, batch_size)
-    finally:
-        model.train(was_training)
 
 
 def _as_list(images: ImageInput | Sequence[ImageInput]) -> Sequence[ImageInput]:

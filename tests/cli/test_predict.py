@@ -284,3 +284,23 @@ def test_predict_command_needs_images_after_the_model_file(trained: Path, capsys
     assert predict_main([str(trained)]) == 2
     assert capsys.readouterr().err == f"error: no images given after the model file {trained}: " \
         "vitkit predict MODEL_FILE IMAGE_OR_FOLDER...\n"
+
+
+def test_predict_in_bf16_runs_the_forward_in_bfloat16_and_keeps_the_ranking(trained: Path) -> None:
+    """``precision="bf16"`` reaches the forward (the head's output is bfloat16) and changes the
+    probabilities only by bfloat16 rounding; float32 stays float32."""
+    model = vitkit.load_model(trained)
+    seen: list[torch.dtype] = []
+    model.head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    images = [block_image(seed) for seed in range(4)]
+    full = vitkit.predict(trained, images, top_k=10)
+    _, extra = vitkit.load_model_and_extra(trained)
+    settings = DataInfo.from_extra(extra)
+    float32 = vitkit.predict(model, images, top_k=10, info=settings)
+    half = vitkit.predict(model, images, top_k=10, info=settings, precision="bf16")
+    assert seen == [torch.float32, torch.bfloat16]
+    assert float32 == full
+    for exact, rounded in zip(float32, half):
+        assert rounded.indices[0] == exact.indices[0]
+        assert np.allclose(rounded.probabilities, exact.probabilities, atol=0.02)
+        assert rounded.probabilities != exact.probabilities

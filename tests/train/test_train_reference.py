@@ -17,6 +17,7 @@ from mnist_files import fabricate_mnist
 from vitkit.data import build_datasets
 from vitkit.io import load_model
 from vitkit.train import load_recipe, train
+from vitkit.train.kernel_trial import STEPS_TO_CHOOSE
 from vitkit.train.run import build_module
 from vitkit.train.time_to_accuracy import AccuracyPoint, TestAccuracyTimer, accuracy_at, summarise, time_to_reach
 
@@ -85,12 +86,15 @@ def test_compile_option_compiles_the_trained_model(fmnist_root: Path, tmp_path: 
         return module
 
     monkeypatch.setattr(run_lib, "build_module", spy)
-    result = train(mnist_recipe(fmnist_root, tmp_path, compile=True, limit_train_batches=2))
-    assert result.summary["compiled"] is True
+    # compiled once the attention kernel is chosen (STEPS_TO_CHOOSE steps), then kept untimed
+    result = train(mnist_recipe(fmnist_root, tmp_path, compile=True, limit_train_batches=STEPS_TO_CHOOSE + 2))
+    assert result.summary["compiled"] is True and result.summary["compile"]["round"]["step"] == STEPS_TO_CHOOSE
+    assert result.summary["compile"]["round"]["pairs"] == []
     assert built[0].model._compiled_call_impl is not None  # nn.Module.compile() took effect
     assert all(not name.startswith("model._orig_mod") for name in built[0].state_dict())
     result = train(mnist_recipe(fmnist_root, tmp_path / "eager", limit_train_batches=2))
     assert result.summary["compiled"] is False and built[1].model._compiled_call_impl is None
+    assert "compile" not in result.summary
 
 
 def test_accuracy_timer_records_every_n_steps_and_the_end(fmnist_root: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import signal
 import subprocess
@@ -146,6 +147,26 @@ def test_evaluate_tool_reports_accuracy_and_confusion_matrix(fitted: RunResult, 
     assert sum(map(sum, report["confusion_matrix"])) == report["num_images"]
     assert (tmp_path / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
     assert "top-1" in done.stdout
+    assert report["precision"] == "fp32"
+
+
+def test_evaluate_in_bf16_runs_the_forward_in_bfloat16(fitted: RunResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``precision="bf16"`` reaches the model's forward (its logits are bfloat16) and is recorded;
+    the accuracy stays that of the float32 evaluation within a few images' rounding."""
+    evaluate_lib = importlib.import_module("vitkit.train.evaluate")  # the module (the package exports the function)
+    real, dtypes = evaluate_lib.evaluate_model, []
+
+    def recording(model: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        model.head.register_forward_hook(lambda module, inputs, out: dtypes.append(out.dtype))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_lib, "evaluate_model", recording)
+    model_file = fitted.run_dir / "model.safetensors"
+    exact = evaluate_lib.evaluate(model_file, precision="fp32")
+    rounded = evaluate_lib.evaluate(model_file, precision="bf16")
+    assert set(dtypes) == {torch.float32, torch.bfloat16}
+    assert rounded["precision"] == "bf16" and rounded["num_images"] == exact["num_images"]
+    assert abs(rounded["top1"] - exact["top1"]) <= 100.0 * 3 / exact["num_images"]
 
 
 def test_bf16_mixed_run_trains_without_third_party_warnings(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from ..allocator import keep_freed_memory
 from . import parsers
 from .common import cli_errors
 
@@ -39,6 +40,7 @@ def run_command(command: str, run: Callable[[argparse.Namespace], int | None], a
     then ``run(args)``: a user's mistake becomes one ``error: ...`` line and exit status 2 (see
     :mod:`vitkit.cli.common`)."""
     args = parsers.parse(command, MODULES[command], sys.argv[1:] if argv is None else list(argv))
+    keep_freed_memory()  # the process is the command's: freed activations are reused, not unmapped
     status = None
     try:
         status = cli_errors(lambda: run(args), debug=args.debug)

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(errno.ENOENT, "model file does not exist", args.model)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
     check_output_dir(out, "evaluate")  # claimed once there are results: a refused model leaves no folder
-    report = evaluate(args.model, args.data, split=args.split, tta=args.tta, merge_tokens=args.merge_tokens)
+    report = evaluate(args.model, args.data, split=args.split, tta=args.tta, merge_tokens=args.merge_tokens,
+                      precision=args.precision)
     write_evaluation(report, claim_output_dir(out, "evaluate"))
     per_class = "  ".join(f"{name}: {acc:.1f}" for name, acc in report["per_class"].items())
     views = "" if report["tta"] == "none" else f", {report['tta']} views averaged"

@@ -207,6 +207,14 @@ def merge_tokens_value(text: str) -> tuple[int | list[int], str]:
     return (counts[0] if len(counts) == 1 else counts), schedule or "constant"
 
 
+def precision_argument(parser: argparse.ArgumentParser, note: str) -> None:
+    """``--precision fp32|bf16``: the forward's precision (:func:`vitkit.evaluation.inference_context`)."""
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32",
+        help=f"bf16: run the model under bfloat16 autocast (2-3x faster on CPUs with AVX512-BF16 or AMX; {note})",
+    )
+
+
 def merge_tokens_argument(parser: argparse.ArgumentParser) -> None:
     """``--merge-tokens R``: token merging (ToMe) on the loaded model (:func:`vitkit.merge_tokens`)."""
     parser.add_argument(
@@ -252,6 +260,7 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
     data_arguments(parser)
     parser.add_argument("--split", choices=("test", "val"), default="test", help="split to evaluate")
     tta_argument(parser)
+    precision_argument(parser, "loss and accuracy in float32")
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
     merge_tokens_argument(parser)
 
@@ -283,6 +292,7 @@ def predict(parser: argparse.ArgumentParser) -> None:
     force_argument(parser, "--csv")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
     tta_argument(parser)
+    precision_argument(parser, "probabilities in float32")
     merge_tokens_argument(parser)
 
 
@@ -311,10 +321,7 @@ def attention_maps(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--target", type=int, default=None, help="class explained (None: the predicted one)")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="images per forward pass")
-    parser.add_argument(
-        "--precision", choices=("fp32", "bf16"), default="fp32",
-        help="bf16: run the model under bfloat16 autocast (~2.5x faster on CPUs with AMX; maps still in float32)",
-    )
+    precision_argument(parser, "maps still in float32")
     parser.add_argument(
         "--score-steps", type=positive_int, default=16,
         help="deletion/insertion scores in the titles: patches perturbed in this many steps (at most one per patch)",

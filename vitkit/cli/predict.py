@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
             note.add(path, image)
             read.append(path)
             images.append(image)
-        for path, prediction in zip(read, predict(model, images, args.top_k, info=info, batch_size=args.batch_size, tta=tta)):
+        for path, prediction in zip(read, predict(model, images, args.top_k, info=info, batch_size=args.batch_size, tta=tta,
+                                                    precision=args.precision)):
             ranked = list(zip(prediction.classes, prediction.probabilities))
             if not args.csv:  # with --csv the file holds them, and one line per image would bury the rest
                 tqdm.write(f"{path}: " + ", ".join(f"{name} ({p:.1%})" for name, p in ranked))

@@ -236,8 +236,11 @@ class TrainerConfig(Config):
         num_threads: torch CPU threads (``torch.set_num_threads``); ``null`` keeps torch's default.
             Small models on a busy CPU train several times faster with 1 thread than with threads
             that wait for each other.
-        compile: ``torch.compile`` the model (inductor; needs a C++ compiler on CPUs). The first
-            steps pay the compilation (``first_step_s`` in ``summary.json``).
+        compile: ``true``: ``torch.compile`` the model (inductor; needs a C++ compiler on CPUs).
+            The first steps pay the compilation (``first_step_s`` in ``summary.json``).
+            ``auto``: time compiled and eager training steps side by side once the attention
+            kernel is chosen, and keep the faster (:mod:`vitkit.train.compile_trial`;
+            ``summary.json`` ``compile``); eager under ``trainer.deterministic``.
         max_time_minutes: stop training after this many minutes (Lightning's ``max_time``), then
             test as usual; ``null``: no limit.
         tta: test-time augmentation of validation and test (:data:`~vitkit.evaluation.TestTimeAugmentation`):
@@ -269,7 +272,7 @@ class TrainerConfig(Config):
     enable_progress_bar: bool = True
     num_sanity_val_steps: int = field(default=2, metadata=bounds(ge=0))
     num_threads: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_THREADS))
-    compile: bool = False
+    compile: bool | Literal["auto"] = False
     max_time_minutes: float | None = field(default=None, metadata=bounds(gt=0))
     tta: TestTimeAugmentation = "none"
     val_tta: TestTimeAugmentation | None = None

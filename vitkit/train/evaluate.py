@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
 from ..data.info import MetadataError
 from ..errors import VitkitError
-from ..evaluation import TestTimeAugmentation, black_level, default_device, evaluate_model, recorded_tta
+from ..evaluation import Precision, TestTimeAugmentation, black_level, default_device, evaluate_model, recorded_tta
 from ..io import load_model_and_extra
 from ..layers.token_merging import Schedule
 from ..models import VisionTransformer
@@ -32,6 +32,7 @@ def evaluate(
     batch_size: int = 256,
     tta: TestTimeAugmentation | None = None,
     merge_tokens: tuple[int | Sequence[int], Schedule] | None = None,
+    precision: Precision = "fp32",
 ) -> dict[str, Any]:
     """Accuracy of a ``.safetensors`` or ``.ckpt`` model on a split of the data it was trained on,
     computed on :func:`~vitkit.evaluation.default_device` (a GPU when there is one).
@@ -46,6 +47,7 @@ def evaluate(
             model was trained with (saved with it; ``'none'`` for older files).
         merge_tokens: ``(r, schedule)`` of :func:`vitkit.merge_tokens` (ToMe) for this evaluation;
             ``None``: as the model file records.
+        precision: ``"bf16"``: the forward under bfloat16 autocast (:func:`~vitkit.evaluation.inference_context`).
 
     Returns:
         ``"merge_tokens"`` (ToMe's r per block, 0: none), ``{"top1", "top5"}`` in percent,
@@ -62,7 +64,8 @@ def evaluate(
     bundle = datasets_for(model, extra, data_overrides)
     info = bundle.info
     loader = DataLoader(getattr(bundle, split), batch_size=batch_size)
-    scores = evaluate_model(model.to(default_device()), loader, tta=tta, fill=black_level(info.mean, info.std))
+    scores = evaluate_model(model.to(default_device()), loader, tta=tta, fill=black_level(info.mean, info.std),
+                            precision=precision)
     k = info.num_classes
     matrix = confusion_matrix(scores.labels.numpy(), scores.predictions.numpy(), labels=list(range(k)))
     per_class = np.divide(np.diag(matrix), matrix.sum(axis=1), out=np.zeros(k), where=matrix.sum(axis=1) > 0)
@@ -71,6 +74,7 @@ def evaluate(
         "dataset": info.name,
         "split": split,
         "tta": tta,
+        "precision": precision,
         "merge_tokens": model.config.merge_tokens,
         "num_images": scores.num_images,
         "top1": round(scores.top1, 3),

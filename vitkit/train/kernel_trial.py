@@ -75,38 +75,44 @@ def _same(value: T) -> T:
 @dataclass
 class Round:
     """One measurement round of a key: at which step it started and why, its A/B pairs (seconds
-    per step and kernel; even pairs ran SDPA first, odd ones explicit first) and, once complete,
-    what they showed."""
+    per step and option; even pairs ran the first option first, odd ones the second) and, once
+    complete, what they showed. The options are the attention kernels unless given (the compile
+    trial's eager and compiled model, :mod:`vitkit.train.compile_trial`): the first is kept on a
+    tie, the second must be ``margin`` faster."""
 
     step: int
     reason: str
     pairs: list[dict[str, float]] = field(default_factory=list)
     median_s: dict[str, float] = field(default_factory=dict)
-    ratio: float | None = None  # median balanced sdpa / explicit ratio: > 1 means explicit is faster
+    ratio: float | None = None  # median balanced first / second ratio: > 1 means the second is faster
     spread: float | None = None  # interquartile range of the balanced ratios / their median
-    kernel: str | None = None
+    kernel: str | None = None  # the option chosen
+    options: tuple[str, str] = KERNELS
+    margin: float = EXPLICIT_MARGIN
 
     def decide(self) -> None:
         """Choose from the pairs: each AB pair's ratio and the next BA pair's, combined by their
         geometric mean (a first-in-pair penalty multiplies one by ``1 + p`` and divides the other,
         so it cancels), then the median over these balanced ratios."""
-        ratios = [pair["sdpa"] / pair["explicit"] for pair in self.pairs]
+        first, second = self.options
+        ratios = [pair[first] / pair[second] for pair in self.pairs]
         balanced = [math.sqrt(ab * ba) for ab, ba in zip(ratios[0::2], ratios[1::2])]
         quartiles = statistics.quantiles(balanced, n=4, method="inclusive")
         self.ratio = statistics.median(balanced)
         self.spread = (quartiles[2] - quartiles[0]) / self.ratio
-        self.median_s = {name: statistics.median(pair[name] for pair in self.pairs) for name in KERNELS}
-        self.kernel = "explicit" if self.ratio >= 1.0 + EXPLICIT_MARGIN else "sdpa"
+        self.median_s = {name: statistics.median(pair[name] for pair in self.pairs) for name in self.options}
+        self.kernel = second if self.ratio >= 1.0 + self.margin else first
 
     def to_json(self) -> dict[str, Any]:
+        first, second = self.options
         return {
             "step": self.step,
             "reason": self.reason,
-            "pairs": [{name: round(pair[name], 6) for name in KERNELS} for pair in self.pairs],
+            "pairs": [{name: round(pair[name], 6) for name in self.options} for pair in self.pairs],
             "median_s": {name: round(value, 6) for name, value in self.median_s.items()},
-            "median_ratio_sdpa_over_explicit": None if self.ratio is None else round(self.ratio, 4),
+            f"median_ratio_{first}_over_{second}": None if self.ratio is None else round(self.ratio, 4),
             "spread": None if self.spread is None else round(self.spread, 4),
-            "kernel": self.kernel,
+            "kernel" if self.options == KERNELS else "choice": self.kernel,
         }
 
 
@@ -292,6 +298,14 @@ class TrainingKernelChooser(Callback):
         self.modules: list[AttentionBase] = []
         self.ranks: list[dict[str, Any]] = []
         self._step: _Step | None = None
+        #: While set (by :class:`~vitkit.train.compile_trial.CompileChooser`, whose trial steps
+        #: differ in more than the kernel), a key with a choice runs it untimed: no drift window
+        #: sees those steps.
+        self.paused = False
+
+    def settled(self, key: str) -> bool:
+        """``key`` has a kernel (not being measured now), or no module is ``"auto"``."""
+        return not self.modules or (key in self.trial.keys and not self.trial.keys[key].measuring)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.modules = [m for m in pl_module.modules() if isinstance(m, AttentionBase) and m.attn_impl == "auto"]
@@ -309,10 +323,11 @@ class TrainingKernelChooser(Callback):
         if not self.modules:
             return
         key, step = step_key(batch), trainer.global_step
-        kernel = self.trial.kernel_for(key, step)
+        paused = self.paused and self.settled(key)
+        kernel = self.trial.keys[key].kernel if paused else self.trial.kernel_for(key, step)
         for module in self.modules:
             module.attn_impl = kernel
-        timing = self.trial.timing(key)
+        timing = None if paused else self.trial.timing(key)
         if timing == "synchronized":
             _synchronize(pl_module)
         self._step = _Step(key, kernel, step, timing, self.clock() if timing else 0.0)

@@ -61,6 +61,7 @@ from .checkpoint import (
     newest_finite_checkpoint,
     remove_orphan_temp_files,
 )
+from .compile_trial import CompileChooser
 from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
@@ -248,11 +249,15 @@ def _fit(
     monitor_lr = LearningRateMonitor(logging_interval="step")
     # First, so that its step timing ends before other callbacks' batch-end work; a deterministic run times nothing.
     kernels = TrainingKernelChooser(pin="sdpa" if config.trainer.deterministic else None)
+    # compiled once the attention kernel is chosen; auto times it first, and is eager under
+    # determinism (timings would decide the run's rounding)
+    always, auto = config.trainer.compile is True, config.trainer.compile == "auto" and not config.trainer.deterministic
+    compiling = [CompileChooser(kernels, always=always)] if always or auto else []
     ctrl_c = CtrlCStops()
     bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
     pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
     trainer = build_trainer(
-        config, run_dir, callbacks=[kernels, best, last, throughput, monitor_lr, ctrl_c, *bar, *pretraining, *callbacks],
+        config, run_dir, callbacks=[kernels, *compiling, best, last, throughput, monitor_lr, ctrl_c, *bar, *pretraining, *callbacks],
     )
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
@@ -295,7 +300,8 @@ def _fit(
         "wall_time_s": round(time.perf_counter() - started, 2),
         "train_images_per_s": round(throughput.images_per_second, 1),
         "first_step_s": round(throughput.first_step_seconds, 2),
-        "compiled": config.trainer.compile,
+        "compiled": bool(compiling) and compiling[0].choice == "compiled",
+        **({"compile": compiling[0].report()} if compiling else {}),
         "precision": config.trainer.precision,
         "world_size": trainer.world_size,
         "resumed_from": str(resume) if resume is not None else None,
@@ -326,11 +332,7 @@ def build_module(config: RecipeConfig, info: DataInfo, weights: PretrainedWeight
     if weights is not None:
         extra["pretrained"] = weights.record
     model, vit_config = build_model(config, info, weights)
-    module = ViTModule(model, config, vit_config, extra)
-    if config.trainer.compile:
-        # Module.compile() compiles forward in place: parameter names (checkpoints) stay as they are.
-        module.model.compile()
-    return module
+    return ViTModule(model, config, vit_config, extra)
 
 
 def divergence_advice(config: RecipeConfig) -> str:
