@@ -87,7 +87,7 @@ def test_compile_option_compiles_the_trained_model(fmnist_root: Path, tmp_path: 
 
     monkeypatch.setattr(run_lib, "build_module", spy)
     # compiled once the attention kernel is chosen (STEPS_TO_CHOOSE steps), then kept untimed
-    result = train(mnist_recipe(fmnist_root, tmp_path, compile=True, limit_train_batches=STEPS_TO_CHOOSE + 2))
+    result = train(mnist_recipe(fmnist_root, tmp_path, compile=True, batch_size=4, limit_train_batches=STEPS_TO_CHOOSE + 2))
     assert result.summary["compiled"] is True and result.summary["compile"]["round"]["step"] == STEPS_TO_CHOOSE
     assert result.summary["compile"]["round"]["pairs"] == []
     assert built[0].model._compiled_call_impl is not None  # nn.Module.compile() took effect
