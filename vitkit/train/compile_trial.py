@@ -11,8 +11,8 @@ drift watch does not read the trial's steps). The compiled model must be
 
 ``trainer.compile: true`` goes the same way without the pairs (``always``): the model is compiled
 once the kernel is chosen and kept compiled. Compiling from the first step instead would compile a
-graph for each kernel the kernel trial times (two training graphs, twice the compilation: what
-made a compiled run on a GPU sit at step 7 after 70 s).
+graph for each kernel the kernel trial times (two training graphs, twice the compilation; the
+likely reason, not confirmed on a GPU, why a compiled run on one sat at step 7 after 70 s).
 
 The model is compiled in place (``nn.Module.compile``: parameter names, and so checkpoints, stay
 as they are) and switched per step by setting its compiled call aside and back. The first
