@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from .kernel_trial import MIN_PAIRS, Round, TrainingKernelChooser, _device, _synchronize, step_key
+from .kernel_trial import MIN_PAIRS, Round, TrainingKernelChooser, step_key, training_device, wait_for_device
 from .schema import RecipeError
 
 OPTIONS = ("eager", "compiled")
@@ -73,7 +73,7 @@ class CompileChooser(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or self.model is not None or self.choice is not None:
             return
-        if self.compile_model is nn.Module.compile and _device(pl_module).type == "cpu" and not has_cxx_compiler():
+        if self.compile_model is nn.Module.compile and training_device(pl_module).type == "cpu" and not has_cxx_compiler():
             if self.always:
                 raise RecipeError("trainer.compile=true on the CPU needs a C++ compiler for Inductor (g++ or clang++, "
                                   "or $CXX); install one, or set trainer.compile=auto (eager without one) or false.")
@@ -107,7 +107,7 @@ class CompileChooser(Callback):
             self.kernels.paused = not self.always
         option = self._next_option()
         self._use(option)
-        _synchronize(pl_module)
+        wait_for_device(pl_module)
         self._step = (option, self.clock())
 
     def on_train_batch_end(
@@ -117,7 +117,7 @@ class CompileChooser(Callback):
             return
         option, started = self._step
         self._step = None
-        _synchronize(pl_module)
+        wait_for_device(pl_module)
         seconds = self.clock() - started
         if self.compile_s is None:
             self.compile_s = seconds

@@ -317,7 +317,7 @@ class TrainingKernelChooser(Callback):
             self.modules = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.trial.watch_drift = _device(pl_module).type == "cpu" if self.watch_drift is None else self.watch_drift
+        self.trial.watch_drift = training_device(pl_module).type == "cpu" if self.watch_drift is None else self.watch_drift
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if not self.modules:
@@ -329,7 +329,7 @@ class TrainingKernelChooser(Callback):
             module.attn_impl = kernel
         timing = None if paused else self.trial.timing(key)
         if timing == "synchronized":
-            _synchronize(pl_module)
+            wait_for_device(pl_module)
         self._step = _Step(key, kernel, step, timing, self.clock() if timing else 0.0)
 
     def on_train_batch_end(
@@ -339,7 +339,7 @@ class TrainingKernelChooser(Callback):
             return
         key, kernel, step, timing, started = self._step
         if timing == "synchronized":
-            _synchronize(pl_module)
+            wait_for_device(pl_module)
         if timing:
             self.trial.record(key, kernel, self.clock() - started, step, agree=lambda value: trainer.strategy.broadcast(value, src=0))
         for module in self.modules:
@@ -363,13 +363,13 @@ class TrainingKernelChooser(Callback):
         return {"keys": self.trial.report(), **({"ranks": self.ranks} if self.ranks else {})}
 
 
-def _device(pl_module: L.LightningModule) -> torch.device:
+def training_device(pl_module: L.LightningModule) -> torch.device:
     """The module's device (a plain ``nn.Module``, as in tests, is on the CPU)."""
     return getattr(pl_module, "device", torch.device("cpu"))
 
 
-def _synchronize(pl_module: L.LightningModule) -> None:
+def wait_for_device(pl_module: L.LightningModule) -> None:
     """Wait for queued GPU work, so the clock reads when the step's work is done."""
-    device = _device(pl_module)
+    device = training_device(pl_module)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
