@@ -259,7 +259,7 @@ def test_no_synchronize_once_the_choice_is_made(
     # watch_drift=False is the GPU's policy: neither synchronised nor timed after the choice;
     # the CPU's drift watch reads the clock but never synchronises
     synchronized = []
-    monkeypatch.setattr(kernel_trial, "_synchronize", lambda pl_module: synchronized.append(pl_module))
+    monkeypatch.setattr(kernel_trial, "wait_for_device", lambda pl_module: synchronized.append(pl_module))
     model = tiny_model().train()
     clock = StepClock(model, {"sdpa": 0.03, "explicit": 0.02})
     chooser = TrainingKernelChooser(clock=clock, watch_drift=watch_drift)
