@@ -40,6 +40,7 @@ import torch
 
 import vitkit
 from vitkit.bench import interleaved_times, median_ratio
+from vitkit.cli.benchmark import make_step
 from vitkit.cli.parsers import parse_model_spec
 from vitkit.evaluation import inference_context, predict
 from vitkit.models import to_timm
@@ -75,24 +76,18 @@ def callers(spec: str, precision: str) -> tuple[dict[str, Callable[[], object]],
     """The three forwards of one model spec in one precision, and its batch size."""
     name, batch_size, overrides = parse_model_spec(spec)
     torch.manual_seed(0)
-    ours = vitkit.create_model(name, **overrides).eval()
-    theirs = to_timm(ours).eval()
+    ours = vitkit.create_model(name, **overrides)
+    theirs = to_timm(ours)
     images = torch.randn(batch_size, ours.config.in_chans, *ours.config.img_size)
-    bf16 = precision == "bf16"
-
-    def timm_forward() -> object:
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            return theirs(images)
-
-    def vitkit_forward() -> object:
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            return ours(images)
+    labels = torch.zeros(batch_size, dtype=torch.long)  # unused by a forward
 
     def vitkit_predict() -> object:
         with inference_context(ours, precision):
             return predict(ours, images)
 
-    return {"timm": timm_forward, "vitkit": vitkit_forward, "vitkit.predict path": vitkit_predict}, batch_size
+    return {"timm": make_step(theirs, images, labels, "forward", precision),
+            "vitkit": make_step(ours, images, labels, "forward", precision),
+            "vitkit.predict path": vitkit_predict}, batch_size
 
 
 def _forward_server(spec: str, precision: str, library: str, threads: int, keep: bool, pipe: Connection) -> None:
