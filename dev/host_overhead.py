@@ -12,6 +12,8 @@ gradient clipping, batch 128:
 * **vitkit**: :func:`vitkit.train.train`, Lightning and all (what ``vitkit train`` runs), for
   ``--steps`` training batches; its ``summary.json`` ``train_images_per_s`` times the training
   batches after the first (data included, validation and test excluded);
+* **vitkit, progress bar**: the same, drawing its progress bar (to standard error) as ``vitkit
+  train`` does by default (the other arms draw none);
 * **bare Lightning**: the smallest LightningModule that trains the same way (a ``Trainer`` without
   logger, checkpoints, progress bar or callbacks but the clock): the floor Lightning's own loop
   sets, so that the table tells what is vitkit's and what is Lightning's;
@@ -45,7 +47,7 @@ from vitkit.train.model_builder import build_model
 from vitkit.train.optim import build_optimizer, warmup_cosine
 
 RECIPE = "fashion_mnist_fast"
-ARMS = ("vitkit", "bare Lightning", "plain")
+ARMS = ("vitkit", "vitkit, progress bar", "bare Lightning", "plain")
 
 
 def overrides(root: str, steps: int, threads: int, out: str) -> list[str]:
@@ -94,6 +96,11 @@ class Setup:
 def vitkit_round(setup: Setup, changes: list[str], seed: int) -> float:
     """Training images/s of ``vitkit.train.train``."""
     return float(train(RECIPE, [*changes, f"trainer.seed={seed}"]).summary["train_images_per_s"])
+
+
+def vitkit_bar_round(setup: Setup, changes: list[str], seed: int) -> float:
+    """Training images/s of ``vitkit.train.train`` drawing its progress bar, as ``vitkit train`` does."""
+    return vitkit_round(setup, [*changes, "trainer.enable_progress_bar=true"], seed)
 
 
 class _Clock(L.Callback):
@@ -160,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rounds = {"vitkit": vitkit_round, "bare Lightning": bare_lightning_round, "plain": plain_round}
+    rounds = {"vitkit": vitkit_round, "vitkit, progress bar": vitkit_bar_round, "bare Lightning": bare_lightning_round, "plain": plain_round}
     results: dict[str, list[float]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory(prefix="vitkit-overhead-") as out:
         changes = overrides(args.root, args.steps, args.threads, out)
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| loop | images/s (median) |\n|---|---|")
     for arm in ARMS:
         print(f"| {arm} | {statistics.median(results[arm]):,.0f} |")
-    for top, bottom in (("vitkit", "plain"), ("bare Lightning", "plain"), ("vitkit", "bare Lightning")):
+    for top, bottom in (("vitkit", "plain"), ("vitkit, progress bar", "plain"), ("bare Lightning", "plain"), ("vitkit", "bare Lightning")):
         ratios = [a / b for a, b in zip(results[top], results[bottom])]
         print(f"{top} / {bottom}: {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})")
     print(f"target: vitkit / plain >= 0.95; {args.rounds} rounds of {args.steps} steps of batch 128, {args.threads} threads")

@@ -7,9 +7,11 @@ too); :class:`LastCheckpoint` saves on its own step schedule and on a stop signa
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,7 +24,26 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 class LossProgressBar(TQDMProgressBar):
     """Lightning's progress bar, with the training loss of the latest logging step
     (``ViTModule.shown_loss``) in place of a per-step progress-bar metric, which Lightning would
-    read as a number after every step (a host sync that stalls a GPU)."""
+    read as a number after every step (a host sync that stalls a GPU).
+
+    The training bar is redrawn at most every ``min_interval_s`` seconds of ``clock``, and at an
+    epoch's last batch: Lightning's own bar redraws and rebuilds its metrics after every step
+    (``refresh_rate=1``), host work that a fast step of a small model or a GPU run feels, and
+    that no one can read at hundreds of steps a second."""
+
+    def __init__(self, min_interval_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.min_interval_s = min_interval_s
+        self.clock = clock
+        self._drawn_at = -math.inf
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = self.clock()
+        if batch_idx + 1 >= self.total_train_batches or now - self._drawn_at >= self.min_interval_s:
+            self._drawn_at = now
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
