@@ -10,7 +10,7 @@ faster. Each models row names the attention kernel vitkit's ``attn_impl="auto"``
 chose for that cell, vitkit's achieved GFLOP/s (``torch.utils.flop_counter``) and its share of
 this machine's GEMM peak at the model's own shapes (``torch.mm`` timed at each M x K x N, bf16
 and float32 apart); the GEMM peaks and the autotuner's full report follow the table. The levers
-section times changes to the bf16 training step side by side and profiles it.
+section times changes to the bf16 training step side by side and splits its time by operator.
 Training memory is measured in fresh processes as the peak resident size during one training step
 minus the resident size just before it (after a warm-up step, with glibc's mmap threshold fixed
 so freed activations go back to the OS). The casts section times one ``linear`` forward + backward
@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.bench import interleaved_times, median_ratio
+from vitkit.bench import interleaved_times, median_ratio, op_wall_times
 from vitkit.io import load_model_and_extra
 from vitkit.kernels import (
     AUTOTUNER,
@@ -207,7 +207,7 @@ def step_flops(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mod
 def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
     """Levers toward the GEMM peak for one bf16 training step, each measured against the baseline
     (bf16 autocast, explicit kernel, fused AdamW) in the same interleaved run, then the baseline's
-    torch.profiler table: what bounds the step."""
+    wall time of each operator (:func:`vitkit.bench.op_wall_times`): what bounds the step."""
     name, batch_size, overrides = parse_model_spec(spec)
     torch.manual_seed(0)
     base = vitkit.create_model(name, **overrides)
@@ -246,11 +246,10 @@ def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
         achieved = flops / statistics.median(seconds) / 1e9
         rows.append(f"| {lever} | {1e3 * statistics.median(seconds):.0f} | {achieved:,.0f} | {100 * achieved / peak:.0f}% "
                     f"| {median_ratio(times, baseline, lever):.2f} |")
-    step = levers[baseline]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        step()
-    table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    return rows + ["", "Where the baseline step's time goes (torch.profiler, one step, self CPU time):", "", "```", table, "```"]
+    step_s, op_s = op_wall_times(levers[baseline])
+    return rows + ["", f"Where one baseline step's time goes ({1e3 * step_s:.0f} ms; each operator's wall time, "
+                   "read around its calls):", "", "| operator | ms | % of the step |", "|---|---|---|",
+                   *(f"| {op} | {1e3 * seconds:.1f} | {100 * seconds / step_s:.1f}% |" for op, seconds in op_s.most_common(12))]
 
 
 def kernel_call(kernel: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, train: bool) -> Callable[[], None]:
