@@ -20,7 +20,8 @@ forward when the parent asks, the parent alternating which goes first.
 ``--busy N`` starts N other processes first, each a loop of 1024x1024 float32 matmuls on 2 threads
 (another torch job on the same cores), and stops them after that condition's cells. Prints one
 Markdown table: images/s of each caller and the medians over rounds of timm's time over vitkit's
-(> 1: vitkit is faster), per condition, model and precision.
+(> 1: vitkit is faster), per condition, model and precision; then the attention kernel vitkit's
+autotuner chose for each key, with the times behind the choice.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from vitkit.bench import interleaved_times, median_ratio
 from vitkit.cli.benchmark import make_step
 from vitkit.cli.parsers import parse_model_spec
 from vitkit.evaluation import inference_context, predict
+from vitkit.kernels import autotune_report, format_autotune_report
 from vitkit.models import to_timm
 
 PRECISIONS = ("fp32", "bf16")
@@ -157,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{median_ratio(processes, 'timm process', 'vitkit process'):.2f} |")
                     print(rows[-1], flush=True)
     print("\n".join(rows))
+    print("\nThe attention kernel vitkit's autotuner chose (one process; later conditions reuse its choice):\n")
+    print(format_autotune_report(autotune_report()))
     return 0
 
 
