@@ -159,6 +159,32 @@ def test_module_matches_softmax_qk_over_sqrt_d_times_v_by_hand() -> None:
     torch.testing.assert_close(out, merge_and_project(msa, heads_out), **TOL)
 
 
+def test_project_qkv_splits_the_fused_projection_by_hand_and_its_backward_copies_once() -> None:
+    msa = make_msa()
+    x = torch.randn(BATCH, TOKENS, DIM, requires_grad=True)
+    q, k, v = msa.project_qkv(x)
+    d = DIM // HEADS
+    projected = F.linear(x, msa.qkv.weight, msa.qkv.bias)  # rows: all q heads, then all k, then all v
+    for i, part in enumerate((q, k, v)):
+        by_hand = projected[..., i * DIM:(i + 1) * DIM].reshape(BATCH, TOKENS, HEADS, d).transpose(1, 2)
+        assert torch.equal(part, by_hand)
+    copies: Counter[str] = Counter()
+
+    class CountCopies(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func.overloadpacket.__name__ in {"clone", "copy_", "stack", "cat", "contiguous", "_to_copy"}:
+                copies[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    weights = [torch.randn_like(t) for t in (q, k, v)]
+    loss = sum((t * w).sum() for t, w in zip((q, k, v), weights))
+    with CountCopies():
+        loss.backward()
+    assert copies == {"stack": 1}  # the three gradients straight into [B, N, 3, H, d]; no clone after
+    grad = torch.cat([w.transpose(1, 2).reshape(BATCH, TOKENS, DIM) for w in weights], dim=-1)
+    torch.testing.assert_close(x.grad, grad @ msa.qkv.weight, **TOL)
+
+
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 def test_masked_output_equals_hand_computation(attn_impl: str) -> None:
     msa = make_msa(attn_impl=attn_impl)

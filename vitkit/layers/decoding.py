@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from einops import rearrange
 
 from .attention import AttentionBase
 from .attention_masks import causal_mask, without_diagonal
@@ -69,7 +68,7 @@ class CausalSelfAttention(AttentionBase):
         if self.num_heads == 0:
             out, weights = self.no_heads(x, cached + x.shape[1], need_weights)
             return (out, weights) if need_weights else out  # type: ignore[return-value]
-        q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads).unbind(0)
+        q, k, v = self.project_qkv(x)
         q, k = self.rotate([self.q_norm(q), self.k_norm(k)], positions)  # the cache holds rotated keys
         if kv_cache is not None:
             k, v = kv_cache.extend(k, v)

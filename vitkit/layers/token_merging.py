@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from einops import rearrange
 
 from ..errors import UnsupportedModelError
 from .attention import MultiHeadSelfAttention
@@ -277,7 +276,7 @@ def _attention_and_keys(
     if attn.num_heads == 0:
         out, weights = attn.no_heads(x, x.shape[1], need_weights)
         return out, weights, x
-    q, k, v = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=attn.num_heads).unbind(0)
+    q, k, v = attn.project_qkv(x)
     q, k = attn.q_norm(q), attn.k_norm(k)
     keys = k.mean(dim=1)
     q, k = attn.rotate([q, k], state.positions)
