@@ -8,9 +8,9 @@ Both libraries run the same architecture with the same weights (``vitkit.models.
 are medians over interleaved vitkit/timm pairs (``vitkit.bench``); a ratio > 1 means vitkit is
 faster. Each models row names the attention kernel vitkit's ``attn_impl="auto"`` measured and
 chose for that cell, vitkit's achieved GFLOP/s (``torch.utils.flop_counter``) and its share of
-this machine's GEMM peak at the model's own shapes (``torch.mm`` timed at each M x K x N, bf16
-and float32 apart); the GEMM peaks and the autotuner's full report follow the table. The levers
-section times changes to the bf16 training step side by side and splits its time by operator.
+this machine's GEMM peak at the model's own shapes (``torch.mm`` at each M x K x N, timed in
+the same interleaved rounds as the cell, the median of the rounds' best); the GEMM peaks and the
+autotuner's full report follow the table. The levers section times changes to the bf16 training step side by side and splits its time by operator.
 Training memory is measured in fresh processes as the peak resident size during one training step
 minus the resident size just before it (after a warm-up step, with glibc's mmap threshold fixed
 so freed activations go back to the OS). The casts section times one ``linear`` forward + backward
@@ -57,6 +57,7 @@ from .commands import run_command
 from .parsers import parse_model_spec
 
 PRECISIONS = ("fp32", "bf16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: ``--merge-tokens``: ``(r, schedule)`` for :func:`vitkit.merge_tokens`.
 MergeTokens = tuple[int | list[int], str]
 
@@ -136,10 +137,7 @@ def bench_models(specs: list[str], repeats: int, merge: MergeTokens | None = Non
             name += " (" + ", ".join(f"{key}={value}" for key, value in overrides.items()) + ")"
         images, labels = batch_for(ours, batch_size)
         shapes = gemm_shapes(ours, batch_size)
-        peak = {precision: gemm_peak(shapes, torch.bfloat16 if precision == "bf16" else torch.float32, repeats)
-                for precision in PRECISIONS}
-        peaks.append(f"| {name} | {batch_size} | {', '.join('x'.join(map(str, s)) for s in shapes)} "
-                     f"| {peak['bf16']:,.0f} | {peak['fp32']:,.0f} |")
+        cell_peaks: dict[str, list[float]] = {precision: [] for precision in PRECISIONS}
         for mode in ("forward", "train"):
             flops = step_flops(ours, images, labels, mode)
             for precision in PRECISIONS:
@@ -147,7 +145,9 @@ def bench_models(specs: list[str], repeats: int, merge: MergeTokens | None = Non
                 if theirs is not None:
                     candidates["timm"] = make_step(theirs, images, labels, mode, precision)
                 with AUTOTUNER.recording() as asked:
-                    times = interleaved_times(candidates, repeats=repeats)
+                    times = interleaved_times({**candidates, **gemm_calls(shapes, DTYPES[precision])}, repeats=repeats)
+                peak = statistics.median(round_peaks(times, shapes))
+                cell_peaks[precision].append(peak)
                 seconds = statistics.median(times["vitkit"])
                 achieved = flops / seconds / 1e9
                 timm_ips = f"{batch_size / statistics.median(times['timm']):.1f}" if theirs is not None else "n/a"
@@ -155,10 +155,13 @@ def bench_models(specs: list[str], repeats: int, merge: MergeTokens | None = Non
                 kernel = chosen_kernel(ours, asked)
                 rows.append(
                     f"| {name} | {batch_size} | {mode} | {precision} | {kernel} | {batch_size / seconds:.1f} | {timm_ips} "
-                    f"| {ratio} | {achieved:,.0f} | {100 * achieved / peak[precision]:.0f}% |"
+                    f"| {ratio} | {achieved:,.0f} | {100 * achieved / peak:.0f}% |"
                 )
                 print(rows[-1], file=sys.stderr, flush=True)
-    header = ["", "GEMM peak at each model's shapes (GFLOP/s, best over its M x K x N shapes, torch.mm):", "",
+        peaks.append(f"| {name} | {batch_size} | {', '.join('x'.join(map(str, s)) for s in shapes)} "
+                     + "".join(f"| {' / '.join(f'{p:,.0f}' for p in cell_peaks[precision])} " for precision in ("bf16", "fp32")) + "|")
+    header = ["", "GEMM peak at each model's shapes (GFLOP/s; torch.mm at each M x K x N timed in the same rounds as "
+              "each cell, the median of the rounds' best; forward cell / train cell):", "",
               "| model | batch | GEMM shapes (M x K x N) | bf16 | fp32 |", "|---|---|---|---|---|"]
     return rows + header + peaks
 
@@ -177,12 +180,26 @@ def gemm_peak(shapes: list[tuple[int, int, int]], dtype: torch.dtype, repeats: i
     """This machine's GEMM throughput at ``shapes``, in GFLOP/s: the best over the shapes of each
     shape's best time (of ``max(repeats, 5)``) for ``torch.mm``, the bound a training step of
     these shapes could approach."""
-    best = 0.0
+    return max(round_peaks(interleaved_times(gemm_calls(shapes, dtype), repeats=max(repeats, 5), warmup=2), shapes))
+
+
+def gemm_calls(shapes: list[tuple[int, int, int]], dtype: torch.dtype) -> dict[str, Callable[[], object]]:
+    """One ``torch.mm`` per ``(M, K, N)`` shape, named ``"mm MxKxN"``, to time among other calls
+    (:func:`round_peaks`)."""
+    calls: dict[str, Callable[[], object]] = {}
     for rows, inner, cols in shapes:
         a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, cols, dtype=dtype)
-        seconds = min(interleaved_times({"mm": lambda a=a, b=b: torch.mm(a, b)}, repeats=max(repeats, 5), warmup=2)["mm"])
-        best = max(best, 2 * rows * inner * cols / seconds / 1e9)
-    return best
+        calls[f"mm {rows}x{inner}x{cols}"] = partial(torch.mm, a, b)
+    return calls
+
+
+def round_peaks(times: dict[str, list[float]], shapes: list[tuple[int, int, int]]) -> list[float]:
+    """The GEMM peak of each round of an interleaved run that timed :func:`gemm_calls` of
+    ``shapes``: the best GFLOP/s over the shapes in that round. Timed in the same rounds as the
+    steps it is compared with, the peak drifts with them on a machine whose speed drifts."""
+    labels = {f"mm {m}x{k}x{n}": 2 * m * k * n for m, k, n in shapes}
+    return [max(flops / times[label][round_] / 1e9 for label, flops in labels.items())
+            for round_ in range(len(times[next(iter(labels))]))]
 
 
 def step_flops(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode: str) -> int:
@@ -239,11 +256,9 @@ def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
     levers["baseline again (last in each round)"] = variant()
     # The GEMM peak is timed in the same rounds (torch.mm at each of the step's shapes), so a
     # machine whose speed drifts moves the peak and the steps alike.
-    gemms = {shape: f"mm {'x'.join(map(str, shape))}" for shape in gemm_shapes(base, batch_size)}
-    operands = {shape: (torch.randn(shape[:2], dtype=torch.bfloat16), torch.randn(shape[1:], dtype=torch.bfloat16)) for shape in gemms}
-    calls = {**levers, **{label: partial(torch.mm, *operands[shape]) for shape, label in gemms.items()}}
-    times = interleaved_times(calls, repeats=repeats, warmup=2)
-    peaks = [max(2 * math.prod(shape) / times[label][round_] / 1e9 for shape, label in gemms.items()) for round_ in range(repeats)]
+    shapes = gemm_shapes(base, batch_size)
+    times = interleaved_times({**levers, **gemm_calls(shapes, torch.bfloat16)}, repeats=repeats, warmup=2)
+    peaks = round_peaks(times, shapes)
     peak = statistics.median(peaks)
     baseline = next(iter(levers))
     rows = [f"Levers, {name} batch {batch_size}, bf16 training step: {flops / 1e9:.0f} GFLOP per step, "
@@ -280,7 +295,7 @@ def bench_kernels(repeats: int) -> list[str]:
     rows = ["| B x H x N x d | precision | mode | sdpa ms | explicit ms | sdpa/explicit |", "|---|---|---|---|---|---|"]
     for batch, heads, tokens, dim in ((64, 4, 17, 64), (128, 4, 65, 64), (32, 6, 197, 64)):
         for precision in PRECISIONS:
-            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            dtype = DTYPES[precision]
             for mode in ("forward", "train"):
                 q, k, v = (torch.randn(batch, heads, tokens, dim, dtype=dtype, requires_grad=mode == "train") for _ in range(3))
                 calls = {name: kernel_call(kernel, q, k, v, mode == "train") for name, kernel in

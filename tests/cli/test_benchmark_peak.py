@@ -1,0 +1,61 @@
+"""``vitkit benchmark``: the share of the GEMM peak in the models and levers tables, with the peak
+(``torch.mm`` at the model's own shapes) timed in the same interleaved rounds as the steps."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import vitkit.cli.benchmark as benchmark
+
+# one ViT-S block on 16 + 1 tokens: GEMMs big enough that GFLOP/s and shares print as more than rounding
+SMALL = "vit_small_patch16_224:16:img_size=32,patch_size=8,num_classes=10,depth=1"
+
+
+def test_each_lever_has_a_row_whose_share_is_its_gflops_over_the_peak_timed_in_the_same_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    rounds: list[list[str]] = []
+    timed = benchmark.interleaved_times
+
+    def spy(calls, repeats, warmup):  # type: ignore[no-untyped-def]
+        rounds.append(list(calls))
+        return timed(calls, repeats=repeats, warmup=warmup)
+
+    monkeypatch.setattr(benchmark, "interleaved_times", spy)
+    lines = benchmark.bench_levers(SMALL, repeats=3, compile_lever=False)
+    # one interleaved run: the five levers and one torch.mm per GEMM shape of the step (17 tokens x 16 images = 272 rows)
+    assert len(rounds) == 1 and {name for name in rounds[0] if name.startswith("mm ")} == {
+        "mm 272x384x384", "mm 272x384x1152", "mm 272x384x1536", "mm 272x1536x384"}
+    peak = float(re.search(r"GEMM peak at its shapes ([\d,.]+) GFLOP/s", lines[0]).group(1).replace(",", ""))
+    table = [line for line in lines if line.startswith("| ") and "GFLOP" not in line and "operator" not in line]
+    levers = [row for row in table if not row.startswith("| aten.")]
+    assert [row.split(" | ")[0][2:] for row in levers] == [
+        "baseline (autocast bf16, explicit, fused AdamW)", "SDPA kernel instead of explicit",
+        "foreach AdamW instead of fused", "bf16 weights, no autocast casts", "baseline again (last in each round)"]
+    for row in levers:
+        gflops, share = row.split(" | ")[2:4]
+        # share, GFLOP/s and peak are all printed rounded
+        assert float(share.rstrip("%")) == pytest.approx(100 * float(gflops.replace(",", "")) / peak, abs=0.5 + 100 / peak)
+    assert any(row.startswith("| aten.mm |") or row.startswith("| aten.addmm |") for row in table)  # the operator table
+
+
+def test_a_models_cell_shares_its_rounds_with_the_peak_it_is_divided_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[list[str]] = []
+    timed = benchmark.interleaved_times
+
+    def spy(calls, repeats):  # type: ignore[no-untyped-def]
+        runs.append(list(calls))
+        return timed(calls, repeats=repeats)
+
+    monkeypatch.setattr(benchmark, "interleaved_times", spy)
+    lines = benchmark.bench_models([SMALL], repeats=2)
+    assert len(runs) == 4 and all({"vitkit", "mm 272x384x1152"} <= set(run) for run in runs)  # forward/train x fp32/bf16
+    cells = [line.split(" | ") for line in lines if line.startswith("| vit_small") and (" | forward | " in line or " | train | " in line)]
+    peak_row = next(line for line in lines if "272x384x384" in line).split(" | ")
+    peaks = {precision: [float(p.replace(",", "")) for p in cell.strip(" |").split(" / ")]
+             for precision, cell in zip(("bf16", "fp32"), peak_row[3:5])}
+    assert len(cells) == 4
+    for cell in cells:
+        mode, precision, gflops, share = cell[2], cell[3], float(cell[8].replace(",", "")), float(cell[9].rstrip("% |"))
+        peak = peaks[precision][("forward", "train").index(mode)]
+        assert share == pytest.approx(100 * gflops / peak, abs=0.5 + 100 / peak)  # share, GFLOP/s and peak all printed rounded
