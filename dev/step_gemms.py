@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import vitkit
+from vitkit.bench import OpClock, interleaved_times
 from vitkit.cli.benchmark import batch_for, make_step
 from vitkit.cli.parsers import parse_model_spec
 
@@ -31,21 +31,12 @@ GEMMS = ("mm", "addmm", "bmm")
 Layout = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
-class GemmClock(TorchDispatchMode):
-    """Seconds of every GEMM call, by operator name and operand layouts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[tuple[str, tuple[Layout, ...]], list[float]] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        name = func.overloadpacket.__name__
-        started = time.perf_counter()
-        out = func(*args, **(kwargs or {}))
-        if name in GEMMS:
-            layouts = tuple((tuple(a.shape), tuple(a.stride()), a.dtype) for a in args if isinstance(a, torch.Tensor))
-            self.calls.setdefault((name, layouts), []).append(time.perf_counter() - started)
-        return out
+def gemm_layouts(func: Any, args: tuple) -> tuple[str, tuple[Layout, ...]] | None:
+    """An :class:`~vitkit.bench.OpClock` key: a GEMM call's operator and operand layouts; other calls: ``None``."""
+    name = func.overloadpacket.__name__
+    if name not in GEMMS:
+        return None
+    return name, tuple((tuple(a.shape), tuple(a.stride()), a.dtype) for a in args if isinstance(a, torch.Tensor))
 
 
 def gemm_flops(name: str, layouts: tuple[Layout, ...]) -> int:
@@ -61,14 +52,7 @@ def alone(name: str, layouts: tuple[Layout, ...]) -> float:
         return torch.randn(size, dtype=dtype).as_strided(shape, stride)
 
     operands = [tensor(*layout) for layout in layouts]
-    call: Callable[..., torch.Tensor] = getattr(torch, name)
-    call(*operands)
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        call(*operands)
-        times.append(time.perf_counter() - started)
-    return min(times)
+    return min(interleaved_times({name: partial(getattr(torch, name), *operands)}, repeats=3)[name])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,15 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     step = make_step(model, images, labels, "train", "bf16", fused=True)
     step()
     step()
-    clock = GemmClock()
+    clock = OpClock(key=gemm_layouts)
     started = time.perf_counter()
     with clock:
         step()
     step_s = time.perf_counter() - started
     rows = []
-    for (op, layouts), seconds in clock.calls.items():
-        flops = gemm_flops(op, layouts)
-        rows.append((sum(seconds), op, len(seconds), flops * len(seconds) / sum(seconds) / 1e9,
+    for (op, layouts), seconds in clock.seconds.items():
+        count, flops = clock.calls[op, layouts], gemm_flops(op, layouts)
+        rows.append((seconds, op, count, flops * count / seconds / 1e9,
                      flops / alone(op, layouts) / 1e9, ", ".join(f"{list(s)} strides {list(st)}" for s, st, _ in layouts)))
     rows.sort(reverse=True)
     print(f"# {args.model}: one bf16 training step {1e3 * step_s:.0f} ms, its GEMMs {1e3 * sum(r[0] for r in rows):.0f} ms")

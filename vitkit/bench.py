@@ -10,7 +10,7 @@ import math
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,22 +50,31 @@ def median_ratio(times: dict[str, list[float]], slower: str, faster: str) -> flo
     return statistics.median(a / b for a, b in zip(times[slower], times[faster]))
 
 
-class _OpClock(TorchDispatchMode):
-    """Adds each ATen operator's wall time, read around the call, to ``seconds`` by operator name."""
+class OpClock(TorchDispatchMode):
+    """While active, adds each ATen operator call's wall time, read around the call, to
+    ``seconds[key]`` and counts it in ``calls[key]``; ``key(func, args)`` names the call (default:
+    the operator, as ``"aten.mm"``) or returns ``None`` to leave it out."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 key: Callable[[Any, tuple], Hashable | None] | None = None) -> None:
         super().__init__()
         self.clock = clock
-        self.seconds: Counter[str] = Counter()
+        self.key = key or (lambda func, args: str(func.overloadpacket))
+        self.seconds: Counter[Hashable] = Counter()
+        self.calls: Counter[Hashable] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         started = self.clock()
         out = func(*args, **(kwargs or {}))
-        self.seconds[str(func.overloadpacket)] += self.clock() - started
+        ended = self.clock()
+        name = self.key(func, args)
+        if name is not None:
+            self.seconds[name] += ended - started
+            self.calls[name] += 1
         return out
 
 
-def op_wall_times(call: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> tuple[float, Counter[str]]:
+def op_wall_times(call: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> tuple[float, Counter[Hashable]]:
     """One run of ``call``: its wall seconds and the wall seconds of each ATen operator it ran
     (forward and backward, as ``aten.mm``), read around each call.
 
@@ -73,7 +82,7 @@ def op_wall_times(call: Callable[[], object], clock: Callable[[], float] = time.
     from 1.6 s to 2.3-2.8 s and put much of the excess on elementwise operators (GELU's backward at
     9% of the step, 2.5% by this clock), the operators' times here sum to nearly the call's
     own, so their shares say what bounds it."""
-    timer = _OpClock(clock)
+    timer = OpClock(clock)
     started = clock()
     with timer:
         call()

@@ -10,7 +10,8 @@ faster. Each models row names the attention kernel vitkit's ``attn_impl="auto"``
 chose for that cell, vitkit's achieved GFLOP/s (``torch.utils.flop_counter``) and its share of
 this machine's GEMM peak at the model's own shapes (``torch.mm`` at each M x K x N, timed in
 the same interleaved rounds as the cell, the median of the rounds' best); the GEMM peaks and the
-autotuner's full report follow the table. The levers section times changes to the bf16 training step side by side and splits its time by operator.
+autotuner's full report follow the table. The levers section times changes to the bf16 training
+step side by side and splits its time by operator.
 Training memory is measured in fresh processes as the peak resident size during one training step
 minus the resident size just before it (after a warm-up step, with glibc's mmap threshold fixed
 so freed activations go back to the OS). The casts section times one ``linear`` forward + backward
