@@ -31,6 +31,10 @@ class Holder(nn.Module):
         self.model = vitkit.create_model("vit_cifar_tiny", img_size=8, patch_size=4, embed_dim=32, depth=2,
                                          num_heads=2, num_classes=5).train()
 
+    @property
+    def step_model(self) -> nn.Module:
+        return self.model
+
 
 def fake_compile(model: nn.Module) -> None:
     """``nn.Module.compile``'s effect without Inductor: a compiled call that counts its calls."""

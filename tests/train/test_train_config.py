@@ -62,7 +62,7 @@ def test_out_of_range_value_states_the_bound() -> None:
 
 
 def test_literal_choice_lists_the_options() -> None:
-    with pytest.raises(RecipeError, match=r"trainer.precision .* one of '32-true', 'bf16-mixed', '16-mixed'"):
+    with pytest.raises(RecipeError, match=r"trainer.precision .* one of '32-true', 'bf16-mixed', 'bf16-true', '16-mixed'"):
         load_recipe({}, ["trainer.precision=fp8"])
 
 

@@ -80,7 +80,7 @@ class CompileChooser(Callback):
             self.choice, self.reason = "eager", "no C++ compiler for Inductor on the CPU"
             rank_zero_info(f"note: trainer.compile=auto trains eager: {self.reason} (install g++ to let it measure).")
             return
-        self.model = pl_module.model
+        self.model = pl_module.step_model  # the bfloat16 copy under trainer.precision=bf16-true
         self.compile_model(self.model)
         self.compiled_call = self.model._compiled_call_impl
         self._use("eager")

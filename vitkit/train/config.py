@@ -43,7 +43,7 @@ MODEL_CHOICE_FIELDS = (
 #: The variant a recipe without ``model.name`` or ``model.pretrained`` builds.
 DEFAULT_VARIANT = "vit_cifar_tiny"
 
-Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
+Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"]
 ModelImpl = Literal["vitkit", "timm"]
 
 #: Generous but finite limits of the trainer section.
@@ -219,7 +219,11 @@ class TrainerConfig(Config):
     Attributes:
         max_epochs: training epochs.
         batch_size: images per device per step (global batch = batch_size x devices x num_nodes).
-        precision: ``'32-true'``, ``'bf16-mixed'`` (CPU and GPU) or ``'16-mixed'`` (GPU only).
+        precision: ``'32-true'``, ``'bf16-mixed'`` (CPU and GPU), ``'bf16-true'`` or ``'16-mixed'``
+            (GPU only). ``'bf16-true'``: the training steps run a bfloat16 copy of the model (no
+            autocast casts; :mod:`~vitkit.train.pure_bf16`) while the weights the optimiser updates,
+            the EMA, checkpoints and the exported model stay float32; evaluation runs as under
+            ``'bf16-mixed'``. One device, and the ``classify`` task only.
         accelerator: ``'auto'``, ``'cpu'``, ``'gpu'``, ``'cuda'`` or ``'mps'``.
         devices: device count, list of device ids, or ``'auto'``.
         num_nodes: machines (multi-node DDP).
@@ -277,6 +281,12 @@ class TrainerConfig(Config):
     tta: TestTimeAugmentation = "none"
     val_tta: TestTimeAugmentation | None = None
 
+    @property
+    def lightning_precision(self) -> str:
+        """The precision of Lightning's ``Trainer``: ``bf16-true`` runs under ``bf16-mixed``, whose
+        autocast its evaluation and a teacher use (its training steps turn autocast off)."""
+        return "bf16-mixed" if self.precision == "bf16-true" else self.precision
+
     def validate(self) -> None:
         """``devices``: a count in [1, MAX_DEVICES] or distinct ids in [0, MAX_DEVICES); what Lightning
         accepts for the batch limits (a fraction in (0, 1] or a count) and the strategy (its registry)."""
@@ -295,6 +305,13 @@ class TrainerConfig(Config):
             raise FieldError(
                 "strategy", f"must be 'fsdp' to shard, got {self.strategy!r}: Lightning's FSDP1 variant, which "
                 "vitkit does not train with; use trainer.strategy=fsdp (torch's FSDP2, sharded checkpoints, CPUs and GPUs)."
+            )
+        several = (isinstance(self.devices, int) and self.devices > 1) or (isinstance(self.devices, list) and len(self.devices) > 1)
+        if self.precision == "bf16-true" and (self.strategy != "auto" or self.num_nodes > 1 or several):
+            raise FieldError(
+                "precision", f"is 'bf16-true', which trains on one device (its bfloat16 copy of the model is outside "
+                f"what DDP and FSDP reduce), but trainer.strategy={self.strategy!r}, trainer.devices={self.devices!r} and "
+                f"trainer.num_nodes={self.num_nodes}; use trainer.precision=bf16-mixed to train on several."
             )
         if self.strategy == "fsdp" and self.precision == "16-mixed":
             raise FieldError(
@@ -566,6 +583,11 @@ class RecipeConfig(Config):
                 f"cannot be used with trainer.strategy={self.trainer.strategy}: the average would be a whole, "
                 "unsharded copy of the model on every rank, which FSDP is there to avoid; train with "
                 "trainer.strategy=ddp to keep the EMA, or set optim.ema=false.",
+            )
+        if self.trainer.precision == "bf16-true" and self.task.name != "classify":
+            raise FieldError(
+                "trainer.precision", f"is 'bf16-true', which runs the classifier's forward in bfloat16, but task.name is "
+                f"{self.task.name!r}, whose own layers take the encoder's features: use trainer.precision=bf16-mixed."
             )
         if self.task.pretrains:
             self._check_pretraining()

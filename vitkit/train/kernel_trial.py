@@ -308,7 +308,10 @@ class TrainingKernelChooser(Callback):
         return not self.modules or (key in self.trial.keys and not self.trial.keys[key].measuring)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.modules = [m for m in pl_module.modules() if isinstance(m, AttentionBase) and m.attn_impl == "auto"]
+        # the module's own, and its bfloat16 copy's (trainer.precision=bf16-true), which the steps run
+        step_model = getattr(pl_module, "step_model", pl_module)
+        modules = dict.fromkeys([*pl_module.modules(), *step_model.modules()])
+        self.modules = [m for m in modules if isinstance(m, AttentionBase) and m.attn_impl == "auto"]
         if self.pin is not None:
             ema = getattr(pl_module, "ema", None)  # kept outside the module's children (DDP), evaluated too
             for module in [*self.modules, *(ema.modules() if isinstance(ema, torch.nn.Module) else ())]:

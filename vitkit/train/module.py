@@ -26,6 +26,7 @@ from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
 from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
 from .optim import build_optimizer, warmup_cosine
+from .pure_bf16 import PureBf16
 from .schema import RecipeError
 
 #: How many recent losses a non-finite-loss error reports.
@@ -126,6 +127,9 @@ class ViTModule(L.LightningModule):
             self.ema.requires_grad_(False)
             self.register_state_dict_post_hook(_save_ema)
             self.register_load_state_dict_pre_hook(_load_ema)
+        #: ``trainer.precision: bf16-true``: the bfloat16 copy the training steps run, kept out of
+        #: the children (no checkpoint, optimiser or strategy sees it); the model stays float32.
+        self.__dict__["pure_bf16"] = PureBf16(self.model) if recipe.trainer.precision == "bf16-true" else None
         #: ``(step, loss)`` of the recent steps, on the device, for the divergence message.
         self._recent_losses: deque[tuple[int, torch.Tensor]] = deque(maxlen=LOSS_HISTORY)
         #: ``(step, loss)`` of the steps since the last check, on the device: they are checked
@@ -147,20 +151,38 @@ class ViTModule(L.LightningModule):
             task_layers = [layer for layer in self.task.children() if any(True for _ in layer.parameters())]
             shard([*self.model.blocks, self.model, *task_layers], self.trainer.strategy.device_mesh["data_parallel"])
 
+    def setup(self, stage: str) -> None:
+        if self.pure_bf16 is not None and self.trainer.world_size > 1:
+            raise RecipeError(
+                f"trainer.precision=bf16-true trains on one device, but this run has {self.trainer.world_size} "
+                "processes (its bfloat16 copy is outside what DDP and FSDP reduce); use trainer.precision=bf16-mixed, "
+                "or trainer.devices=1."
+            )
+
     def on_fit_start(self) -> None:
         self.task.on_fit_start(self.device)
 
     def train(self, mode: bool = True) -> ViTModule:
-        """Train (or, ``mode=False``, eval) mode for the module and its EMA copy."""
-        if self.ema is not None:
-            self.ema.train(mode)
+        """Train (or, ``mode=False``, eval) mode for the module, its EMA and its bfloat16 copy."""
+        for copied in (self.ema, self.pure_bf16):
+            if copied is not None:
+                copied.train(mode)
         return super().train(mode)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> ViTModule:
-        # .to(device), .cpu(), .to(dtype) (Lightning's device placement, precision plugins) reach the EMA copy
+        # .to(device), .cpu(), .to(dtype) (Lightning's device placement, precision plugins) reach the
+        # EMA copy; device moves reach the bfloat16 copy too
         if self.ema is not None:
             self.ema._apply(fn, recurse)
+        if self.pure_bf16 is not None:
+            self.pure_bf16._apply(fn, recurse)
         return super()._apply(fn, recurse)
+
+    @property
+    def step_model(self) -> nn.Module:
+        """The model the training steps run: :attr:`model`, or its bfloat16 copy under
+        ``trainer.precision: bf16-true`` (which the attention-kernel and compile trials tune)."""
+        return self.pure_bf16.model if self.pure_bf16 is not None else self.model
 
     @property
     def inference_model(self) -> nn.Module:
@@ -189,7 +211,9 @@ class ViTModule(L.LightningModule):
         return self.inference_model(images)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        out = self.task.training_step(self.model, batch)
+        if self.pure_bf16 is not None:
+            self.pure_bf16.load_weights()
+        out = self.task.training_step(self.model if self.pure_bf16 is None else self.pure_bf16, batch)
         logging_step = self._check_finite(out.loss)
         # Logged on the steps whose metrics reach the loggers (``trainer.log_every``) only: each
         # ``self.log`` costs Lightning's bookkeeping (~0.1 ms of host time), which a small model's
@@ -202,6 +226,10 @@ class ViTModule(L.LightningModule):
             for key, value in out.metrics.items():
                 self.log(f"train/{key}", value() if callable(value) else value, batch_size=out.batch_size)
         return out.loss
+
+    def on_after_backward(self) -> None:
+        if self.pure_bf16 is not None:  # the float32 model's gradients, before clipping and the step
+            self.pure_bf16.move_grads()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.ema is not None:

@@ -242,7 +242,7 @@ def _fit(
     teacher_report: dict[str, Any] = {}
     if teacher is not None:  # trained (or loaded) first: it counts in the run's wall time
         teacher_report = prepare_teacher(
-            teacher, config.distill, datamodule, run_dir, config.trainer.precision, config.trainer.enable_progress_bar
+            teacher, config.distill, datamodule, run_dir, config.trainer.lightning_precision, config.trainer.enable_progress_bar
         )
         module.task.attach_teacher(teacher)
     best, last, throughput = _callbacks(config, run_dir)
@@ -368,7 +368,7 @@ def check_hardware(config: TrainerConfig) -> None:
             devices=config.devices,
             num_nodes=config.num_nodes,
             strategy=training_strategy(config),
-            precision=config.precision,
+            precision=config.lightning_precision,
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
@@ -422,7 +422,7 @@ def _trainer(
         devices=options.devices,
         num_nodes=options.num_nodes,
         strategy=strategy,
-        precision=options.precision,
+        precision=options.lightning_precision,
         max_epochs=options.max_epochs,
         max_time=timedelta(minutes=options.max_time_minutes) if options.max_time_minutes else None,
         gradient_clip_val=config.optim.clip_grad,
