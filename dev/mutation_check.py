@@ -51,6 +51,7 @@ EXPORT_MODE = "tests/test_export.py::test_the_model_is_left_as_it_was_in_trainin
 EXPORT_META = "tests/test_export.py::test_the_batch_is_symbolic_only_with_dynamic_batch_and_the_preprocessing_is_in_the_metadata"
 T_ATT = "tests/layers/test_attention.py"
 HOSTILE = "tests/cli/test_hostile_input.py::"
+PURE_BF16 = "tests/train/test_pure_bf16.py"
 PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leaves_a_training_model_as_it_was"
 
 
@@ -121,9 +122,15 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/train/test_train_options_effect.py",), "EMA never updates"),
     Mutation("train", "vitkit/train/module.py", "            self.register_load_state_dict_pre_hook(_load_ema)",
              "            pass", ("tests/train/test_ema_copy.py",), "EMA not restored from a checkpoint"),
+    Mutation("train", "vitkit/train/pure_bf16.py", "with torch.autocast(device, enabled=False):",
+             "with torch.autocast(device, enabled=True):", (PURE_BF16,), "bf16-true's copy runs under autocast"),
+    Mutation("train", "vitkit/train/pure_bf16.py", "            torch._foreach_copy_([copied for _, copied in pairs], [param for param, _ in pairs])",
+             "            pass", (PURE_BF16,), "bf16-true's copy never takes the updated weights"),
+    Mutation("train", "vitkit/train/module.py", "            self.pure_bf16.move_grads()", "            pass",
+             (PURE_BF16,), "bf16-true's gradients never reach the float32 model"),
     Mutation("train", "vitkit/train/distributed.py", "        dist.all_reduce(summed)", "        pass",
              ("tests/train/test_sharded_training.py",), "sharded gradients clipped by a local norm"),
-    Mutation("train", "vitkit/train/run.py", "precision=options.precision,", 'precision="32-true",',
+    Mutation("train", "vitkit/train/run.py", "precision=options.lightning_precision,", 'precision="32-true",',
              ("tests/train/test_train_options_effect.py",), "precision forced to 32-true"),
     Mutation("train", "vitkit/train/model_builder.py",
              "model.set_grad_checkpointing(config.model.grad_checkpointing)",

@@ -41,11 +41,13 @@ def test_the_copy_runs_in_bfloat16_with_autocast_off_and_returns_float32() -> No
     for module in reference.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.float()
-    norms = []  # autocast would run LayerNorm in float32
-    pure.model.blocks[0].norm1.register_forward_hook(lambda module, args, out: norms.append(out.dtype))
+    # autocast off inside (on a GPU it would run LayerNorm and softmax in float32), bfloat16 blocks
+    seen = []
+    pure.model.blocks[0].register_forward_pre_hook(
+        lambda module, args: seen.append((torch.is_autocast_enabled("cpu"), args[0].dtype)))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16-mixed run's training step is inside one
         out = pure(images)
-    assert out.dtype == torch.float32 and norms == [torch.bfloat16]
+    assert out.dtype == torch.float32 and seen == [(False, torch.bfloat16)]
     assert torch.equal(out, reference(images.bfloat16()).float())
 
 

@@ -140,6 +140,9 @@ def train(
         advice = thread_advice(torch.get_num_threads(), usable_cores(), other_load())
         if advice:
             rank_zero_info(advice)
+    if config.trainer.precision == "bf16-true":  # Lightning's next line announces the autocast of evaluation only
+        rank_zero_info("note: trainer.precision=bf16-true: the training steps run a bfloat16 copy of the model, whose "
+                       "float32 weights take the updates; validation and test run under bf16 autocast.")
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
     data, notes = settle_unset(config.data)
     config = dataclasses.replace(config, data=data)  # config.yaml records the channels chosen
