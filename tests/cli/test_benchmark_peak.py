@@ -23,7 +23,7 @@ def test_each_lever_has_a_row_whose_share_is_its_gflops_over_the_peak_timed_in_t
 
     monkeypatch.setattr(benchmark, "interleaved_times", spy)
     lines = benchmark.bench_levers(SMALL, repeats=3, compile_lever=False)
-    # one interleaved run: the five levers and one torch.mm per GEMM shape of the step (17 tokens x 16 images = 272 rows)
+    # one interleaved run: the six levers and one torch.mm per GEMM shape of the step (17 tokens x 16 images = 272 rows)
     assert len(rounds) == 1 and {name for name in rounds[0] if name.startswith("mm ")} == {
         "mm 272x384x384", "mm 272x384x1152", "mm 272x384x1536", "mm 272x1536x384"}
     peak = float(re.search(r"GEMM peak at its shapes ([\d,.]+) GFLOP/s", lines[0]).group(1).replace(",", ""))
@@ -31,7 +31,8 @@ def test_each_lever_has_a_row_whose_share_is_its_gflops_over_the_peak_timed_in_t
     levers = [row for row in table if not row.startswith("| aten.")]
     assert [row.split(" | ")[0][2:] for row in levers] == [
         "baseline (autocast bf16, explicit, fused AdamW)", "SDPA kernel instead of explicit",
-        "foreach AdamW instead of fused", "bf16 weights, no autocast casts", "baseline again (last in each round)"]
+        "foreach AdamW instead of fused", "trainer.precision=bf16-true (bf16 copy, float32 master weights)",
+        "bf16 weights and AdamW state, no master weights (Lightning's bf16-true)", "baseline again (last in each round)"]
     for row in levers:
         gflops, share = row.split(" | ")[2:4]
         # share, GFLOP/s and peak are all printed rounded

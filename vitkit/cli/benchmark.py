@@ -71,7 +71,10 @@ def make_step(
     model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mode: str, precision: str, fused: bool = True
 ) -> Callable[[], None]:
     """A closure running one inference forward or one AdamW training step (fused AdamW, as vitkit's
-    training uses, unless ``fused`` is False: torch's foreach implementation)."""
+    training uses, unless ``fused`` is False: torch's foreach implementation). ``precision``:
+    ``"fp32"``, ``"bf16"`` (autocast) or, for training, ``"bf16-true"`` (``trainer.precision:
+    bf16-true``: the step runs a :class:`~vitkit.train.pure_bf16.PureBf16` copy and AdamW updates
+    the float32 model)."""
     if mode == "forward":
         model.eval()
 
@@ -82,12 +85,21 @@ def make_step(
         return forward
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
+    pure = None
+    if precision == "bf16-true":
+        from vitkit.train.pure_bf16 import PureBf16  # Lightning's import only where it is used
+
+        pure = PureBf16(model)
 
     def train_step() -> None:
         optimizer.zero_grad(set_to_none=True)
+        if pure is not None:
+            pure.load_weights()
         with autocast(precision):
-            loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy((model if pure is None else pure)(images), labels)
         loss.backward()
+        if pure is not None:
+            pure.move_grads()
         optimizer.step()
 
     return train_step
@@ -233,7 +245,8 @@ def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
     images, labels = batch_for(base, batch_size)
     flops = step_flops(base, images, labels, "train")
 
-    def variant(kernel: str = "explicit", bf16_weights: bool = False, fused: bool = True, compiled: bool = False) -> Callable[[], None]:
+    def variant(kernel: str = "explicit", bf16_weights: bool = False, fused: bool = True, compiled: bool = False,
+                precision: str = "bf16") -> Callable[[], None]:
         model = copy.deepcopy(base)
         for block in model.blocks:
             block.attn.attn_impl = kernel
@@ -242,13 +255,14 @@ def bench_levers(spec: str, repeats: int, compile_lever: bool) -> list[str]:
         if compiled:
             model.compile()
         inputs = images.bfloat16() if bf16_weights else images
-        return make_step(model, inputs, labels, "train", "fp32" if bf16_weights else "bf16", fused=fused)
+        return make_step(model, inputs, labels, "train", "fp32" if bf16_weights else precision, fused=fused)
 
     levers = {
         "baseline (autocast bf16, explicit, fused AdamW)": variant(),
         "SDPA kernel instead of explicit": variant(kernel="sdpa"),
         "foreach AdamW instead of fused": variant(fused=False),
-        "bf16 weights, no autocast casts": variant(bf16_weights=True),
+        "trainer.precision=bf16-true (bf16 copy, float32 master weights)": variant(precision="bf16-true"),
+        "bf16 weights and AdamW state, no master weights (Lightning's bf16-true)": variant(bf16_weights=True),
     }
     if compile_lever:
         levers["torch.compile (inductor), explicit kernel"] = variant(compiled=True)
