@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
 from tiny_runs import tiny_recipe
 from torch.overrides import TorchFunctionMode
@@ -64,15 +65,16 @@ class CountSteadySteps(L.Callback):
         self.steps += self.counter is not None
 
 
-def test_a_steady_training_step_makes_no_host_sync(tmp_path: Path) -> None:
-    recipe = tiny_recipe(tmp_path, limit_train_batches=10, log_every=1000)
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true"])  # bf16-true: its copy takes weights, gives gradients
+def test_a_steady_training_step_makes_no_host_sync(tmp_path: Path, precision: str) -> None:
+    recipe = tiny_recipe(tmp_path, limit_train_batches=10, log_every=1000, precision=precision)
     recipe["model"].update(locality=True, reg_tokens=2, rope="axial")
     recipe["optim"].update(ema=True, clip_grad=1.0)
     config = load_recipe(recipe)
     data = ViTDataModule(config.data, config.trainer.batch_size, on_device=True)
     module = build_module(config, data.info)
     window = CountSteadySteps(after=4, until=9)
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", precision=config.trainer.lightning_precision, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_train_batches=10,
                         limit_val_batches=0, log_every_n_steps=1000, gradient_clip_val=1.0, callbacks=[window])
     trainer.fit(module, datamodule=data)
