@@ -12,12 +12,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from mnist_files import fabricate_mnist
+from tiny_runs import tiny_recipe
 
 import vitkit
 from vitkit.io import load_model
 from vitkit.layers import AttentionBase
 from vitkit.train import RecipeError, load_recipe, train
+from vitkit.train.compile_trial import CompileChooser
+from vitkit.train.datamodule import ViTDataModule
+from vitkit.train.kernel_trial import TrainingKernelChooser
 from vitkit.train.pure_bf16 import PureBf16
+from vitkit.train.run import build_module
 
 
 def conv_stem_model() -> vitkit.VisionTransformer:
@@ -188,3 +193,11 @@ def test_bf16_true_refuses_what_it_cannot_train(fmnist_root: Path, tmp_path: Pat
         recipe.setdefault(section, {}).update(values)
     with pytest.raises(RecipeError, match=message):
         load_recipe(recipe)
+
+
+def test_the_compile_trial_compiles_the_copy_the_steps_run(tmp_path: Path) -> None:
+    config = load_recipe(tiny_recipe(tmp_path, precision="bf16-true"))
+    module = build_module(config, ViTDataModule(config.data, config.trainer.batch_size).info)
+    compiled = []
+    CompileChooser(TrainingKernelChooser(), compile_model=compiled.append).setup(None, module, "fit")
+    assert compiled == [module.pure_bf16.model] and module.step_model is module.pure_bf16.model
