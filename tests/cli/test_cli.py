@@ -167,3 +167,14 @@ def test_every_model_command_takes_the_model_positionally_and_as_checkpoint(
             parsers.parse(command, module, argv)
         assert stop.value.code == 2
         assert capsys.readouterr().err.splitlines()[-1].startswith(f"vitkit {command}: error: ")
+
+
+def test_a_model_spec_takes_words_numbers_and_switches_and_refuses_an_item_without_a_value() -> None:
+    from vitkit.cli.parsers import parse_model_spec
+
+    assert parse_model_spec("vit_cifar_tiny:128:patch_embed=conv,mlp_ratio=2.0,depth=4,locality=true") == (
+        "vit_cifar_tiny", 128, {"patch_embed": "conv", "mlp_ratio": 2.0, "depth": 4, "locality": True})
+    assert parse_model_spec("vit_small_patch16_224:32") == ("vit_small_patch16_224", 32, {})
+    for bad in ("vit_cifar_tiny:8:depth", "vit_cifar_tiny:8:=4", "vit_cifar_tiny:x"):
+        with pytest.raises(ValueError):
+            parse_model_spec(bad)

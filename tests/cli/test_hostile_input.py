@@ -558,7 +558,8 @@ def test_d22_d26_out_of_range_tool_arguments_are_usage_errors(tool: str, argumen
     assert arguments[0] in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("arguments", [["--repeats", "0"], ["--models", "vit_cifar_tiny:abc"], ["--threads", "0"]])
+@pytest.mark.parametrize("arguments", [["--repeats", "0"], ["--models", "vit_cifar_tiny:abc"], ["--models", "vit_cifar_tiny:8:depth"],
+                                       ["--threads", "0"]])
 def test_benchmark_refuses_bad_counts_and_model_specs(arguments: list[str]) -> None:
     result = subprocess.run([sys.executable, "tools/benchmark.py", *arguments], capture_output=True, text=True,
                             timeout=120, env=tool_env(), cwd=ROOT)

@@ -224,23 +224,42 @@ def merge_tokens_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int | bool]]:
-    """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."`` (integer or true/false ``ViTConfig``
-    overrides, e.g. ``vit_small_patch16_224:128:img_size=32,patch_size=4,num_classes=10``)."""
+def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int | float | bool | str]]:
+    """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."``: ``ViTConfig`` overrides, each an integer,
+    a number, true/false or a word (``vit_small_patch16_224:128:img_size=32,patch_size=4`` or
+    ``vit_cifar_tiny:128:patch_embed=conv,mlp_ratio=2.0``); :class:`~vitkit.models.ViTConfig`
+    checks them when the model is built.
+
+    Raises:
+        ValueError: no ``NAME:BATCH``, a batch that is no whole number, or an item without ``=``.
+    """
     name, batch_size, *rest = spec.split(":")
-    pairs = (item.split("=") for item in rest[0].split(",")) if rest else ()
-    overrides = {key: value == "true" if value in ("true", "false") else int(value) for key, value in pairs}
-    return name, int(batch_size), overrides
+    pairs = [item.split("=") for item in rest[0].split(",")] if rest else []
+    if len(rest) > 1 or any(len(pair) != 2 or not pair[0] for pair in pairs):
+        raise ValueError(f"expected key=value items after NAME:BATCH:, got {spec!r}")
+    return name, int(batch_size), {key: _spec_value(value) for key, value in pairs}
+
+
+def _spec_value(text: str) -> int | float | bool | str:
+    """A model spec's value: true/false, an integer, a number, else the word itself."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def model_spec(spec: str) -> str:
     """``argparse`` type of ``--models`` / ``--memory-model``: ``spec`` if :func:`parse_model_spec`
-    reads it, with a batch of at least 1 and integer overrides."""
+    reads it, with a batch of at least 1."""
     try:
         _, batch_size, _ = parse_model_spec(spec)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected NAME:BATCH or NAME:BATCH:key=value,... with whole numbers, got {spec!r}"
+            f"expected NAME:BATCH or NAME:BATCH:key=value,... with a whole-number batch, got {spec!r}"
         ) from None
     if batch_size < 1:
         raise argparse.ArgumentTypeError(f"the batch size of {spec!r} must be at least 1")
