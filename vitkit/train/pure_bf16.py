@@ -2,7 +2,8 @@
 model itself stays float32 (its master weights).
 
 Under ``bf16-mixed`` autocast casts every weight to bfloat16 in each forward and keeps the residual
-stream, LayerNorm and softmax in float32. The copy here holds bfloat16 weights, so its forward and
+stream in float32 (so LayerNorm runs on float32; on GPUs autocast also runs LayerNorm and softmax
+in float32). The copy here holds bfloat16 weights, so its forward and
 backward run in bfloat16 from end to end: no casts, half the memory traffic of the elementwise work.
 What a run keeps is still float32, as mixed-precision training keeps master weights (Micikevicius
 et al. 2018, arXiv 1710.03740): the optimiser's update, the EMA, gradient clipping, checkpoints and
