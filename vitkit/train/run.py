@@ -52,7 +52,7 @@ from .artifacts import (
     resolve_run_dir,
     write_json,
 )
-from .callbacks import CtrlCStops, LastCheckpoint, LossProgressBar, Throughput
+from .callbacks import CtrlCStops, LastCheckpoint, LossProgressBar, RuntimeCudaCheck, Throughput
 from .checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -259,9 +259,8 @@ def _fit(
     ctrl_c = CtrlCStops()
     bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
     pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
-    trainer = build_trainer(
-        config, run_dir, callbacks=[kernels, *compiling, best, last, throughput, monitor_lr, ctrl_c, *bar, *pretraining, *callbacks],
-    )
+    ours = [kernels, *compiling, best, last, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(), *bar, *pretraining]
+    trainer = build_trainer(config, run_dir, callbacks=[*ours, *callbacks])
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
 
