@@ -90,6 +90,28 @@ def test_batchnorm_statistics_are_the_models_own_and_stay_float32() -> None:
         assert int(norm.num_batches_tracked) == 1
 
 
+def test_after_a_move_the_copy_shares_the_moved_statistics_and_takes_newly_unfrozen_weights() -> None:
+    model = conv_stem_model()
+    pure = PureBf16(model)
+    model.head.requires_grad_(False)
+    moved = lambda tensor: tensor.clone()  # noqa: E731 - what a device move does: new buffer tensors, the same modules
+    pure._apply(moved)
+    model._apply(moved)
+    pure.load_weights()
+    pure(batch(0)[0])
+    norms = [(copied, original) for copied, original in zip(pure.model.modules(), model.modules())
+             if isinstance(original, torch.nn.BatchNorm2d)]
+    assert norms and all(copied.running_mean is original.running_mean for copied, original in norms)
+    assert int(norms[0][1].num_batches_tracked) == 1
+    with torch.no_grad():
+        model.head.weight.add_(0.25)
+    pure.load_weights()
+    assert not torch.equal(pure.model.head.weight, model.head.weight.bfloat16())  # frozen: not copied
+    model.head.requires_grad_(True)  # a fine-tuning schedule unfreezes it
+    pure.load_weights()
+    assert torch.equal(pure.model.head.weight, model.head.weight.bfloat16())
+
+
 def test_float32_master_weights_keep_updates_a_bfloat16_weight_drops() -> None:
     """An AdamW step moves each weight by about lr; at lr 1e-4 that is under half the last bit of a
     bfloat16 weight near 1 (2**-8), so bfloat16 weights never move and the master weights do."""

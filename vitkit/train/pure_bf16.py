@@ -52,20 +52,25 @@ class PureBf16(nn.Module):
         for module in self.model.modules():
             if isinstance(module, STATISTICS_LAYERS):
                 module.float()
+        # Matched by name once (walking both models costs about 1 ms a step for a ViT-S); a move
+        # to another device keeps the parameter and module objects.
+        masters, copies = dict(master.named_modules()), dict(self.model.named_parameters())
+        self.__dict__["_statistics"] = [
+            (module, masters[name]) for name, module in self.model.named_modules() if isinstance(module, STATISTICS_LAYERS)
+        ]
+        self.__dict__["_all_pairs"] = [(param, copies[name]) for name, param in master.named_parameters()]
         self._share_statistics()
 
     def _share_statistics(self) -> None:
         """Point the copy's statistics layers at the model's buffers (the same tensors), which a
         move to another device replaces."""
-        masters = dict(self.master.named_modules())
-        for name, module in self.model.named_modules():
-            if isinstance(module, STATISTICS_LAYERS):
-                module._buffers.update(masters[name]._buffers)
+        for copied, original in self._statistics:
+            copied._buffers.update(original._buffers)
 
     def _pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
-        """``(model parameter, copy parameter)`` of the same name, for the trainable ones."""
-        copies = dict(self.model.named_parameters())
-        return [(param, copies[name]) for name, param in self.master.named_parameters() if param.requires_grad]
+        """``(model parameter, copy parameter)`` of the same name, for the trainable ones (a
+        fine-tuning schedule may unfreeze more)."""
+        return [(param, copied) for param, copied in self._all_pairs if param.requires_grad]
 
     @torch.no_grad()
     def load_weights(self) -> None:
