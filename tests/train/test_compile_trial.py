@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -139,3 +140,45 @@ def test_a_run_with_compile_auto_reports_its_trial(tmp_path: Path, monkeypatch: 
     report = result.summary["compile"]
     assert report["choice"] in ("eager", "compiled") and len(report["round"]["pairs"]) == MIN_PAIRS
     assert result.summary["compiled"] is (report["choice"] == "compiled")
+
+
+@pytest.mark.parametrize("stage", ["validation", "test", "predict"])
+def test_evaluation_runs_eager_and_training_goes_back_to_the_choice(stage: str) -> None:
+    holder, _, chooser, _ = run(lambda compiled, kernel: 3.0 if compiled else 1.0, STEPS_TO_CHOOSE + 2, always=True)
+    compiled_call = holder.model._compiled_call_impl
+    assert compiled_call is not None
+    getattr(chooser, f"on_{stage}_start")(None, holder)
+    assert holder.model._compiled_call_impl is None
+    getattr(chooser, f"on_{stage}_end")(None, holder)
+    assert holder.model._compiled_call_impl is compiled_call
+    before = run(lambda compiled, kernel: 1.0, 2, always=True)  # before the choice: eager, evaluated eager
+    before[2].on_validation_start(None, before[0])
+    before[2].on_validation_end(None, before[0])
+    assert before[0].model._compiled_call_impl is None
+
+
+def test_a_compiled_run_compiles_no_graph_for_validation_or_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``vitkit.train`` with ``trainer.compile: true`` (torch.compile's graph capture, a
+    backend that counts the graphs it is given): the graphs of the training steps are all there
+    is; validation and test (no-grad and inference mode, other batch sizes) add none."""
+    graphs = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        graphs.append(graph)
+        return graph.forward
+
+    original = nn.Module.compile
+    monkeypatch.setattr(nn.Module, "compile", lambda model: original(model, backend=counting_backend))
+    monkeypatch.setattr(compile_trial, "has_cxx_compiler", lambda: True)
+    torch._dynamo.reset()
+
+    class GraphsAfterTraining(L.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.count = len(graphs)
+
+    after_training = GraphsAfterTraining()
+    result = train(tiny_recipe(tmp_path, compile=True, limit_train_batches=STEPS_TO_CHOOSE + 4, limit_val_batches=3,
+                               limit_test_batches=3, max_epochs=2), callbacks=[after_training])
+    assert result.summary["compile"]["choice"] == "compiled"
+    assert after_training.count >= 1  # the training steps ran the compiled model
+    assert len(graphs) == after_training.count

@@ -15,7 +15,12 @@ graph for each kernel the kernel trial times (two training graphs, twice the com
 likely reason, not confirmed on a GPU, why a compiled run on one sat at step 7 after 70 s).
 
 The model is compiled in place (``nn.Module.compile``: parameter names, and so checkpoints, stay
-as they are) and switched per step by setting its compiled call aside and back. The first
+as they are) and switched per step by setting its compiled call aside and back. Validation, test
+and prediction run it eager: the compiled graph is the training step's. Compiling evaluation too
+would cost three more compilations in a run (no-grad mode and inference mode are guards of the
+graph, and the split's last, smaller batch asks for a dynamic batch size): on a CPU about 5 s
+each for a 2-block model, on a GPU the likely cause of the stall a compiled run showed at its
+first validation. The first
 compiled step pays the compilation (untimed, reported as ``compile_s``). Under DDP rank 0's
 timings decide (a broadcast), so every rank makes the same choice at the same step.
 """
@@ -139,6 +144,19 @@ class CompileChooser(Callback):
         if self.choice == "eager":
             self.compiled_call = None  # the compiled graphs are not needed any more
         self.kernels.paused = False
+
+    def _evaluate_eager(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.model is not None:
+            self._use("eager")
+
+    def _train_as_chosen(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Back to the training state: the choice, or eager until it is made (a trial step sets
+        its own option)."""
+        if self.model is not None:
+            self._use(self.choice or "eager")
+
+    on_validation_start = on_test_start = on_predict_start = _evaluate_eager
+    on_validation_end = on_test_end = on_predict_end = _train_as_chosen
 
     def report(self) -> dict[str, Any]:
         """``choice`` (``None``: the run ended before the trial did, or before the kernel was
