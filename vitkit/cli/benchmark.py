@@ -196,14 +196,23 @@ def gemm_peak(shapes: list[tuple[int, int, int]], dtype: torch.dtype, repeats: i
     return max(round_peaks(interleaved_times(gemm_calls(shapes, dtype), repeats=max(repeats, 5), warmup=2), shapes))
 
 
-def gemm_calls(shapes: list[tuple[int, int, int]], dtype: torch.dtype) -> dict[str, Callable[[], object]]:
+def gemm_calls(shapes: list[tuple[int, int, int]], dtype: torch.dtype,
+               device: torch.device | None = None) -> dict[str, Callable[[], object]]:
     """One ``torch.mm`` per ``(M, K, N)`` shape, named ``"mm MxKxN"``, to time among other calls
-    (:func:`round_peaks`)."""
+    (:func:`round_peaks`); on a GPU each call waits for its product, so a clock around it reads
+    the GEMM's time."""
+    device = device if device is not None else torch.device("cpu")
     calls: dict[str, Callable[[], object]] = {}
     for rows, inner, cols in shapes:
-        a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, cols, dtype=dtype)
-        calls[f"mm {rows}x{inner}x{cols}"] = partial(torch.mm, a, b)
+        a, b = torch.randn(rows, inner, dtype=dtype, device=device), torch.randn(inner, cols, dtype=dtype, device=device)
+        calls[f"mm {rows}x{inner}x{cols}"] = partial(_mm_waited, a, b) if device.type == "cuda" else partial(torch.mm, a, b)
     return calls
+
+
+def _mm_waited(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    product = torch.mm(a, b)
+    torch.cuda.synchronize(a.device)
+    return product
 
 
 def round_peaks(times: dict[str, list[float]], shapes: list[tuple[int, int, int]]) -> list[float]:
