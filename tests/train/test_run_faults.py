@@ -290,3 +290,25 @@ def test_resuming_with_an_edited_recipe_is_refused_naming_the_change_and_writes_
     assert "\n" not in str(error.value) and snapshot(first.run_dir) == before
     extended = train_run(short_recipe(tmp_path / "runs", max_epochs=2), resume=last)  # more epochs may change
     assert extended.run_dir == first.run_dir
+
+
+def test_a_run_that_fails_mid_fit_leaves_the_process_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ctrl-C handler and the CUDA check setting a fit installs are put back when the fit
+    raises, not only when it ends (Lightning calls ``on_exception`` then, not ``teardown``)."""
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    handler = signal.getsignal(signal.SIGINT)
+    seen = {}
+
+    class Fails(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+            if trainer.global_step == 2:
+                seen["sigint"], seen["check"] = signal.getsignal(signal.SIGINT), os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+                raise ValueError("a bug in a user's callback")
+
+    recipe = yaml.safe_load(write_tiny_recipe(tmp_path, limit_train_batches=6).read_text())
+    with pytest.raises(ValueError, match="a bug in a user's callback"):
+        train(recipe, callbacks=[Fails()])
+    assert seen["sigint"] is not handler  # the fit had installed its own
+    assert seen["check"] == ("1" if torch.cuda.device_count() else "0")
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"

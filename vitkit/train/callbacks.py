@@ -85,16 +85,20 @@ class LastCheckpoint(Callback):
 
 
 class CtrlCStops(Callback):
-    """Ctrl-C (SIGINT) during fit stops the run as SIGTERM does: at the end of the current step,
-    ``last.ckpt`` saved, the resume command printed. (Lightning's own handling raises
+    """Ctrl-C (SIGINT) during training stops the run as SIGTERM does: at the end of the current
+    step, ``last.ckpt`` saved, the resume command printed. (Lightning's own handling raises
     ``KeyboardInterrupt`` wherever the step is, saves nothing and exits 1.) A second Ctrl-C
-    interrupts at once. :attr:`interrupted` says whether Ctrl-C, not SIGTERM, stopped the run."""
+    interrupts at once. :attr:`interrupted` says whether Ctrl-C, not SIGTERM, stopped the run.
+
+    The handler is set when training starts, after Lightning has saved the process's handlers to
+    put them back when the fit ends: so they come back after a fit that fails too (Lightning then
+    calls ``on_exception`` and restores its saved handlers, but not the callbacks' ``teardown``)."""
 
     def __init__(self) -> None:
         self.interrupted = False
         self._previous: Any = None
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             self._previous = signal.signal(signal.SIGINT, self._stop)
 
@@ -107,6 +111,12 @@ class CtrlCStops(Callback):
         on_sigterm(signal.SIGTERM, frame)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
@@ -136,6 +146,12 @@ class RuntimeCudaCheck(Callback):
             os.environ[self._VARIABLE], self._changed = "0", True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore()  # Lightning tears callbacks down only after a fit that ended normally
+
+    def _restore(self) -> None:
         if self._changed:
             os.environ[self._VARIABLE], self._changed = "1", False
 
