@@ -142,6 +142,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:\n        if threading",
              ("tests/train/test_run_faults.py::test_a_run_that_fails_mid_fit_leaves_the_process_as_it_found_it",),
              "Ctrl-C handler set before Lightning saves the handlers (a failed fit leaves it installed)"),
+    Mutation("train", "vitkit/train/run.py", "        torch.set_num_threads(before)", "        pass",
+             ("tests/train/test_threads.py",), "a run leaves the process on the recipe's thread count"),
     Mutation("train", "vitkit/train/compile_trial.py",
              "    on_validation_start = on_test_start = on_predict_start = _evaluate_eager", "",
              ("tests/train/test_compile_trial.py",), "a compiled run compiles graphs for validation and test"),

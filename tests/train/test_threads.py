@@ -7,11 +7,13 @@ import logging
 import os
 from pathlib import Path
 
+import lightning as L
 import pytest
+import torch
 from tiny_runs import short_recipe
 
 from vitkit.train import run as run_module
-from vitkit.train import threads
+from vitkit.train import threads, train
 from vitkit.train.threads import thread_advice, usable_cores
 
 
@@ -61,3 +63,30 @@ def test_more_data_workers_than_usable_cores_are_clamped_to_the_cores_with_a_not
     assert datamodule.fit_workers(cores=4) is None and datamodule.config.num_workers == 4
     assert datamodule.fit_workers(cores=2) == "note: data.num_workers 4 is more than the 2 usable CPU cores; 2 workers instead."
     assert datamodule.config.num_workers == 2 and datamodule.loader(datamodule.bundle.val, 8, train=False).num_workers == 2
+
+
+def test_a_run_sets_its_threads_and_gives_the_process_its_own_back(tmp_path: Path) -> None:
+    """``trainer.num_threads`` holds during the run only: a script or notebook that trains the
+    quickstart (1 thread) and then goes on keeps its own thread count, after a failed run too."""
+    before = torch.get_num_threads()
+    seen = []
+
+    class Threads(L.Callback):
+        def on_train_batch_start(self, *args: object) -> None:
+            seen.append(torch.get_num_threads())
+
+    class Fails(L.Callback):
+        def on_train_batch_end(self, *args: object) -> None:
+            raise ValueError("stop")
+
+    torch.set_num_threads(3)
+    try:
+        train(short_recipe(tmp_path, num_threads=1), callbacks=[Threads()])
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 3
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match="stop"):
+            train(short_recipe(tmp_path / "failing", num_threads=1), callbacks=[Fails()])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -134,8 +134,30 @@ def train(
         raise CheckpointError(f"checkpoint to resume {resume} is a directory; give its checkpoints/last.ckpt.")
     if resume is not None and not Path(resume).exists():
         raise FileNotFoundError(f"checkpoint to resume {resume} does not exist.")
-    if config.trainer.num_threads is not None:
-        torch.set_num_threads(config.trainer.num_threads)
+    with _torch_threads(config.trainer.num_threads):
+        return _prepare_and_fit(config, resume, callbacks, started)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``threads`` (``None``: left as they are) for the run, and put
+    back after it: a script or notebook that trains and then goes on keeps its own."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _prepare_and_fit(
+    config: RecipeConfig,
+    resume: str | os.PathLike | None,
+    callbacks: list[L.Callback] | tuple[L.Callback, ...],
+    started: float,
+) -> RunResult:
+    """Everything :func:`train` does once the recipe is read and the threads are set."""
     if config.trainer.accelerator in ("cpu", "auto") and not torch.cuda.is_available():
         advice = thread_advice(torch.get_num_threads(), usable_cores(), other_load())
         if advice:
