@@ -4,15 +4,17 @@
 
 ViT-S/16 at 224 px, batch 32 (and any ``--models NAME:BATCH[:overrides]``), random weights shared
 by both libraries (``vitkit.models.to_timm``), float32 and bfloat16 autocast, in inference mode.
-Three callers run interleaved in each round (:func:`vitkit.bench.interleaved_times`, the order
+Four callers run interleaved in each round (:func:`vitkit.bench.interleaved_times`, the order
 alternating), so drift and the other jobs weigh on all alike:
 
 * **timm**: timm's ``VisionTransformer`` forward;
 * **vitkit**: vitkit's model forward (``attn_impl="auto"``: the kernel it measures and chooses);
 * **vitkit.predict path**: :func:`vitkit.evaluation.predict` under
-  :func:`vitkit.evaluation.inference_context`, what ``vitkit predict`` and ``vitkit evaluate`` run.
+  :func:`vitkit.evaluation.inference_context`, what ``vitkit predict`` and ``vitkit evaluate`` run;
+* **vitkit, MLP unfused**: vitkit's forward with the MLP's projection and GELU as two operators
+  (:func:`vitkit.kernels.linear_gelu.unfused`), what it ran before the fused call.
 
-These three share one process and so one allocator. Two more columns compare processes as users
+These four share one process and so one allocator. Two more columns compare processes as users
 run them: a **vitkit process** that called :func:`vitkit.keep_freed_memory` (as every ``vitkit``
 command does) against a **timm process** with glibc's defaults, each a child process running one
 forward when the parent asks, the parent alternating which goes first.
@@ -44,7 +46,7 @@ from vitkit.bench import interleaved_times, median_ratio
 from vitkit.cli.benchmark import make_step
 from vitkit.cli.parsers import parse_model_spec
 from vitkit.evaluation import inference_context, predict
-from vitkit.kernels import autotune_report, format_autotune_report
+from vitkit.kernels import autotune_report, format_autotune_report, linear_gelu
 from vitkit.models import to_timm
 
 PRECISIONS = ("fp32", "bf16")
@@ -75,7 +77,7 @@ def busy(jobs: int, threads: int = 2) -> Iterator[None]:
 
 
 def callers(spec: str, precision: str) -> tuple[dict[str, Callable[[], object]], int]:
-    """The three forwards of one model spec in one precision, and its batch size."""
+    """The four forwards of one model spec in one precision, and its batch size."""
     name, batch_size, overrides = parse_model_spec(spec)
     torch.manual_seed(0)
     ours = vitkit.create_model(name, **overrides)
@@ -87,9 +89,14 @@ def callers(spec: str, precision: str) -> tuple[dict[str, Callable[[], object]],
         with inference_context(ours, precision):
             return predict(ours, images)
 
-    return {"timm": make_step(theirs, images, labels, "forward", precision),
-            "vitkit": make_step(ours, images, labels, "forward", precision),
-            "vitkit.predict path": vitkit_predict}, batch_size
+    forward = make_step(ours, images, labels, "forward", precision)
+
+    def vitkit_unfused() -> object:
+        with linear_gelu.unfused():
+            return forward()
+
+    return {"timm": make_step(theirs, images, labels, "forward", precision), "vitkit": forward,
+            "vitkit.predict path": vitkit_predict, "vitkit, MLP unfused": vitkit_unfused}, batch_size
 
 
 def _forward_server(spec: str, precision: str, library: str, threads: int, keep: bool, pipe: Connection) -> None:
@@ -141,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(f"# {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} threads, {args.repeats} rounds", flush=True)
     rows = ["| machine | model | batch | precision | timm img/s | vitkit img/s | vitkit.predict img/s | "
-            "vitkit / timm | predict path / timm | vitkit process / timm process |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "vitkit / timm | predict path / timm | vitkit / vitkit unfused | vitkit process / timm process |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for jobs in args.busy:
         condition = "idle" if jobs == 0 else f"{jobs} other torch jobs"
         with busy(jobs):
@@ -156,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{ips['vitkit']:.1f} | {ips['vitkit.predict path']:.1f} | "
                                 f"{median_ratio(times, 'timm', 'vitkit'):.2f} | "
                                 f"{median_ratio(times, 'timm', 'vitkit.predict path'):.2f} | "
+                                f"{median_ratio(times, 'vitkit, MLP unfused', 'vitkit'):.2f} | "
                                 f"{median_ratio(processes, 'timm process', 'vitkit process'):.2f} |")
                     print(rows[-1], flush=True)
     print("\n".join(rows))

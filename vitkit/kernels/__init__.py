@@ -1,5 +1,6 @@
 """Attention kernels and how one is chosen: the two exact kernels (:mod:`.attention`) and the
-synthetic measurement behind ``attn_impl="auto"`` (:mod:`.autotune`).
+synthetic measurement behind ``attn_impl="auto"`` (:mod:`.autotune`); the MLP's projection and
+GELU fused for CPU inference (:mod:`.linear_gelu`).
 
 The floor below the layers: it imports nothing of vitkit but :mod:`vitkit.errors`,
 :mod:`vitkit.bench` and :mod:`vitkit.files`.
