@@ -61,6 +61,13 @@ def test_inference_takes_the_fused_call_and_gives_the_two_operators_values(bf16:
         torch.testing.assert_close(fused, hand, atol=1e-6, rtol=1e-6)
 
 
+def test_the_first_question_may_come_from_inside_autocast() -> None:
+    linear_gelu.available.cache_clear()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):  # the probe raised here once
+        out = mlp()(torch.randn(2, 5, 24))
+    assert linear_gelu.available() and out.dtype == torch.bfloat16
+
+
 def test_a_bfloat16_model_fuses_in_its_own_dtype() -> None:
     layer, x = mlp().to(torch.bfloat16), torch.randn(2, 5, 24, dtype=torch.bfloat16)
     with torch.no_grad():

@@ -47,11 +47,12 @@ def available() -> bool:
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
     x, weight, bias = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)
-    try:
-        fused = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
-    except RuntimeError:
-        return False
-    return torch.allclose(fused, F.gelu(F.linear(x, weight, bias)), atol=1e-5)
+    with torch.autocast("cpu", enabled=False), torch.no_grad():  # first asked from inside a caller's autocast, perhaps
+        try:
+            fused = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
+        except RuntimeError:
+            return False
+        return torch.allclose(fused, F.gelu(F.linear(x, weight, bias)), atol=1e-5)
 
 
 def _exact_gelu(act: nn.Module) -> bool:
