@@ -68,6 +68,15 @@ def test_the_first_question_may_come_from_inside_autocast() -> None:
     assert linear_gelu.available() and out.dtype == torch.bfloat16
 
 
+def test_asking_whether_the_call_is_available_draws_no_random_numbers() -> None:
+    linear_gelu.available.cache_clear()
+    torch.manual_seed(0)
+    assert linear_gelu.available()
+    after_asking = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after_asking, torch.rand(3))
+
+
 def test_a_bfloat16_model_fuses_in_its_own_dtype() -> None:
     layer, x = mlp().to(torch.bfloat16), torch.randn(2, 5, 24, dtype=torch.bfloat16)
     with torch.no_grad():
