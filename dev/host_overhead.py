@@ -109,8 +109,12 @@ class _Clock(L.Callback):
     def __init__(self) -> None:
         self.ends: list[float] = []
 
-    def on_train_batch_end(self, *args: Any) -> None:
+    def tick(self) -> None:
+        """A step ended now."""
         self.ends.append(time.perf_counter())
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.tick()
 
     def durations(self) -> list[float]:
         """Seconds of each training step after the first."""
@@ -174,7 +178,7 @@ def plain_round(setup: Setup, changes: list[str], seed: int) -> list[float]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), setup.config.optim.clip_grad)
             optimizer.step()
             scheduler.step()
-            ends.on_train_batch_end()
+            ends.tick()
         return ends.durations()
     finally:
         if lightning_setting is not None:
