@@ -17,9 +17,9 @@ likely reason, not confirmed on a GPU, why a compiled run on one sat at step 7 a
 The model is compiled in place (``nn.Module.compile``: parameter names, and so checkpoints, stay
 as they are) and switched per step by setting its compiled call aside and back. Validation, test
 and prediction run it eager: the compiled graph is the training step's. Compiling evaluation too
-would cost three more compilations in a run (no-grad mode and inference mode are guards of the
-graph, and the split's last, smaller batch asks for a dynamic batch size): on a CPU about 5 s
-each for a 2-block model, on a GPU the likely cause of the stall a compiled run showed at its
+would cost up to three more compilations in a run (no-grad mode and inference mode are guards of
+the graph, and a split's last, smaller batch may ask for a dynamic batch size; the tiny test recipe
+showed two): on a CPU 2-3 s each for a 2-block model, on a GPU the likely cause of the stall a compiled run showed at its
 first validation. The first
 compiled step pays the compilation (untimed, reported as ``compile_s``). Under DDP rank 0's
 timings decide (a broadcast), so every rank makes the same choice at the same step.
