@@ -26,7 +26,9 @@ gradient clipping, batch 128:
 Each arm is timed the same way: the end of every training step, the first step left out. The plain
 arm runs as a plain PyTorch script would, without the ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` that
 importing Lightning sets. Rounds run the arms in turn, so that other work on the machine weighs on
-all alike. Other work only ever adds time, and a round's ratio moves by +-0.1 on 2 shared cores, so
+all alike, and every other round in the reverse order, so that no arm always runs first or after
+the same arm. Other work only ever adds time, and a round's ratio moves by +-0.1 on 2 shared cores
+(the control read 0.947 in one 5-round run), so
 the headline figure is each arm's **floor**: for every step index the fastest of the rounds, summed
 over the steps (work that recurs at a step index, such as logging every N steps, stays in it; a
 burst of other work must hit the same step in every round to count). The script also prints each
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         changes = overrides(args.root, args.steps, args.threads, out)
         setup = Setup(changes, args.steps)
         for index in range(args.rounds):
-            for arm in ARMS:
+            for arm in ARMS if index % 2 == 0 else reversed(ARMS):
                 steps[arm].append(rounds[arm](setup, changes, index))
             print(f"round {index + 1}: " + ", ".join(f"{arm} {rate(setup.batch, steps[arm][-1]):,.0f}" for arm in ARMS)
                   + " images/s", flush=True)

@@ -142,6 +142,15 @@ class ViTModule(L.LightningModule):
         #: (no memory), which :meth:`export_model` fills on rank 0 with the gathered weights.
         self.__dict__["skeleton"] = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Lightning sets ``_current_fx_name`` (a hook's name, or None) before and after each of
+        # the ~40 hook calls of a training step; nn.Module's ``__setattr__`` looks for parameters,
+        # buffers and submodules first, about 1 us a call, a plain store a tenth of that.
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
     def configure_model(self) -> None:
         """Under FSDP (:func:`~vitkit.train.distributed.shard`), shard the model once: one unit per
         encoder block, one for the rest of the model, one for each of the task's layers that hold

@@ -66,6 +66,7 @@ from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
 from .distributed import ShardedStrategy
+from .hook_dispatch import skip_idle_step_hooks
 from .kernel_trial import TrainingKernelChooser
 from .model_builder import build_model, load_starting_weights, pretrained_data
 from .module import NonFiniteLossError, ViTModule
@@ -283,6 +284,8 @@ def _fit(
     pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
     ours = [kernels, *compiling, best, last, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(), *bar, *pretraining]
     trainer = build_trainer(config, run_dir, callbacks=[*ours, *callbacks])
+    # the run's own callbacks (and those Lightning adds), not the caller's, skip their no-op step hooks
+    skip_idle_step_hooks([cb for cb in trainer.callbacks if not any(cb is given for given in callbacks)], module)
     if trainer.is_global_zero:  # known from the launch environment before fit (multi-node too)
         save_recipe(config, run_dir / CONFIG_FILE)
 
