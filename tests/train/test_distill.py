@@ -91,12 +91,12 @@ def test_training_step_distils_from_a_frozen_teacher_whose_weights_never_change(
     optimizer = torch.optim.SGD(module.model.parameters(), lr=0.1)
     module.train()
     assert not teacher.training  # the LightningModule's train() does not reach it
-    for step in range(3):
+    for _ in range(3):
         images, labels = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
         with torch.no_grad():
             logits, teacher_argmax = module.model(images), teacher(images).argmax(1)
         expected = 0.5 * F.cross_entropy(logits, labels) + 0.5 * F.cross_entropy(logits, teacher_argmax)
-        loss = module.training_step((images, labels), step)
+        loss = module.training_loss((images, labels))
         torch.testing.assert_close(loss.detach(), expected, atol=1e-6, rtol=1e-5)
         optimizer.zero_grad()
         loss.backward()
@@ -152,7 +152,7 @@ def test_a_distilled_student_learns_labels_on_its_class_head_and_the_teacher_on_
         cls_logits, dist_logits = model.head(features[:, 0]), model.head_dist(features[:, 1])
         teacher_argmax = teacher(images).argmax(1)
     expected = 0.5 * F.cross_entropy(cls_logits, labels) + 0.5 * F.cross_entropy(dist_logits, teacher_argmax)
-    torch.testing.assert_close(module.training_step((images, labels), 0).detach(), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(module.training_loss((images, labels)).detach(), expected, atol=1e-6, rtol=1e-5)
     module.eval()  # evaluation averages the two heads, as DeiT
     torch.testing.assert_close(module(images), (cls_logits + dist_logits) / 2, atol=1e-6, rtol=1e-5)
 

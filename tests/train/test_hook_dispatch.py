@@ -18,8 +18,9 @@ from torch import nn
 from vitkit.train import train
 from vitkit.train.hook_dispatch import STEP_HOOKS, skip_idle_step_hooks
 
-#: Step hooks that no vitkit callback implements: a run dispatches them to no callback of its own.
-IDLE_IN_EVERY_VITKIT_CALLBACK = ("on_before_backward", "on_after_backward", "on_before_zero_grad", "on_before_optimizer_step")
+#: Step hooks that no vitkit callback implements: a run dispatches them to no callback of its own
+#: (``on_before_zero_grad`` is the automatic loop's: a module that steps itself calls it on none).
+IDLE_IN_EVERY_VITKIT_CALLBACK = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
 
 
 class EndsOnly(L.Callback):
@@ -88,8 +89,10 @@ def test_a_run_dispatches_no_idle_step_hook_of_its_own_and_every_hook_of_the_cal
     assert {"Throughput", "LastCheckpoint", "ModelCheckpoint", "EndsOnly"} <= ends
     assert "LearningRateMonitor" not in ends and "CtrlCStops" not in ends
     module_hooks = {label.split(".")[-1] for label in dispatched if label.startswith("[LightningModule]ViTModule.")}
-    assert {"on_train_batch_end", "on_after_backward", "configure_gradient_clipping"} <= module_hooks
-    assert not module_hooks & {"on_train_batch_start", "on_before_backward", "on_before_zero_grad", "on_before_optimizer_step"}
+    assert {"on_train_batch_end", "on_after_backward", "on_before_optimizer_step"} <= module_hooks
+    assert not module_hooks & {"on_train_batch_start", "on_before_backward"}
+    # the module steps itself: no closure, so none of the automatic loop's hooks
+    assert not module_hooks & {"optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping", "lr_scheduler_step"}
 
 
 def test_the_hook_name_store_is_a_plain_attribute_and_modules_still_register() -> None:

@@ -76,7 +76,7 @@ def test_a_steady_training_step_makes_no_host_sync(tmp_path: Path, precision: st
     window = CountSteadySteps(after=4, until=9)
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", precision=config.trainer.lightning_precision, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_train_batches=10,
-                        limit_val_batches=0, log_every_n_steps=1000, gradient_clip_val=1.0, callbacks=[window])
+                        limit_val_batches=0, log_every_n_steps=1000, callbacks=[window])
     trainer.fit(module, datamodule=data)
     assert window.steps == 5
     assert dict(window.calls) == {}

@@ -1,5 +1,6 @@
-"""A run resumes from a checkpoint of the previous format (written out by hand as that format laid
-it out: the old config key, AdamW's decayed group first) exactly as from today's."""
+"""A run resumes from a checkpoint of a previous format (written out by hand as that format laid
+it out: the old config key, AdamW's decayed group first, the steps counted by Lightning's
+automatic loop) exactly as from today's."""
 
 from __future__ import annotations
 
@@ -38,7 +39,24 @@ def as_format_2(checkpoint: dict) -> dict:
             "optimizer_states": [{**optimizer, "param_groups": groups, "state": state}]}
 
 
-def test_a_format_2_checkpoint_resumes_exactly_as_today_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def as_automatic_loop(checkpoint: dict) -> dict:
+    """``checkpoint`` as written when Lightning's automatic loop took the optimiser steps (format 2
+    and the format 3 checkpoints before manual optimisation): the steps counted under that loop,
+    none under the manual loop's."""
+    loops = {key: dict(value) for key, value in checkpoint["loops"].items()}
+    fit = loops["fit_loop"]
+    steps = fit["epoch_loop.manual_optimization.optim_step_progress"]
+    assert steps["total"]["completed"] > 0
+    automatic = fit["epoch_loop.automatic_optimization.optim_progress"]
+    fit["epoch_loop.automatic_optimization.optim_progress"] = {**automatic, "optimizer": {**automatic["optimizer"], "step": steps}}
+    zero = {"ready": 0, "completed": 0}
+    fit["epoch_loop.manual_optimization.optim_step_progress"] = {"total": dict(zero), "current": dict(zero)}
+    return {**checkpoint, "loops": loops}
+
+
+@pytest.mark.parametrize("convert", [lambda c: as_format_2(as_automatic_loop(c)), as_automatic_loop],
+                         ids=["format 2", "automatic loop"])
+def test_an_older_checkpoint_resumes_exactly_as_today_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, convert) -> None:  # noqa: ANN001
     monkeypatch.setenv("VITKIT_ATTN_IMPL", "explicit")  # no kernel timing: the two resumes run alike
     first = train(short_recipe(tmp_path / "first"))
     today = tmp_path / "today.ckpt"
@@ -46,10 +64,11 @@ def test_a_format_2_checkpoint_resumes_exactly_as_today_s(tmp_path: Path, monkey
     checkpoint = torch.load(today, weights_only=True)
     assert checkpoint["hyper_parameters"][FORMAT_KEY] == FORMAT_VERSION
     old = tmp_path / "old.ckpt"
-    torch.save(as_format_2(checkpoint), old)
+    torch.save(convert(checkpoint), old)
 
     resumed = [train(short_recipe(tmp_path / name, max_epochs=2), resume=path)
                for name, path in (("from_today", today), ("from_old", old))]
     for (name, ours), theirs in zip(resumed[0].model.state_dict().items(), resumed[1].model.state_dict().values()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=name)
     assert not torch.equal(resumed[0].model.head.weight, first.model.head.weight)  # the second epoch trained
+    assert resumed[0].summary["global_steps"] == resumed[1].summary["global_steps"] == 2 * first.summary["global_steps"]

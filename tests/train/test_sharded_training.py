@@ -95,11 +95,13 @@ def test_gradients_under_fsdp_are_clipped_by_vitkit_as_shards(monkeypatch: pytes
     calls = []
     monkeypatch.setattr(module_lib, "clip_grad_norm", lambda params, norm, sharded: calls.append((norm, sharded)))
     model = torch.nn.Linear(2, 2)
-    fake = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy=ShardedStrategy()))
+    fake = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy=ShardedStrategy()),
+                           optim_config=SimpleNamespace(clip_grad=0.5))
     optimizer = torch.optim.AdamW(model.parameters())
-    module_lib.ViTModule.configure_gradient_clipping(fake, optimizer, 0.5, "norm")  # Lightning's would raise
+    module_lib.ViTModule.on_before_optimizer_step(fake, optimizer)  # Lightning's FSDP plugin clips by value only
     assert calls == [(0.5, True)]
-    module_lib.ViTModule.configure_gradient_clipping(fake, optimizer, None, "norm")  # optim.clip_grad=null
+    fake.optim_config.clip_grad = None  # optim.clip_grad=null
+    module_lib.ViTModule.on_before_optimizer_step(fake, optimizer)
     assert calls == [(0.5, True)]
 
 

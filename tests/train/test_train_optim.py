@@ -81,8 +81,9 @@ def test_a_fused_optimizer_gets_its_gradients_clipped_by_norm_and_float16_scalin
         p.grad = torch.full_like(p, 3.0)
     fused = build_optimizer(model, OptimConfig())
     # Lightning's bf16 plugin would raise here; vitkit clips the (unscaled) gradients itself
-    module = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy="auto"))
-    ViTModule.configure_gradient_clipping(module, fused, 0.5, "norm")
+    module = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy="auto"),
+                             optim_config=SimpleNamespace(clip_grad=0.5))
+    ViTModule.on_before_optimizer_step(module, fused)
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
     assert norm.item() == pytest.approx(0.5, rel=1e-4)
     assert not any(group["fused"] for group in build_optimizer(model, OptimConfig(), allow_fused=False).param_groups)

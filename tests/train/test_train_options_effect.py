@@ -11,9 +11,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from tiny_runs import SHORT, Recorder, tiny_recipe
 
 from vitkit.data import AugmentConfig, build_train_transform
@@ -21,8 +23,10 @@ from vitkit.data.info import DataInfo
 from vitkit.io import load_model_and_extra
 from vitkit.models import vision_transformer as vit_module
 from vitkit.tasks import build_criterion
-from vitkit.train import evaluate, train
+from vitkit.train import evaluate, load_recipe, train
+from vitkit.train.datamodule import ViTDataModule
 from vitkit.train.evaluate import datasets_for
+from vitkit.train.run import build_module
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +36,29 @@ def test_precision_sets_the_dtype_of_the_training_matmuls(tmp_path: Path, precis
     recorder = Recorder()
     train(tiny_recipe(tmp_path, precision=precision, **SHORT), callbacks=[recorder])
     assert recorder.activation_dtypes and set(recorder.activation_dtypes) == {dtype}
+
+
+class AutocastSeen(L.Callback):
+    """Whether CPU autocast is on during each training step's forward and at its backward and step."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[bool]] = {"forward": set(), "backward": set(), "step": set()}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.model.register_forward_hook(lambda *args: self.seen["forward"].add(torch.is_autocast_enabled("cpu")))
+
+    def on_after_backward(self, *args: Any) -> None:
+        self.seen["backward"].add(torch.is_autocast_enabled("cpu"))
+
+    def on_before_optimizer_step(self, *args: Any) -> None:
+        self.seen["step"].add(torch.is_autocast_enabled("cpu"))
+
+
+def test_bf16_mixed_autocasts_the_forward_only(tmp_path: Path) -> None:
+    """As Lightning's automatic loop: the backward, clipping and optimiser step run without autocast."""
+    seen = AutocastSeen()
+    train(tiny_recipe(tmp_path, precision="bf16-mixed", **SHORT), callbacks=[seen])
+    assert seen.seen == {"forward": {True}, "backward": {False}, "step": {False}}
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -49,6 +76,50 @@ def test_grad_checkpointing_switch_reaches_the_trained_blocks(tmp_path: Path, mo
     train(recipe)
     depth, steps = 2, 4
     assert len(calls) == (depth * steps if enabled else 0)  # once per block per training step, never in eval
+
+
+class StepGradients(L.Callback):
+    """The global L2 norm of the gradients each optimiser step used (read after the step: the
+    step leaves them as it found them, and the next step's zeroing comes later)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        grads = [p.grad.float() for p in pl_module.parameters() if p.grad is not None]
+        self.norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+
+@pytest.mark.parametrize("clip", [1e-3, None])
+def test_clip_grad_bounds_the_global_norm_of_every_step_s_gradients(tmp_path: Path, clip: float | None) -> None:
+    seen = StepGradients()
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["optim"]["clip_grad"] = clip
+    train(recipe, callbacks=[seen])
+    assert len(seen.norms) == SHORT["limit_train_batches"]
+    if clip is None:
+        assert min(seen.norms) > 1e-3 * 10  # what the clipped run bounds is far above the bound
+    else:
+        assert max(seen.norms) <= clip * (1 + 1e-4)
+        assert min(seen.norms) >= clip * (1 - 1e-4)  # scaled down to the bound, not zeroed
+
+
+def test_float16_gradients_are_clipped_after_the_loss_scale_is_taken_out(tmp_path: Path) -> None:
+    """A loss scale of 2**16 (a CPU GradScaler, as Lightning's 16-mixed has on a GPU): the bound
+    holds for the unscaled gradients; clipping the scaled ones would leave them 2**16 below it."""
+    clip = 1e-3
+    recipe = tiny_recipe(tmp_path, **SHORT)
+    recipe["optim"]["clip_grad"] = clip
+    config = load_recipe(recipe)
+    data = ViTDataModule(config.data, config.trainer.batch_size, on_device=True)
+    module, seen = build_module(config, data.info), StepGradients()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu", scaler)], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_train_batches=4, limit_val_batches=0, callbacks=[seen])
+    trainer.fit(module, datamodule=data)
+    assert scaler.get_scale() == 2.0**16 and trainer.global_step == 4  # no step skipped for an overflow
+    assert len(seen.norms) == 4 and all(clip * (1 - 1e-3) <= norm <= clip * (1 + 1e-3) for norm in seen.norms)
 
 
 def test_ema_follows_its_recurrence_with_the_configured_decay(tmp_path: Path) -> None:

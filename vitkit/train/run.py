@@ -452,8 +452,6 @@ def _trainer(
         precision=options.lightning_precision,
         max_epochs=options.max_epochs,
         max_time=timedelta(minutes=options.max_time_minutes) if options.max_time_minutes else None,
-        gradient_clip_val=config.optim.clip_grad,
-        gradient_clip_algorithm="norm",
         log_every_n_steps=options.log_every,
         limit_train_batches=options.limit_train_batches,
         limit_val_batches=options.limit_val_batches,
