@@ -15,9 +15,10 @@ gradient clipping, batch 128:
   included, validation and test excluded);
 * **vitkit, progress bar**: the same, drawing its progress bar (to standard error) as ``vitkit
   train`` does by default (the other arms draw none);
-* **bare Lightning**: the smallest LightningModule that trains the same way (a ``Trainer`` without
-  logger, checkpoints, progress bar or callbacks but the clock): the floor Lightning's own loop
-  sets, so that the table tells what is vitkit's and what is Lightning's;
+* **bare Lightning**: the smallest LightningModule that trains the same way, by Lightning's
+  automatic optimisation (a ``Trainer`` without logger, checkpoints, progress bar or callbacks but
+  the clock): the floor Lightning's own loop sets, so that the table tells what is vitkit's and
+  what is Lightning's (vitkit's module takes its steps itself, which skips part of that loop);
 * **plain**: a ``for`` loop over a shuffled index tensor: gather, augment, forward, loss,
   backward, clip, step, schedule;
 * **plain, again**: the same loop once more, the control: its ratio to **plain** is the error of
