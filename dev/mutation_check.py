@@ -263,6 +263,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # the training step vitkit takes itself (issue 50 item 5)
     Mutation("train", "vitkit/train/run.py", "[cb for cb in trainer.callbacks if not any(cb is given for given in callbacks)]",
              "trainer.callbacks", ("tests/train/test_hook_dispatch.py",), "the caller's callbacks lose their no-op hooks"),
+    Mutation("train", "vitkit/train/hook_dispatch.py", "    if not lightning_skips_none_hooks():\n        return\n", "",
+             ("tests/train/test_hook_dispatch.py",), "hooks set to None under a Lightning that would call them"),
     Mutation("train", "vitkit/train/module.py", "        adopt_automatic_steps(checkpoint)\n", "        pass\n",
              ("tests/train/test_resume_upgrade.py",), "an automatic-loop checkpoint resumes from step 0"),
     Mutation("train", "vitkit/train/module.py", "        if not max_norm:\n            return\n", "        return\n",

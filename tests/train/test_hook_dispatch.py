@@ -66,6 +66,27 @@ def test_the_installed_lightning_passes_over_a_skipped_hook_and_calls_the_others
     assert trainer.global_step == 3 and callback.ends == 3 and module.after_backward == 3
 
 
+def test_a_lightning_that_would_call_a_none_hook_keeps_every_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.trainer import call
+
+    from vitkit.train import hook_dispatch
+
+    def calls_every_hook(trainer: Any, hook_name: str, *args: Any, **kwargs: Any) -> None:
+        for callback in trainer.callbacks:
+            getattr(callback, hook_name)(trainer, trainer.lightning_module, *args)
+
+    assert hook_dispatch.lightning_skips_none_hooks()  # the installed Lightning (2.6) has the rule
+    monkeypatch.setattr(call, "_call_callback_hooks", calls_every_hook)
+    hook_dispatch.lightning_skips_none_hooks.cache_clear()
+    try:
+        assert not hook_dispatch.lightning_skips_none_hooks()
+        callback, module = EndsOnly(), Tiny()
+        skip_idle_step_hooks([callback], module)
+        assert all(callable(getattr(callback, hook)) and callable(getattr(module, hook)) for hook in STEP_HOOKS)
+    finally:
+        hook_dispatch.lightning_skips_none_hooks.cache_clear()
+
+
 @pytest.fixture
 def dispatched(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     """The labels Lightning's (pass-through) profiler is given: one per hook it calls."""
