@@ -265,6 +265,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "trainer.callbacks", ("tests/train/test_hook_dispatch.py",), "the caller's callbacks lose their no-op hooks"),
     Mutation("train", "vitkit/train/hook_dispatch.py", "    if not lightning_skips_none_hooks():\n        return\n", "",
              ("tests/train/test_hook_dispatch.py",), "hooks set to None under a Lightning that would call them"),
+    Mutation("train", "vitkit/train/checkpoint.py", "if not records or any(completed_steps(record) is None for record in records):",
+             "if not records:", ("tests/train/test_run_faults.py",), "a malformed step count reaches Lightning"),
     Mutation("train", "vitkit/train/module.py", "        adopt_automatic_steps(checkpoint)\n", "        pass\n",
              ("tests/train/test_resume_upgrade.py",), "an automatic-loop checkpoint resumes from step 0"),
     Mutation("train", "vitkit/train/module.py", "        if not max_norm:\n            return\n", "        return\n",

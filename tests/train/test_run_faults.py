@@ -140,7 +140,7 @@ def test_resume_on_other_data_is_refused_before_a_run_directory_exists(finished:
     assert not (tmp_path / "tiny").exists()
 
 
-@pytest.mark.parametrize("damage", ["truncated", "safetensors", "not_lightning", "directory"])
+@pytest.mark.parametrize("damage", ["truncated", "safetensors", "not_lightning", "directory", "step_count"])
 def test_unusable_resume_file_gets_a_message(finished: RunResult, tmp_path: Path, damage: str) -> None:
     last = finished.run_dir / "checkpoints" / "last.ckpt"
     if damage == "truncated":
@@ -153,6 +153,12 @@ def test_unusable_resume_file_gets_a_message(finished: RunResult, tmp_path: Path
         resume = tmp_path / "weights.ckpt"
         torch.save({"state_dict": load_checkpoint(last)["state_dict"]}, resume)
         expected = "not a vitkit training checkpoint"
+    elif damage == "step_count":  # the record a resumed run reads its global step from
+        checkpoint = load_checkpoint(last)
+        checkpoint["loops"]["fit_loop"]["epoch_loop.manual_optimization.optim_step_progress"] = {"total": {"completed": "4"}}
+        resume = tmp_path / "edited.ckpt"
+        torch.save(checkpoint, resume)
+        expected = "does not count the optimiser steps taken"
     else:
         resume, expected = finished.run_dir / "checkpoints", "is a directory"
     with pytest.raises(CheckpointError, match=expected):

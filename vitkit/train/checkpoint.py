@@ -27,7 +27,7 @@ from ..errors import VitkitError
 from ..files import atomic_write, remove_unlinked_versions
 from ..io import CheckpointError, UnsafeCheckpointError, first_line, load_checkpoint, upgrade_checkpoint
 from ..models import ViTConfig
-from .module import ViTModule, non_finite_tensors
+from .module import ViTModule, completed_steps, non_finite_tensors, step_records
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
@@ -126,6 +126,9 @@ def _training_state_problem(checkpoint: dict[str, Any], module: ViTModule, with_
     if wrong:
         shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
         return f"its weights do not fit the model: {shown}"
+    records = [record for record in step_records(checkpoint) if record is not None]
+    if not records or any(completed_steps(record) is None for record in records):
+        return "its loop state does not count the optimiser steps taken (no well-formed step progress)"
     if not with_optimizer:
         return None
     optimizer = module.build_optimizer()

@@ -384,11 +384,33 @@ def adopt_automatic_steps(checkpoint: dict[str, Any]) -> None:
     checkpoints before :meth:`ViTModule.training_step` took them itself), those steps as the
     manual loop's, where Lightning reads the global step of a module that steps itself: a resumed
     run goes on from the step it stopped at, not from 0. In place; other checkpoints unchanged."""
-    loops = checkpoint.get("loops", {}).get("fit_loop", {})
-    automatic = loops.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
-    manual = loops.get("epoch_loop.manual_optimization.optim_step_progress")
-    if automatic is not None and manual is not None and automatic["total"]["completed"] > manual["total"]["completed"]:
-        loops["epoch_loop.manual_optimization.optim_step_progress"] = copy.deepcopy(automatic)
+    automatic, manual = step_records(checkpoint)
+    if (completed_steps(automatic) or 0) > (completed_steps(manual) or 0):
+        checkpoint["loops"]["fit_loop"][MANUAL_STEPS] = copy.deepcopy(automatic)
+
+
+#: Where a fit loop's state has the manual loop's step count.
+MANUAL_STEPS = "epoch_loop.manual_optimization.optim_step_progress"
+
+
+def step_records(checkpoint: dict[str, Any]) -> tuple[Any, Any]:
+    """The automatic and the manual loop's step-progress records in ``checkpoint``'s fit-loop
+    state (``None`` where absent; not checked, see :func:`completed_steps`)."""
+    loops = checkpoint.get("loops")
+    fit = loops.get("fit_loop") if isinstance(loops, dict) else None
+    if not isinstance(fit, dict):
+        return None, None
+    automatic = fit.get("epoch_loop.automatic_optimization.optim_progress")
+    optimizer = automatic.get("optimizer") if isinstance(automatic, dict) else None
+    return (optimizer.get("step") if isinstance(optimizer, dict) else None), fit.get(MANUAL_STEPS)
+
+
+def completed_steps(progress: Any) -> int | None:
+    """The steps a Lightning step-progress record counts (``{"total": {"ready": n, "completed": n},
+    "current": {...}}``), or ``None`` if ``progress`` is not such a record."""
+    parts = [progress.get(part) if isinstance(progress, dict) else None for part in ("total", "current")]
+    counts = [part.get(key) if isinstance(part, dict) else None for part in parts for key in ("ready", "completed")]
+    return counts[1] if all(isinstance(count, int) and count >= 0 for count in counts) else None
 
 
 def _save_ema(module: ViTModule, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
