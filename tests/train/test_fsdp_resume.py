@@ -121,3 +121,77 @@ def test_other_tools_given_a_sharded_checkpoint_are_sent_to_model_safetensors(tm
     torch.save({}, sharded / "meta.pt")
     with pytest.raises(CheckpointError, match=r"is a directory: a sharded checkpoint .*model\.safetensors"):
         vitkit.load_model(sharded)
+
+# --- S1: hostile metadata pickles of every protocol ---------------------------------------------------
+
+#: Globals a hostile metadata pickle may name to run code: a module-level function, a dotted name
+#: that protocol 4 resolves through a module attribute (``metadata`` imports ``os``), a submodule.
+HOSTILE_GLOBALS = [
+    ("os", "system"), ("posix", "system"), ("builtins", "eval"), ("builtins", "getattr"), ("subprocess", "call"),
+    ("torch.distributed.checkpoint.metadata", "os.system"), ("torch.distributed.checkpoint.metadata", "os"),
+    ("torch.distributed.checkpoint.filesystem", "os.system"), ("pathlib", "os.system"), ("collections", "os.system"),
+    ("torch", "load"), ("torch", "serialization.os.system"), ("torch.serialization", "load"),
+    ("torch.serialization", "os.system"), ("torch.distributed.checkpoint.metadata", "Metadata.__init__.__globals__"),
+]
+
+
+def _string(text: str, protocol: int) -> bytes:
+    """``text`` pushed on the unpickler's stack: SHORT_BINUNICODE from protocol 4, a STRING before."""
+    if protocol >= 4:
+        return b"\x8c" + bytes([len(text)]) + text.encode()
+    return b"S'" + text.encode() + b"'\n"
+
+
+def hostile_pickles(command: str) -> list[tuple[str, bytes]]:
+    """Pickles of protocols 0-5 that call each hostile global with ``command``, through every opcode
+    that resolves a global: GLOBAL + REDUCE, STACK_GLOBAL + REDUCE (protocol 4+), INST (protocol 0)."""
+    found = []
+    for protocol in range(6):
+        header = b"\x80" + bytes([protocol]) if protocol >= 2 else b""
+        for module, name in HOSTILE_GLOBALS:
+            args = b"(" + _string(command, protocol) + b"t"
+            label = f"protocol {protocol} {module}.{name}"
+            found.append((label + " GLOBAL", header + b"c" + f"{module}\n{name}\n".encode() + args + b"R."))
+            if protocol >= 4:
+                stack = _string(module, protocol) + _string(name, protocol) + b"\x93"
+                found.append((label + " STACK_GLOBAL", header + stack + args + b"R."))
+            if protocol == 0:
+                found.append((label + " INST", b"(" + _string(command, 0) + b"i" + f"{module}\n{name}\n".encode() + b"."))
+    return found
+
+
+def test_no_metadata_pickle_of_any_protocol_reaches_code(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    pickles = hostile_pickles(f"touch {marker}")
+    assert len(pickles) == len(HOSTILE_GLOBALS) * (6 + 2 + 1)  # GLOBAL in protocols 0-5, STACK_GLOBAL in 4-5, INST in 0
+    # the generator's pickles do run code when unpickled without restriction (one, as a control)
+    os_system = next(data for label, data in pickles if label == "protocol 4 os.system STACK_GLOBAL")
+    pickle.loads(os_system)
+    assert marker.exists()
+    marker.unlink()
+    for number, (label, data) in enumerate(pickles):
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        (folder / ".metadata").write_bytes(data)
+        with pytest.raises((UnsafeCheckpointError, CheckpointError)) as error:
+            read_sharded_metadata(folder)
+        assert "\n" not in str(error.value), label
+        assert not marker.exists(), f"{label} ran its command"
+
+
+def test_the_metadata_reader_reads_a_real_sharded_checkpoint_and_refuses_a_path_outside_it(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = {"state_dict": {"w": torch.ones(3, 4), "b": torch.zeros(4, dtype=torch.bfloat16)},
+             "optimizer_0": {"param_groups": [{"lr": 0.1, "params": [0]}]}}
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save(state, checkpoint_id=tmp_path)
+    shapes = read_sharded_metadata(tmp_path)
+    assert shapes["state_dict.w"] == torch.Size([3, 4]) and shapes["state_dict.b"] == torch.Size([4])
+    assert shapes["optimizer_0.param_groups.0.lr"] is None  # a non-tensor entry, read weights_only
+    # an entry pointing out of the checkpoint directory is refused before it is opened
+    data = (tmp_path / ".metadata").read_bytes()
+    relative = next(s.relative_path for s in pickle.loads(data).storage_data.values())
+    (tmp_path / ".metadata").write_bytes(data.replace(relative.encode(), b"../" + relative.encode()[3:]))
+    with pytest.raises(CheckpointError, match="outside the checkpoint"):
+        read_sharded_metadata(tmp_path)

@@ -12,6 +12,7 @@ and plain containers. :func:`check_resumable` refuses a checkpoint that cannot c
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import VitkitError
 from ..files import atomic_write, remove_unlinked_versions
@@ -182,22 +184,59 @@ def _sharded_state_problem(path: Path, checkpoint: dict[str, Any], module: ViTMo
     return None
 
 
-#: What a ``torch.distributed.checkpoint`` metadata file may name when unpickled: its own record
-#: classes, shapes, dtypes and paths. Anything else is refused, as ``weights_only`` loads refuse it.
-_SHARDED_METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": None, "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"}, "pathlib": {"PosixPath", "PurePosixPath", "Path"},
-    "collections": {"OrderedDict"}, "torch": {"Size"},
+#: The exact globals a ``torch.distributed.checkpoint`` metadata file names (its record classes,
+#: the memory-format enum, shapes, paths, dtypes and layouts), as ``module -> names``. Nothing else
+#: resolves: no dotted name, no other attribute of these modules (``metadata`` imports ``os``).
+_SHARDED_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
+    ),
+    "torch.distributed.checkpoint.filesystem": ("_StorageInfo",),
+    "pathlib": ("PosixPath", "PurePosixPath", "Path"),
+    "collections": ("OrderedDict",),
+    "torch": ("Size",),
 }
 
 
+def _layout(name: str) -> torch.layout:
+    """``torch.serialization._get_layout``'s answer (how a ``torch.layout`` pickles), looked up among
+    torch's layouts only, so an unknown name is an unpickling error."""
+    layouts = {str(value): value for value in vars(torch).values() if isinstance(value, torch.layout)}
+    if name not in layouts:
+        raise pickle.UnpicklingError(f"{name!r} is not a torch layout")
+    return layouts[name]
+
+
+def _sharded_metadata_globals() -> dict[tuple[str, str], Any]:
+    """``(module, name) -> object`` for every global :class:`_MetadataUnpickler` resolves: the classes
+    above (each checked to be a class), torch's dtypes, and :func:`_layout` for torch's layout hook."""
+    allowed: dict[tuple[str, str], Any] = {("torch.serialization", "_get_layout"): _layout}
+    for module_name, names in _SHARDED_METADATA_CLASSES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            value = getattr(module, name)
+            if not isinstance(value, type):
+                raise TypeError(f"{module_name}.{name} is not a class")  # a torch upgrade changed it: a bug
+            allowed[(module_name, name)] = value
+    allowed.update({("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
+    return allowed
+
+
 class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only the exact ``(module, name)`` pairs of :func:`_sharded_metadata_globals`, never
+    through the module's own lookup: a dotted name (protocol 4's ``os.system`` reached through a
+    module attribute) or any other attribute is refused, whatever the protocol."""
+
+    def __init__(self, handle: Any) -> None:
+        super().__init__(handle)
+        self._allowed = _sharded_metadata_globals()
+
     def find_class(self, module: str, name: str) -> Any:
-        allowed = _SHARDED_METADATA_GLOBALS.get(module, set())
-        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if (module in _SHARDED_METADATA_GLOBALS and allowed is None) or name in allowed or is_dtype:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in a checkpoint's metadata")
+        try:
+            return self._allowed[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in a checkpoint's metadata") from None
 
 
 def read_sharded_metadata(path: str | os.PathLike) -> dict[str, torch.Size | None]:
@@ -215,9 +254,13 @@ def read_sharded_metadata(path: str | os.PathLike) -> dict[str, torch.Size | Non
     try:
         with open(path / ".metadata", "rb") as handle:
             metadata = _MetadataUnpickler(handle).load()
+        if not isinstance(metadata, Metadata):
+            raise ValueError(f"its .metadata holds a {type(metadata).__name__}, not a checkpoint's Metadata")
         shapes = {key: getattr(entry, "size", None) for key, entry in metadata.state_dict_metadata.items()}
         for index, stored in metadata.storage_data.items():
             if shapes.get(index.fqn, ()) is None:  # a non-tensor entry: pickled bytes
+                if Path(stored.relative_path).name != stored.relative_path or stored.relative_path in ("", ".", ".."):
+                    raise ValueError(f"an entry names the file {stored.relative_path!r} outside the checkpoint")
                 with open(path / stored.relative_path, "rb") as handle:
                     handle.seek(stored.offset)
                     torch.load(io.BytesIO(handle.read(stored.length)), weights_only=True)
@@ -226,7 +269,8 @@ def read_sharded_metadata(path: str | os.PathLike) -> dict[str, torch.Size | Non
             f"refusing to load {path}: it contains pickled objects other than tensors and plain Python containers "
             f"({first_line(error)}); vitkit checkpoints never do, so it is not loaded."
         ) from None
-    except (OSError, EOFError, AttributeError, RuntimeError, ValueError) as error:
+    except (OSError, EOFError, AttributeError, RuntimeError, ValueError, TypeError, KeyError, IndexError,
+            OverflowError) as error:  # malformed records: what unpickling allowed classes with wrong values raises
         raise CheckpointError(f"{path} is not a readable sharded checkpoint ({first_line(error)}).") from None
     return shapes
 
