@@ -3,6 +3,7 @@ split by ``val_fraction`` / ``test_fraction``; a flat folder (one class) only fo
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,9 @@ def save_images(folder: Path, count: int, start: int = 0) -> None:
 
 
 def config(root: Path, **changes: object) -> DataConfig:
-    return DataConfig(name="imagefolder", root=str(root), img_size=8, val_fraction=0.2, test_fraction=0.2, **changes)
+    """A split of every folder (``no_split_below=0``) unless ``changes`` say otherwise."""
+    return DataConfig(name="imagefolder", root=str(root), img_size=8, val_fraction=0.2, test_fraction=0.2,
+                      **{"no_split_below": 0, **changes})
 
 
 def test_class_folders_without_train_are_split_class_by_class(tmp_path: Path) -> None:
@@ -56,3 +59,45 @@ def test_too_few_images_for_a_split_are_refused(tmp_path: Path) -> None:
     save_images(tmp_path, 2)
     with pytest.raises(ImageFolderError, match="too few to give the"):
         build_datasets(config(tmp_path, require_classes=False))
+
+
+def test_class_folders_too_small_to_split_train_on_every_image_with_a_note(tmp_path: Path, caplog) -> None:
+    save_images(tmp_path / "cat", 10)
+    save_images(tmp_path / "dog", 12, start=10)
+    # 0.6 of 10 images = 6 training images of the smaller class, under 7: nothing is held out
+    bundle = build_datasets(config(tmp_path, no_split_below=7))
+    assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (22, 22, 22)
+    assert bundle.train.files == bundle.val.files == bundle.test.files and not bundle.held_out
+    assert "holds 10 to 12 images per class, too few to hold some out" in caplog.text
+    assert "data.no_split_below" in caplog.text and "vitkit evaluate MODEL TEST_FOLDER" in caplog.text
+    caplog.clear()
+    split = build_datasets(config(tmp_path, no_split_below=6))  # 6 is enough: split, counts said
+    assert len(split.train) + len(split.val) + len(split.test) == 22 and split.held_out
+    assert "split per class into 14 training, 4 validation and 4 test images" in caplog.text  # 6+8, 2+2, 2+2
+
+
+def test_one_stray_image_beside_class_folders_is_noted(tmp_path: Path, caplog) -> None:
+    save_images(tmp_path / "cat", 5)
+    save_images(tmp_path / "dog", 5, start=5)
+    save_images(tmp_path, 1, start=10)  # 10.png at the top
+    bundle = build_datasets(config(tmp_path, require_classes=False))
+    assert bundle.info.class_names == (UNLABELLED,)
+    assert "1 image(s) at its top (e.g. 10.png) beside the folder(s) 'cat', 'dog'" in caplog.text
+    assert "move the top-level image(s) into a class folder" in caplog.text
+
+
+def test_a_flat_gray_folder_settles_its_channels_and_size_from_the_images(tmp_path: Path) -> None:
+    from vitkit.data import settle_unset
+
+    tmp_path.joinpath("deeper").mkdir()
+    for index, side in enumerate((20, 20, 24, 28, 28, 28, 28, 40, 40, 50)):  # median shorter side 28
+        folder = tmp_path / "deeper" if index % 2 else tmp_path
+        Image.fromarray(np.zeros((side, side + 3), dtype=np.uint8)).save(folder / f"{index}.png")
+    flat = DataConfig(name="imagefolder", root=str(tmp_path), require_classes=False, val_fraction=0.2)
+    settled, notes = settle_unset(flat)  # no class folders, no in_chans: read, not refused
+    assert settled.in_chans == 1 and settled.img_size == 28
+    assert any("grayscale" in note for note in notes) and any("about 28 px" in note for note in notes)
+    kept, _ = settle_unset(dataclasses.replace(flat, img_size=16, in_chans=3))
+    assert (kept.img_size, kept.in_chans) == (16, 3)  # the recipe's own values win
+    given, notes = settle_unset(flat, given={"img_size": 32, "in_chans": 1}, source="enc.safetensors")
+    assert given.img_size == 32 and "data.img_size=32 and data.in_chans=1 as enc.safetensors was trained" in notes[0]

@@ -40,7 +40,8 @@ def test_the_folder_default_crop_stays_for_random_resized_training_and_colour_st
     config, notes = settle_unset(DataConfig(name="imagefolder", root=str(root)))
     assert config.in_chans == 3 and config.resolved_crop_pct() == 0.875
     assert "in colour: a 3-channel (RGB) model" in notes[0]
-    assert "the central 87.5% of each image (data.crop_pct 0.875" in notes[1]
-    chosen, notes = settle_unset(DataConfig(name="imagefolder", root=str(root), in_chans=1, crop_pct=0.9))
+    assert "about 10 px on their shorter side (median of 16): they are resized to 10x10" in notes[1]
+    assert "the central 87.5% of each image (data.crop_pct 0.875" in notes[2]
+    chosen, notes = settle_unset(DataConfig(name="imagefolder", root=str(root), in_chans=1, crop_pct=0.9, img_size=10))
     assert (chosen.in_chans, chosen.resolved_crop_pct(), notes) == (1, 0.9, [])  # set by the user: no note
     assert DataConfig(name="cifar10", augment={"crop": "pad"}).resolved_crop_pct() == 1.0

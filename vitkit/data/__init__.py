@@ -3,7 +3,7 @@ datasets (scikit-learn's handwritten digits, generated shapes with bounding boxe
 
 from . import _albumentations  # noqa: F401  (first: albumentations without its update check)
 from .arrays import ArrayDataset, stratified_split
-from .build import build_datasets, data_info, settle_unset, unaugmented
+from .build import FolderSample, build_datasets, data_info, folder_sample, settle_unset, unaugmented
 from .cifar import CifarFileError
 from .config import DATASET_NAMES, AugmentConfig, DataConfig
 from .imagefolder import ImageFolderDataset, ImageFolderError
@@ -27,6 +27,7 @@ __all__ = [
     "ImageFolderDataset",
     "ImageFolderError",
     "IdxFileError",
+    "FolderSample",
     "ImageReadError",
     "ShapesDataset",
     "SubsetError",
@@ -36,6 +37,7 @@ __all__ = [
     "data_info",
     "denormalize",
     "display_image",
+    "folder_sample",
     "generate_shapes",
     "load_image",
     "make_subset",

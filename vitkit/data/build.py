@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -22,7 +24,7 @@ from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
 from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
 from .imagefolder import ImageFolderDataset, scan_image_folder
-from .images import is_grayscale
+from .images import image_size, is_grayscale
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataFileError, DataInfo, DatasetBundle
 from .mnist import MNIST_SOURCES, load_mnist
 from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
@@ -53,27 +55,64 @@ def data_info(cfg: DataConfig, class_names: Sequence[str], mean: Sequence[float]
     )
 
 
-#: Images checked for their channels when an image folder's ``data.in_chans`` is unset.
+#: Images read (headers only) for the channels and size of an image folder whose recipe leaves them unset.
 CHANNEL_SAMPLE = 64
 
 
-def settle_unset(cfg: DataConfig) -> tuple[DataConfig, list[str]]:
+@dataclass(frozen=True)
+class FolderSample:
+    """What the headers of up to :data:`CHANNEL_SAMPLE` training images of a folder (spread over
+    its classes) say: whether every one is grayscale, and their median shorter side in pixels."""
+
+    gray: bool
+    side: int
+    count: int
+
+
+def folder_sample(cfg: DataConfig) -> FolderSample | None:
+    """The :class:`FolderSample` of ``cfg``'s image folder (``None`` for other datasets). A flat
+    folder counts as one class where ``data.require_classes`` is false, as the run will read it.
+
+    Raises:
+        ImageFolderError, FileNotFoundError: a folder the run would refuse (see :func:`scan_image_folder`).
+    """
+    if cfg.name != "imagefolder":
+        return None
+    _, scanned = scan_image_folder(Path(cfg.root), verify=False, min_classes=2 if cfg.require_classes else 1)
+    files = scanned["train"].files
+    sample = files[:: max(1, len(files) // CHANNEL_SAMPLE)][:CHANNEL_SAMPLE]
+    sizes = [size for path in sample if (size := image_size(path)) is not None]
+    side = int(np.median([min(size) for size in sizes])) if sizes else cfg.defaults.img_size
+    return FolderSample(gray=all(is_grayscale(path) for path in sample), side=side, count=len(sample))
+
+
+def settle_unset(
+    cfg: DataConfig, sample: FolderSample | None = None, given: dict[str, Any] | None = None, source: str = "",
+) -> tuple[DataConfig, list[str]]:
     """``cfg`` with the options that depend on the files chosen, and a ``note:`` line per choice
-    made on the user's behalf: an image folder's ``in_chans`` left unset is read from its training
-    images (1 when every one of up to :data:`CHANNEL_SAMPLE`, spread over the classes, is grayscale,
-    as torchvision users expect a gray folder to train a gray model; else 3), and its eval crop is
-    said, since the folder default (0.875) applies only to ``random_resized`` training."""
+    made on the user's behalf. For an image folder (``sample``, its :func:`folder_sample`): an
+    unset ``img_size`` or ``in_chans`` that ``given`` holds (the starting weights', named
+    ``source``) is taken from it; else an unset ``in_chans`` is 1 when every sampled image is grayscale (as torchvision users expect a
+    gray folder to train a gray model), else 3; an unset ``img_size`` is the images' median
+    shorter side (resized to it, never the 224 px of ImageNet models); and the eval crop is said,
+    since the folder default (0.875) applies only to ``random_resized`` training."""
     if cfg.name != "imagefolder":
         return cfg, []
+    sample = sample or folder_sample(cfg)
     notes = []
+    taken = {key: value for key, value in (given or {}).items() if getattr(cfg, key) is None}
+    if taken:
+        cfg = dataclasses.replace(cfg, **taken)
+        said = " and ".join(f"data.{key}={value}" for key, value in taken.items())
+        notes.append(f"note: {said} as {source} was trained (set them to change).")
     if cfg.in_chans is None:
-        _, scanned = scan_image_folder(Path(cfg.root), verify=False)
-        files = scanned["train"].files
-        sample = files[:: max(1, len(files) // CHANNEL_SAMPLE)][:CHANNEL_SAMPLE]
-        gray = all(is_grayscale(path) for path in sample)
-        cfg = dataclasses.replace(cfg, in_chans=1 if gray else 3)
-        kind = "grayscale: a 1-channel model" if gray else "in colour: a 3-channel (RGB) model"
+        cfg = dataclasses.replace(cfg, in_chans=1 if sample.gray else 3)
+        kind = "grayscale: a 1-channel model" if sample.gray else "in colour: a 3-channel (RGB) model"
         notes.append(f"note: the training images of {cfg.root} are {kind} (data.in_chans={cfg.in_chans} to choose).")
+    if cfg.img_size is None:
+        cfg = dataclasses.replace(cfg, img_size=sample.side)
+        notes.append(f"note: the training images of {cfg.root} are about {sample.side} px on their shorter side (median "
+                     f"of {sample.count}): they are resized to {sample.side}x{sample.side} (data.img_size to choose).")
     if cfg.crop_pct is None:
         crop = cfg.resolved_crop_pct()
         if crop == 1.0:
@@ -192,7 +231,7 @@ def _build_shapes(cfg: DataConfig) -> DatasetBundle:
 def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
     classes, scanned = scan_image_folder(
         Path(cfg.root), cfg.verify_images, cfg.skip_corrupt, fractions=(cfg.val_fraction, cfg.test_fraction),
-        seed=cfg.seed, min_classes=2 if cfg.require_classes else 1,
+        seed=cfg.seed, min_classes=2 if cfg.require_classes else 1, no_split_below=cfg.no_split_below,
     )
     info = data_info(cfg, classes, IMAGENET_MEAN, IMAGENET_STD)
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
@@ -201,7 +240,9 @@ def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
         split: ImageFolderDataset(part.files, part.labels, transforms[split], info.in_chans, part.skipped)
         for split, part in scanned.items()
     }
-    return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info)
+    held_out = scanned["val"].files is not scanned["train"].files
+    return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info,
+                         held_out=held_out)
 
 
 def unaugmented(dataset: Dataset, like: Dataset) -> Dataset:

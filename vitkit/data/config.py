@@ -163,6 +163,10 @@ class DataConfig(Config):
         require_classes: imagefolder: refuse fewer than two classes (a classifier learns nothing
             from one); ``false`` for pre-training, which ignores labels, so that a flat folder of
             images (one class) trains.
+        no_split_below: imagefolder without ``train/``: when a split by ``val_fraction`` and
+            ``test_fraction`` would leave a class fewer training images than this, every image
+            trains, validation and test show the training images and the last epoch is kept (a
+            note says so); ``0``: always split.
         mean: per-channel normalisation mean; ``None``: the dataset's statistics.
         std: per-channel normalisation std; ``None``: the dataset's statistics.
         crop_pct: eval transform resizes the shorter side to ``img_size / crop_pct`` then
@@ -197,6 +201,7 @@ class DataConfig(Config):
     skip_corrupt: bool = False
     verify_images: bool = True
     require_classes: bool = True
+    no_split_below: int = field(default=20, metadata=bounds(ge=0, le=1 << 20))
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = field(default=None, metadata=bounds(gt=0))
     crop_pct: float | None = field(default=None, metadata=bounds(gt=0, le=1))

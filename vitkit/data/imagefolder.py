@@ -114,7 +114,7 @@ def image_files(folder: Path) -> list[Path]:
 
 def scan_image_folder(
     root: Path, verify: bool = True, skip_corrupt: bool = False, *, fractions: tuple[float, float] = (0.1, 0.2),
-    seed: int = 0, min_classes: int = 2,
+    seed: int = 0, min_classes: int = 2, no_split_below: int = 0,
 ) -> tuple[list[str], dict[str, SplitFiles]]:
     """The classes (``root/train``'s folders, else ``root``'s, else :data:`UNLABELLED`) and the
     files of ``train``, ``val`` and ``test`` (when present), checked before training.
@@ -126,6 +126,8 @@ def scan_image_folder(
         fractions: the shares of val and test of a folder without ``train/`` (:func:`split_folder`).
         seed: the seed of that split.
         min_classes: classes required (2 for a classifier; 1 for pre-training, which ignores labels).
+        no_split_below: a folder without ``train/`` whose split would train a class on fewer
+            images is not split: every split holds every image (:func:`few_labels`).
 
     Raises:
         ImageFolderError: fewer than ``min_classes`` classes, a training class without readable
@@ -134,7 +136,8 @@ def scan_image_folder(
         ImageReadError: an unreadable file (unless ``skip_corrupt``).
     """
     if not (root / "train").is_dir():
-        return split_folder(root, verify, skip_corrupt, fractions=fractions, seed=seed, min_classes=min_classes)
+        return split_folder(root, verify, skip_corrupt, fractions=fractions, seed=seed, min_classes=min_classes,
+                            no_split_below=no_split_below)
     classes = find_classes(root / "train")
     check_class_count(root / "train", classes, min_classes)
     splits: dict[str, SplitFiles] = {}
@@ -162,17 +165,26 @@ def check_class_count(folder: Path, classes: Sequence[str], min_classes: int) ->
 
 
 def split_folder(
-    root: Path, verify: bool, skip_corrupt: bool, *, fractions: tuple[float, float], seed: int, min_classes: int
+    root: Path, verify: bool, skip_corrupt: bool, *, fractions: tuple[float, float], seed: int, min_classes: int,
+    no_split_below: int = 0,
 ) -> tuple[list[str], dict[str, SplitFiles]]:
     """A folder without ``train/``: class folders ``root/<class>/*`` when ``root`` holds no image
     itself, else every image under it as the one class :data:`UNLABELLED`; split into train, val
-    and test by ``fractions`` (val, test), class by class, by ``seed``."""
+    and test by ``fractions`` (val, test), class by class, by ``seed``, unless class folders too
+    small for it (``no_split_below``, :func:`few_labels`) put every image in every split, with a note."""
     if not root.is_dir():
         raise FileNotFoundError(f"{root} does not exist; an image folder dataset is laid out as {LAYOUT}.")
     loose = [p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS]
     if loose:
         classes, files = [UNLABELLED], image_files(root)
         labels = [0] * len(files)
+        folders = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        if folders and len(loose) < len(files):
+            log.warning(
+                "note: %s has %d image(s) at its top (e.g. %s) beside the folder(s) %s: it is read as one flat folder "
+                "of %d unlabelled images, not as class folders; move the top-level image(s) into a class folder "
+                "for labels.", root, len(loose), loose[0].name, quote_names(sorted(folders)), len(files),
+            )
     else:
         classes = find_classes(root)
         files, labels = scan_split(root, classes)
@@ -182,6 +194,17 @@ def split_folder(
     skipped: list[Path] = []
     if verify:
         files, labels, skipped = drop_unreadable(files, labels, skip_corrupt)
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(classes))
+    if classes != [UNLABELLED] and few_labels(counts, fractions, no_split_below):
+        log.warning(
+            "note: %s holds %d to %d images per class, too few to hold some out (a split at data.val_fraction=%g and "
+            "data.test_fraction=%g would train on fewer than %d per class (data.no_split_below) and pick the checkpoint "
+            "on about %d each): every image trains, the last epoch is kept, and validation and test show the training images; "
+            "measure the model on a separate folder with vitkit evaluate MODEL TEST_FOLDER.",
+            root, counts.min(), counts.max(), fractions[0], fractions[1], no_split_below, max(1, round(counts.min() * fractions[0])),
+        )
+        whole = SplitFiles(files, labels, [])
+        return classes, {"train": SplitFiles(files, labels, skipped), "val": whole, "test": whole}
     parts = stratified_split(np.asarray(labels, dtype=np.int64), fractions, seed)
     splits = {
         split: SplitFiles([files[i] for i in index], [labels[i] for i in index], skipped if split == "train" else [])
@@ -194,7 +217,18 @@ def split_folder(
                 f"{fractions[0]:g} and data.test_fraction={fractions[1]:g}; add images or raise the fraction."
             )
     check_classes_covered(root, classes, splits["train"].labels, required=True)
+    if classes != [UNLABELLED]:
+        log.warning("note: %s has no train/ folder: split per class into %s training, %s validation and %s test images "
+                 "(data.val_fraction=%g, data.test_fraction=%g, data.seed=%d).", root,
+                 *(f"{len(splits[name].files):,}" for name in ("train", "val", "test")), *fractions, seed)
     return classes, splits
+
+
+def few_labels(counts: np.ndarray, fractions: tuple[float, float], no_split_below: int) -> bool:
+    """Whether a split by ``fractions`` (val, test) would leave the smallest class of ``counts``
+    (images per class) fewer than ``no_split_below`` training images: a validation image or two
+    per class would pick the checkpoint by chance, and every held-out image is one fewer to learn from."""
+    return bool(counts.min() * (1 - sum(fractions)) < no_split_below)
 
 
 def scan_split(split_dir: Path, classes: list[str]) -> tuple[list[Path], list[int]]:

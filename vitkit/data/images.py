@@ -73,6 +73,15 @@ def is_grayscale(path: str | os.PathLike) -> bool:
         return False  # unreadable: reported where it is loaded, and no reason to drop colour
 
 
+def image_size(path: str | os.PathLike) -> tuple[int, int] | None:
+    """``(width, height)`` of ``path`` read from its header, ``None`` when unreadable."""
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except _DECODE_ERRORS:
+        return None
+
+
 def load_image(path: str | os.PathLike, in_chans: int | None = None) -> Image.Image:
     """Decode ``path`` completely, turned upright by its EXIF orientation (as photo viewers show it).
 

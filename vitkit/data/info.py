@@ -132,10 +132,13 @@ class DataInfo:
 class DatasetBundle:
     """The three splits, each yielding ``(image FloatTensor [C, H, W] normalised, label int)``.
 
-    ``train`` uses the training transform, ``val`` and ``test`` the eval transform.
+    ``train`` uses the training transform, ``val`` and ``test`` the eval transform. ``held_out``
+    is false where validation and test show the training images (a folder with too few images per
+    class to hold any out: the run keeps its last epoch).
     """
 
     train: Dataset
     val: Dataset
     test: Dataset
     info: DataInfo
+    held_out: bool = True

@@ -38,7 +38,7 @@ DATA_DRIVEN_FIELDS = ("img_size", "in_chans", "num_classes")
 #: ModelConfig fields that choose the model rather than override a ViTConfig field.
 MODEL_CHOICE_FIELDS = (
     "name", "grad_checkpointing", "impl", "pretrained", "pretrained_file", "pretrained_kwargs", "reset_head", "freeze",
-    "lora",
+    "lora", "pretrained_weights", "fit_to_images",
 )
 #: The variant a recipe without ``model.name`` or ``model.pretrained`` builds.
 DEFAULT_VARIANT = "vit_cifar_tiny"
@@ -64,6 +64,8 @@ class _ModelChoice(Config):
     reset_head: bool | None = None
     freeze: str = "none"
     lora: LoraConfig | None = None
+    pretrained_weights: bool = True
+    fit_to_images: bool = False
 
     def validate(self) -> None:
         """``pretrained_file`` and ``pretrained_kwargs`` come with a timm name, ``reset_head`` with
@@ -76,9 +78,16 @@ class _ModelChoice(Config):
                 "freeze", f"is {self.freeze!r}, but with model.lora every weight but the adapters and the classifier is "
                 "frozen already: leave model.freeze unset.",
             )
+        if self.pretrained is not None and self.fit_to_images:
+            raise FieldError("fit_to_images", "sizes a new encoder to the images, but model.pretrained fixes the model: "
+                             "remove one of them.")
+        if not self.pretrained_weights and (self.freeze != "none" or self.lora is not None):
+            raise FieldError("pretrained_weights", "is false (fresh weights), so model.freeze / model.lora would hold "
+                             "random weights still: remove them for the from-scratch baseline.")
         if self.pretrained is None:
             given = [key for key in ("pretrained_file", "pretrained_kwargs", "reset_head") if getattr(self, key) not in (None, {})]
             given += ["freeze"] if self.freeze != "none" else []  # frozen random weights would never learn
+            given += ["pretrained_weights"] if not self.pretrained_weights else []
             if given:
                 key = given[0]
                 raise FieldError(key, "only applies to pretrained weights: set model.pretrained too (a model file or timm:NAME).")
@@ -149,6 +158,10 @@ ModelConfig.__doc__ = """Which variant to build, how, and the :class:`ViTConfig`
         lora: low-rank adapters (:class:`~vitkit.layers.LoraConfig`: ``rank``, ``alpha``,
             ``dropout``, ``targets``); the adapters and the classifier train, every other weight
             stays as loaded, and the exported model has the adapters merged into its weights.
+        pretrained_weights: ``false`` builds ``pretrained``'s architecture and preprocessing with
+            fresh weights: the from-scratch baseline of a fine-tuning run, the same model.
+        fit_to_images: an image-folder recipe's image size and encoder keys left unset come from the
+            images' size (:mod:`vitkit.train.sizing`; the ``*_imagefolder`` pre-training recipes).
 
     Every other field is generated from the :class:`ViTConfig` field of the same name (except the
     data-driven ``img_size``, ``in_chans`` and ``num_classes``), typed ``ViTConfig``'s type or
@@ -235,6 +248,8 @@ class TrainerConfig(Config):
         checkpoint_every_n_steps: also write ``last.ckpt`` every this many steps (0: at epoch ends only).
         monitor: validation metric that selects ``best.ckpt`` (tested and exported): accuracies are
             maximised, the loss minimised. On a small validation set the loss ties less often.
+            ``last``: the last epoch's weights (set by the run for an image folder too small to hold
+            images out: validation then shows the training images).
         enable_progress_bar: Lightning's progress bar.
         num_sanity_val_steps: validation batches run before training to catch bugs early.
         num_threads: torch CPU threads (``torch.set_num_threads``); ``null`` keeps torch's default.
@@ -272,7 +287,7 @@ class TrainerConfig(Config):
     limit_val_batches: int | float | None = field(default=None, metadata=bounds(ge=0))
     limit_test_batches: int | float | None = field(default=None, metadata=bounds(gt=0))
     checkpoint_every_n_steps: int = field(default=500, metadata=bounds(ge=0))
-    monitor: Literal["val/acc1", "val/acc5", "val/loss"] = "val/acc1"
+    monitor: Literal["val/acc1", "val/acc5", "val/loss", "last"] = "val/acc1"
     enable_progress_bar: bool = True
     num_sanity_val_steps: int = field(default=2, metadata=bounds(ge=0))
     num_threads: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_THREADS))
@@ -543,7 +558,7 @@ def classification_options(config: RecipeConfig) -> list[str]:
     found = [f"optim.{key}={getattr(optim, key):g}" for key in ("mixup", "cutmix", "label_smoothing") if getattr(optim, key) > 0]
     found += [f"distill.type={config.distill.type}"] if config.distill.type != "none" else []
     found += [f"trainer.{key}={getattr(trainer, key)}" for key in ("tta", "val_tta") if getattr(trainer, key) not in (None, "none")]
-    found += [f"trainer.monitor={trainer.monitor} (use val/loss)"] if trainer.monitor != "val/loss" else []
+    found += [f"trainer.monitor={trainer.monitor} (use val/loss or last)"] if trainer.monitor not in ("val/loss", "last") else []
     found += [f"model.reset_head={model.reset_head}"] if model.reset_head is not None else []
     found += ["model.lora"] if model.lora is not None else []
     found += [f"model.freeze={model.freeze}"] if model.freeze != "none" else []

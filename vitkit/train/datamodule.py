@@ -26,6 +26,8 @@ from .schema import RecipeError
 
 #: Full batches an epoch that a clamped batch size leaves (:meth:`ViTDataModule.fit_batch`).
 MIN_BATCHES = 4
+#: The smallest batch :meth:`ViTDataModule.fit_batch` clamps a split of at least one batch to.
+MIN_CLAMPED = 8
 
 Split = Literal["train", "val", "test"]
 
@@ -92,16 +94,20 @@ class ViTDataModule(L.LightningDataModule):
         return self.bundle.info
 
     def fit_batch(self) -> str | None:
-        """Clamp the batch size to a training split smaller than one batch (every batch would be
-        dropped): the largest power of two that gives at least :data:`MIN_BATCHES` full batches an
-        epoch; the ``note:`` line that says so, or ``None`` when the batch fits."""
+        """Clamp the batch size to a small training split: the largest power of two that gives at
+        least :data:`MIN_BATCHES` full batches an epoch, when the split is smaller than one batch
+        (every batch would be dropped), or gives fewer full batches than that and the clamped batch
+        still holds :data:`MIN_CLAMPED` images (a few labelled images a class: 100 images in batches
+        of 32 would take three steps an epoch). The ``note:`` line that says so, or ``None``."""
         images = len(self.bundle.train)
-        if images >= self.batch_size:
+        clamped = 1 << max(0, (images // MIN_BATCHES).bit_length() - 1)
+        if images >= self.batch_size * MIN_BATCHES or (images >= self.batch_size and clamped < MIN_CLAMPED):
             return None
-        wanted, self.batch_size = self.batch_size, 1 << max(0, (images // MIN_BATCHES).bit_length() - 1)
-        return (f"note: trainer.batch_size {wanted} is more than the {images} training images; batches of "
-                f"{self.batch_size} instead ({images // self.batch_size} full batches an epoch; set "
-                "trainer.batch_size to choose).")
+        wanted, self.batch_size = self.batch_size, clamped
+        why = (f"is more than the {images} training images" if images < wanted else
+               f"gives {images // wanted} full batches an epoch of the {images} training images")
+        return (f"note: trainer.batch_size {wanted} {why}; batches of {self.batch_size} instead "
+                f"({images // self.batch_size} full batches an epoch; set trainer.batch_size to choose).")
 
     def fit_workers(self, cores: int) -> str | None:
         """Clamp ``data.num_workers`` to the ``cores`` this process may use (more worker processes

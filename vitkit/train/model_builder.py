@@ -82,6 +82,19 @@ def load_starting_weights(model: ModelConfig, resume: str | os.PathLike | None =
     )
 
 
+def weights_geometry(weights: PretrainedWeights | None) -> tuple[dict[str, Any], str]:
+    """The image size and channels an image folder's run takes from ``weights`` where the recipe
+    leaves them unset (the size they were trained at; the channels of a vitkit model file, while
+    RGB timm weights adapt to gray images), and the weights' name for the note that says so."""
+    if weights is None:
+        return {}, ""
+    height, width = weights.config.img_size
+    geometry: dict[str, Any] = {"img_size": height if height == width else (height, width)}
+    if not str(weights.record.get("pretrained", "")).startswith("timm:"):
+        geometry["in_chans"] = weights.config.in_chans
+    return geometry, weights.description
+
+
 def pretrained_data(data: DataConfig, weights: PretrainedWeights) -> tuple[DataConfig, str]:
     """``data`` normalised as the weights saw images (their mean, std and interpolation), unless
     the recipe sets them, and a ``note:`` line saying what was used. Statistics of 3-channel
@@ -165,7 +178,7 @@ def adapt(
     data have the classes it was trained on, by count and, where the weights record them, by name,
     and ``model.reset_head`` allows; else re-initialised, distillation head too), image
     size (position embedding resampled) and channels (first-layer filters adapted); the recipe's
-    free fields applied.
+    free fields applied. With ``model.pretrained_weights`` false: the same model, freshly initialised.
 
     Raises:
         RecipeError: a recipe field that contradicts the weights.
@@ -196,6 +209,10 @@ def adapt(
         where = f"model.{key} {error.problem}" if key else str(error)
         raise RecipeError(f"{where} (fine-tuning model.pretrained={weights.record['pretrained']})") from None
     built = VisionTransformer(target)
+    if not model.pretrained_weights:
+        rank_zero_info(f"note: model.pretrained_weights=false: {weights.description}'s architecture and preprocessing "
+                       "with fresh weights (the from-scratch baseline).")
+        return built
     try:
         reset = load_pretrained(built, weights, reset_head=model.reset_head, class_names=class_names)
     except PretrainedError as error:

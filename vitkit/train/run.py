@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
-from ..data import DataInfo, settle_unset
+from ..data import DataInfo, folder_sample, settle_unset
 from ..errors import VitkitError
 from ..io import save_model
 from ..kernels import autotune_report
@@ -68,11 +68,12 @@ from .distill import build_teacher, prepare_teacher
 from .distributed import ShardedStrategy
 from .hook_dispatch import skip_idle_step_hooks
 from .kernel_trial import TrainingKernelChooser
-from .model_builder import build_model, load_starting_weights, pretrained_data
+from .model_builder import build_model, load_starting_weights, pretrained_data, weights_geometry
 from .module import NonFiniteLossError, ViTModule
 from .plots import plot_curves
 from .pretraining import finetune_command, pretraining_callbacks, pretraining_summary
 from .schema import RecipeError
+from .sizing import fit_to_images
 from .threads import other_load, thread_advice, usable_cores
 
 #: Exit status of a run stopped by SIGTERM (128 + the signal's number, as shells report it).
@@ -167,12 +168,15 @@ def _prepare_and_fit(
         rank_zero_info("note: trainer.precision=bf16-true: the training steps run a bfloat16 copy of the model, whose "
                        "float32 weights take the updates; validation and test run under bf16 autocast.")
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
-    data, notes = settle_unset(config.data)
-    config = dataclasses.replace(config, data=data)  # config.yaml records the channels chosen
-    for note in notes:
-        rank_zero_info(note)
     config = settle_pretrained_path(config)
     weights = load_starting_weights(config.model, resume)
+    sample = folder_sample(config.data)  # an image folder's channels and size, read once
+    config, sized = fit_to_images(config, sample)
+    data, notes = settle_unset(config.data, sample, *weights_geometry(weights))
+    config = dataclasses.replace(config, data=data)  # config.yaml records the channels and size chosen
+    for note in [sized, *notes]:
+        if note is not None:
+            rank_zero_info(note)
     filled: set[str] = set()  # data keys left unset by the recipe and filled from the weights
     if weights is not None:
         data, note = pretrained_data(config.data, weights)
@@ -184,6 +188,8 @@ def _prepare_and_fit(
     if (note := datamodule.fit_batch()) is not None:  # config.yaml records the batch used
         config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, batch_size=datamodule.batch_size))
         rank_zero_info(note)
+    if not datamodule.bundle.held_out and config.trainer.monitor != "last":  # the data layer said why
+        config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, monitor="last"))
     if (note := datamodule.fit_workers(usable_cores())) is not None:
         config = dataclasses.replace(config, data=datamodule.config)
         rank_zero_info(note)
@@ -473,7 +479,7 @@ def _callbacks(config: RecipeConfig, run_dir: Path) -> tuple[ModelCheckpoint, La
     best = ModelCheckpoint(
         dirpath=checkpoints,
         filename="best",
-        monitor=monitor,
+        monitor=None if monitor == "last" else monitor,  # None: the latest epoch's weights
         mode="min" if monitor.endswith("loss") else "max",
         save_top_k=1,
         auto_insert_metric_name=False,
