@@ -19,6 +19,8 @@ from vitkit.kernels import linear_gelu
 from vitkit.layers import Mlp
 
 pytestmark = pytest.mark.skipif(not linear_gelu.available(), reason="this torch build has no oneDNN linear with a GELU post-op")
+#: bfloat16's fused call needs bfloat16 instructions (AVX512-BF16 or AMX); asked here, before any Ops() counts the probe
+needs_bf16 = pytest.mark.skipif(not linear_gelu.available(torch.bfloat16), reason="this CPU has no bfloat16 oneDNN kernel")
 
 
 class Ops(TorchDispatchMode):
@@ -44,7 +46,7 @@ def run(module: nn.Module, x: torch.Tensor, bf16: bool = False) -> tuple[torch.T
     return out, ops.names
 
 
-@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=needs_bf16)])
 def test_inference_takes_the_fused_call_and_gives_the_two_operators_values(bf16: bool) -> None:
     layer, x = mlp(), torch.randn(3, 17, 24)
     with torch.inference_mode():
@@ -62,14 +64,14 @@ def test_inference_takes_the_fused_call_and_gives_the_two_operators_values(bf16:
 
 
 def test_the_first_question_may_come_from_inside_autocast() -> None:
-    linear_gelu.available.cache_clear()
+    linear_gelu._probe.cache_clear()
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):  # the probe raised here once
         out = mlp()(torch.randn(2, 5, 24))
     assert linear_gelu.available() and out.dtype == torch.bfloat16
 
 
 def test_asking_whether_the_call_is_available_draws_no_random_numbers() -> None:
-    linear_gelu.available.cache_clear()
+    linear_gelu._probe.cache_clear()
     torch.manual_seed(0)
     assert linear_gelu.available()
     after_asking = torch.rand(3)
@@ -77,6 +79,7 @@ def test_asking_whether_the_call_is_available_draws_no_random_numbers() -> None:
     assert torch.equal(after_asking, torch.rand(3))
 
 
+@needs_bf16
 def test_a_bfloat16_model_fuses_in_its_own_dtype() -> None:
     layer, x = mlp().to(torch.bfloat16), torch.randn(2, 5, 24, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -140,3 +143,14 @@ def test_flop_counters_count_the_fused_call_as_the_linear_it_is() -> None:
                 layer(x)
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1] == 2 * 2 * 2 * 5 * 24 * 96  # two linears, 2 FLOPs per multiply-accumulate
+
+
+def test_a_dtype_the_cpu_cannot_fuse_keeps_the_two_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a CPU without bfloat16 instructions: oneDNN has no fused bfloat16 kernel and raised mid-evaluation
+    monkeypatch.setattr(linear_gelu, "_probe", lambda dtype: dtype == torch.float32)
+    layer, x = mlp(), torch.randn(3, 17, 24)
+    with torch.inference_mode():
+        out, ops = run(layer, x, bf16=True)
+        plain, plain_ops = run(layer, x, bf16=False)
+    assert ops["_linear_pointwise"] == 0 and ops["gelu"] == 1 and out.dtype == torch.bfloat16
+    assert plain_ops["_linear_pointwise"] == 1 and plain.dtype == torch.float32

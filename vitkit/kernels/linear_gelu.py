@@ -41,10 +41,15 @@ def unfused() -> Iterator[None]:
         _enabled = before
 
 
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build runs the fused operator on the CPU in ``dtype`` (x86 builds with
+    oneDNN do in float32; in bfloat16 only CPUs with bfloat16 instructions, AVX512-BF16 or AMX:
+    elsewhere oneDNN has no such kernel and raises). Tried once per dtype on a tiny input."""
+    return _probe(dtype)
+
+
 @functools.cache
-def available() -> bool:
-    """Whether this torch build runs the fused operator on the CPU (x86 builds with oneDNN do; it
-    is tried once on a tiny input)."""
+def _probe(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
     # fixed values, not torch.randn: asked lazily from a caller's forward, the probe must not
@@ -53,10 +58,11 @@ def available() -> bool:
     bias = torch.tensor([0.1, -0.2, 0.3])
     with torch.autocast("cpu", enabled=False), torch.no_grad():  # first asked from inside a caller's autocast, perhaps
         try:
-            fused = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
+            fused = torch.ops.mkldnn._linear_pointwise(x.to(dtype), weight.to(dtype), bias.to(dtype), "gelu", [], "none")
         except RuntimeError:
             return False
-        return torch.allclose(fused, F.gelu(F.linear(x, weight, bias)), atol=1e-5)
+        expected = F.gelu(F.linear(*(t.to(dtype) for t in (x, weight, bias)))).float()
+        return torch.allclose(fused.float(), expected, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
 def _exact_gelu(act: nn.Module) -> bool:
@@ -85,7 +91,7 @@ def fusable(x: torch.Tensor, fc: nn.Module, act: nn.Module) -> bool:
         return False
     dtype = compute_dtype(x)
     weights_match = torch.is_autocast_enabled("cpu") or fc.weight.dtype == x.dtype
-    return dtype in (torch.float32, torch.bfloat16) and weights_match and available()
+    return dtype in (torch.float32, torch.bfloat16) and weights_match and available(dtype)
 
 
 def linear_gelu(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
