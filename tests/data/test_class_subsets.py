@@ -68,6 +68,16 @@ def test_a_training_split_smaller_than_one_batch_trains_in_smaller_batches_with_
     assert result.summary["global_steps"] == 5 and load_recipe(result.run_dir / "config.yaml").trainer.batch_size == 4
 
 
+def test_a_few_labels_that_give_fewer_than_four_batches_train_in_smaller_batches_with_a_note() -> None:
+    datamodule = ViTDataModule(DataConfig(name="digits", num_workers=0, train_per_class=10), 32)  # 100 images
+    # 100 // 32 = 3 steps an epoch; the largest power of two giving 4 full batches: 16 (100 // 4 = 25)
+    assert datamodule.fit_batch() == ("note: trainer.batch_size 32 gives 3 full batches an epoch of the 100 training "
+                                      "images; batches of 16 instead (6 full batches an epoch; set trainer.batch_size "
+                                      "to choose).")
+    assert datamodule.batch_size == 16
+    assert ViTDataModule(DataConfig(name="digits", num_workers=0, train_per_class=10), 25).fit_batch() is None  # 4 fit
+
+
 def test_a_split_smaller_than_one_batch_per_device_is_refused(tmp_path) -> None:
     datamodule = ViTDataModule(DataConfig(name="digits", num_workers=0, classes=[0, 1], train_per_class=2), 2)
     assert datamodule.fit_batch() is None

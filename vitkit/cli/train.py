@@ -44,12 +44,14 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
     model = run_dir / "model.safetensors"
     if "finetune_command" in summary:  # a pre-trained encoder: no classifier to score, one to fine-tune
         probe = f"; linear probe {percent('linear_probe_acc1')}" if "linear_probe_acc1" in summary else ""
+        where = f"labelled folder {summary['knn_root']}" if summary.get("knn_root") else "test split"
         return "\n".join([
-            f"k-NN accuracy of the encoder's features {percent('knn_acc1')} (test split, k=20{probe}), "
+            f"k-NN accuracy of the encoder's features {percent('knn_acc1')} ({where}, k=20{probe}), "
             f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
             f"run directory: {run_dir} (summary.json has the rest)",
-            "next: fine-tune the encoder on labels",
+            "next: fine-tune the encoder on labelled images, then the same model from fresh weights (what pre-training bought)",
             f"  {summary['finetune_command']}",
+            *([f"  {summary['scratch_command']}"] if "scratch_command" in summary else []),
         ])
     views = "" if summary.get("tta", "none") == "none" else f" with {summary['tta']} views, {percent('test_acc_one_view')} without"
     if "test_acc_mirrored" in summary:

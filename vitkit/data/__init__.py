@@ -3,7 +3,15 @@ datasets (scikit-learn's handwritten digits, generated shapes with bounding boxe
 
 from . import _albumentations  # noqa: F401  (first: albumentations without its update check)
 from .arrays import ArrayDataset, stratified_split
-from .build import FolderSample, build_datasets, data_info, folder_sample, settle_unset, unaugmented
+from .build import (
+    FolderSample,
+    build_datasets,
+    data_info,
+    folder_sample,
+    labelled_folder_halves,
+    settle_unset,
+    unaugmented,
+)
 from .cifar import CifarFileError
 from .config import DATASET_NAMES, AugmentConfig, DataConfig
 from .imagefolder import ImageFolderDataset, ImageFolderError
@@ -39,6 +47,7 @@ __all__ = [
     "display_image",
     "folder_sample",
     "generate_shapes",
+    "labelled_folder_halves",
     "load_image",
     "make_subset",
     "settle_unset",

@@ -23,7 +23,15 @@ from .batch_transforms import build_batch_transform
 from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
 from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
-from .imagefolder import ImageFolderDataset, scan_image_folder
+from .imagefolder import (
+    ImageFolderDataset,
+    ImageFolderError,
+    check_class_count,
+    drop_unreadable,
+    find_classes,
+    scan_image_folder,
+    scan_split,
+)
 from .images import image_size, is_grayscale
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataFileError, DataInfo, DatasetBundle
 from .mnist import MNIST_SOURCES, load_mnist
@@ -243,6 +251,39 @@ def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
     held_out = scanned["val"].files is not scanned["train"].files
     return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info,
                          held_out=held_out)
+
+
+def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> tuple[Dataset, Dataset, int]:
+    """A labelled image folder as a k-NN memory bank and its queries, through the evaluation
+    transform of a run's data ``info`` (its size, channels and normalisation): ``train/`` and
+    ``test/`` (else ``val/``) where the folder has them, else each class split in halves by ``seed``.
+
+    Returns:
+        ``(bank, queries, number of classes)``.
+
+    Raises:
+        ImageFolderError, FileNotFoundError: fewer than two classes, or a class with fewer than two images.
+    """
+    root = Path(root)
+    transform = build_eval_transform(info)
+    if (root / "train").is_dir():
+        classes, scanned = scan_image_folder(root, skip_corrupt=True)
+        bank, query = scanned["train"], scanned.get("test", scanned["val"])
+        return (*(ImageFolderDataset(part.files, part.labels, transform, info.in_chans) for part in (bank, query)),
+                len(classes))
+    classes = find_classes(root)
+    check_class_count(root, classes, 2)
+    files, found = scan_split(root, classes)
+    files, found, _ = drop_unreadable(files, found, skip=True)
+    labels = np.asarray(found, dtype=np.int64)
+    counts = np.bincount(labels, minlength=len(classes))
+    if counts.min() < 2:
+        raise ImageFolderError(f"{root}: class {classes[int(counts.argmin())]!r} has {counts.min()} image(s); the k-NN "
+                               "measurement needs two or more of each class (one to look up, one to find).")
+    halves = stratified_split(labels, (0.5,), seed)
+    bank, queries = (ImageFolderDataset([files[i] for i in half], labels[half].tolist(), transform, info.in_chans)
+                     for half in halves)
+    return bank, queries, len(classes)
 
 
 def unaugmented(dataset: Dataset, like: Dataset) -> Dataset:

@@ -522,6 +522,8 @@ class TaskConfig(Config):
             features (:mod:`vitkit.train.pretraining`) every this many epochs (``null``: at the end only).
         linear_probe: a pre-training task also fits a linear classifier on the encoder's frozen
             features at the end (``summary.json``'s ``linear_probe_acc1``; seconds, labels used for it only).
+        knn_root: a labelled image folder (class folders) for those measurements instead of the
+            training data's labels: a flat folder of unlabelled images gets a quality number too.
     """
 
     name: TaskName = "classify"
@@ -529,6 +531,7 @@ class TaskConfig(Config):
     mae: MaeConfig = field(default_factory=MaeConfig)
     knn_every: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_EPOCHS))
     linear_probe: bool = False
+    knn_root: str | None = None
 
     @property
     def pretrains(self) -> bool:
@@ -544,7 +547,7 @@ class TaskConfig(Config):
         unused = [f"task.{key}" for key, default in (("dino", DinoConfig()), ("mae", MaeConfig()))
                   if key != self.name and getattr(self, key) != default]
         if not self.pretrains:
-            unused += [f"task.{key}" for key in ("knn_every", "linear_probe") if getattr(self, key) not in (None, False)]
+            unused += [f"task.{key}" for key in ("knn_every", "linear_probe", "knn_root") if getattr(self, key) not in (None, False)]
         if unused:
             raise FieldError(
                 "name", f"is {self.name!r}, which does not read {', '.join(unused)}: remove those options, or set "

@@ -18,8 +18,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
+from torch.utils.data import Dataset
 
-from ..data import DataInfo, display_image, unaugmented
+from ..data import DataInfo, display_image, labelled_folder_halves, unaugmented
 from ..tasks.knn import knn_accuracy, linear_probe_accuracy, pooled_features
 from ..tasks.mae import MaeTask
 from .config import RecipeConfig
@@ -32,6 +33,9 @@ FIGURE_IMAGES = 8
 class KnnEvaluation(Callback):
     """Weighted k-NN top-1 accuracy (percent) of the encoder's pooled features: the data's
     training split without augmentation is the labelled memory bank, its test split the queries.
+
+    With ``root``, a labelled image folder (``task.knn_root``) is the bank and queries instead, so
+    that pre-training on a flat folder of unlabelled images gets a quality number too.
 
     Logged as ``val/knn_acc1`` after every ``every``-th training epoch (``None``: never during
     training), and measured once after the run's test on the weights tested (the best checkpoint,
@@ -46,46 +50,66 @@ class KnnEvaluation(Callback):
         every: epochs between measurements during training, or ``None``.
         k, temperature: :func:`~vitkit.tasks.knn.knn_accuracy`'s (DINO's 20 and 0.07).
         linear_probe: also measure the linear probe at the end.
+        root: a labelled folder to measure on (:func:`~vitkit.data.labelled_folder_halves`), or ``None``.
     """
 
-    def __init__(self, every: int | None = None, k: int = 20, temperature: float = 0.07, linear_probe: bool = False) -> None:
+    def __init__(
+        self, every: int | None = None, k: int = 20, temperature: float = 0.07, linear_probe: bool = False,
+        root: str | None = None,
+    ) -> None:
         self.every = every
         self.k = k
         self.temperature = temperature
         self.linear_probe = linear_probe
+        self.root = root
+        self._folder: tuple[Dataset, Dataset, int] | None = None  # root's splits, read once
         self.result: float | None = None
         self.probe_result: float | None = None
 
+    def splits(self, trainer: L.Trainer) -> tuple[Dataset, Dataset, int]:
+        """``(bank, queries, classes)``: the labelled folder ``root`` (through the run's evaluation
+        transform, :func:`~vitkit.data.labelled_folder_halves`), else the run's own training split
+        unaugmented and its test split."""
+        data = trainer.datamodule
+        if self.root is not None:
+            if self._folder is None:
+                self._folder = labelled_folder_halves(self.root, data.info, data.config.seed)
+            return self._folder
+        return unaugmented(data.bundle.train, data.bundle.test), data.bundle.test, data.info.num_classes
+
     def features(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[torch.Tensor, ...]:
         """``(bank features, bank labels, test features, test labels)`` of ``pl_module``'s evaluated
-        weights on ``trainer``'s datamodule (the training split unaugmented, the test split)."""
+        weights on :meth:`splits`."""
         data = trainer.datamodule
-        bundle = data.bundle
+        bank_split, query_split, _ = self.splits(trainer)
         model = _evaluated(pl_module)
         was_training = model.training
         model.eval()
         try:
-            bank = pooled_features(model, data.loader(unaugmented(bundle.train, bundle.test), data.batch_size * 2, False),
-                                   pl_module.device)
-            queries = pooled_features(model, data.loader(bundle.test, data.batch_size * 2, False), pl_module.device)
+            bank = pooled_features(model, data.loader(bank_split, data.batch_size * 2, False), pl_module.device)
+            queries = pooled_features(model, data.loader(query_split, data.batch_size * 2, False), pl_module.device)
         finally:
             model.train(was_training)
         return (*bank, *queries)
 
+    def classes(self, trainer: L.Trainer) -> int:
+        """The number of classes the measurement tells apart (1: a flat folder, nothing to measure)."""
+        return self.splits(trainer)[2] if self.root is not None else trainer.datamodule.info.num_classes
+
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
-        """The k-NN accuracy of ``pl_module``'s evaluated weights on ``trainer``'s datamodule."""
-        return self._knn(self.features(trainer, pl_module), trainer.datamodule.info.num_classes)
+        """The k-NN accuracy of ``pl_module``'s evaluated weights on :meth:`splits`."""
+        return self._knn(self.features(trainer, pl_module), self.classes(trainer))
 
     def _knn(self, features: tuple[torch.Tensor, ...], num_classes: int) -> float:
         return knn_accuracy(*features, num_classes=num_classes, k=self.k, temperature=self.temperature)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.every and (trainer.current_epoch + 1) % self.every == 0 and trainer.datamodule.info.num_classes > 1:
+        if self.every and (trainer.current_epoch + 1) % self.every == 0 and self.classes(trainer) > 1:
             pl_module.log("val/knn_acc1", self.measure(trainer, pl_module), batch_size=1)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        num_classes = trainer.datamodule.info.num_classes
-        if num_classes < 2:  # one class (a flat folder of images): nothing to measure
+        num_classes = self.classes(trainer)
+        if num_classes < 2:  # one class (a flat folder of images) and no labelled folder: nothing to measure
             return
         features = self.features(trainer, pl_module)
         self.result = round(self._knn(features, num_classes), 3)
@@ -135,7 +159,9 @@ def pretraining_callbacks(config: RecipeConfig, run_dir: Path) -> list[Callback]
     MAE's ``reconstructions.png`` in ``run_dir``."""
     if not config.task.pretrains:
         return []
-    callbacks: list[Callback] = [KnnEvaluation(config.task.knn_every, linear_probe=config.task.linear_probe)]
+    callbacks: list[Callback] = [
+        KnnEvaluation(config.task.knn_every, linear_probe=config.task.linear_probe, root=config.task.knn_root)
+    ]
     if config.task.name == MaeTask.name:
         callbacks.append(ReconstructionFigure(run_dir / "reconstructions.png"))
     return callbacks
@@ -143,27 +169,42 @@ def pretraining_callbacks(config: RecipeConfig, run_dir: Path) -> list[Callback]
 
 def pretraining_summary(callbacks: list[Callback]) -> dict[str, Any]:
     """``summary.json``'s entries from :func:`pretraining_callbacks`: ``knn_acc1`` and, when
-    measured, ``linear_probe_acc1`` (percent)."""
+    measured, ``linear_probe_acc1`` (percent), with ``knn_root`` where a labelled folder measured them."""
     knn = next((callback for callback in callbacks if isinstance(callback, KnnEvaluation)), None)
     if knn is None:
         return {}
-    return {"knn_acc1": knn.result, **({"linear_probe_acc1": knn.probe_result} if knn.linear_probe else {})}
+    return {"knn_acc1": knn.result, **({"linear_probe_acc1": knn.probe_result} if knn.linear_probe else {}),
+            **({"knn_root": knn.root} if knn.root is not None else {})}
 
 
 #: The shipped classification recipe that fine-tunes an encoder pre-trained on each dataset.
-FINETUNE_RECIPES = {"fashion_mnist": "fashion_mnist_fast", "imagefolder": "finetune_imagefolder"}
+FINETUNE_RECIPES = {"fashion_mnist": "fashion_mnist_fast", "imagefolder": "finetune_small"}
+#: Encoders deeper than this fine-tune on an image folder with layer decay (``finetune_imagefolder``):
+#: a few blocks have too few layers for a per-layer rate to help (docs/finetune.md).
+SMALL_ENCODER_DEPTH = 8
+#: Where the fine-tuning command of an encoder pre-trained on unlabelled images wants the labelled ones.
+LABELLED_PLACEHOLDER = "LABELLED_FOLDER"
 
 
-def finetune_command(config: RecipeConfig, model_file: Path) -> str:
-    """``vitkit train RECIPE model.pretrained=MODEL ...``: a classification recipe of the same data
-    (:data:`FINETUNE_RECIPES`, else ``RECIPE`` to fill in) starting from the exported encoder."""
+def finetune_command(config: RecipeConfig, model_file: Path, depth: int, *, fresh: bool = False) -> str:
+    """``vitkit train RECIPE data.root=... model.pretrained=MODEL``: a classification recipe of the
+    same data (:data:`FINETUNE_RECIPES`; an image folder's by the encoder's ``depth``, else
+    ``RECIPE`` to fill in) starting from the exported encoder, whose file gives the image size,
+    channels and normalisation. An image folder's labelled images are ``task.knn_root`` where the
+    run had one, else :data:`LABELLED_PLACEHOLDER`: never the (unlabelled) pre-training folder.
+    ``fresh``: the same model from fresh weights, the baseline that shows what pre-training bought."""
     data = config.data
     recipe = FINETUNE_RECIPES.get(data.name, "RECIPE")
-    words = ["vitkit train", recipe, f"model.pretrained={model_file}"]
-    if data.name in FINETUNE_RECIPES:  # datasets read from files
+    if data.name == "imagefolder" and depth > SMALL_ENCODER_DEPTH:
+        recipe = "finetune_imagefolder"
+    words = ["vitkit train", recipe]
+    if data.name == "imagefolder":
+        words.append(f"data.root={config.task.knn_root or LABELLED_PLACEHOLDER}")
+    elif data.name in FINETUNE_RECIPES:  # datasets read from files
         words.append(f"data.root={data.root}")
+    words.append(f"model.pretrained={model_file}")
     if data.name == "fashion_mnist":
         words.append("data.train_per_class=10")  # the few labels pre-training is for
-    if data.name == "imagefolder":  # the encoder's grid, not the recipe's ImageNet size
-        words.append(f"data.img_size={config.data.resolved_img_size()[0]}")
+    if fresh:
+        words.append("model.pretrained_weights=false")
     return " ".join(words)

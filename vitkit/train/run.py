@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
-from ..data import DataInfo, folder_sample, settle_unset
+from ..data import DataInfo, folder_sample, labelled_folder_halves, settle_unset
 from ..errors import VitkitError
 from ..io import save_model
 from ..kernels import autotune_report
@@ -194,6 +194,8 @@ def _prepare_and_fit(
         config = dataclasses.replace(config, data=datamodule.config)
         rank_zero_info(note)
     datamodule.check_batch()  # before a run directory is claimed (each DDP process checks again at fit)
+    if config.task.knn_root is not None:  # a labelled folder the end of the run would refuse, refused now
+        labelled_folder_halves(config.task.knn_root, datamodule.info, config.data.seed)
     module = build_module(config, datamodule.info, weights)
     datamodule.training_data = module.task.training_data  # DINO's crops
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
@@ -345,7 +347,9 @@ def _fit(
         **pretraining_summary(pretraining),
     }
     if config.task.pretrains:
-        summary["finetune_command"] = finetune_command(config, run_dir / "model.safetensors")
+        encoder, depth = run_dir / "model.safetensors", model.config.depth
+        summary["finetune_command"] = finetune_command(config, encoder, depth)
+        summary["scratch_command"] = finetune_command(config, encoder, depth, fresh=True)
     if trainer.is_global_zero:
         save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
         plot_curves(merge_metrics(run_dir), run_dir / "curves.png")

@@ -52,7 +52,7 @@ def fit_to_images(config: RecipeConfig, sample: FolderSample | None) -> tuple[Re
     data = config.data if config.data.img_size is not None else dataclasses.replace(config.data, img_size=tier.img_size)
     config = dataclasses.replace(config, data=data, model=dataclasses.replace(config.model, **chosen))
     size = config.data.resolved_img_size()[0]
-    said = ", ".join(f"model.{key}={value}" for key, value in chosen.items())
+    said = ", ".join(f"model.{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in chosen.items())
     return config, (
         f"note: the images are about {sample.side} px (median shorter side of {sample.count}): resized to {size} px "
         f"for a {config.model.depth or '?'}-block encoder ({said or 'the recipe keys'}); set data.img_size or "
