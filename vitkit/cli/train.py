@@ -61,12 +61,13 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
     tested, total = summary.get("test_images") or (None, None)
     if tested is not None and tested < total:
         views += f" on {tested:,} of {total:,} test images (trainer.limit_test_batches)"
+    seen = "" if summary.get("held_out", True) else " on the training images (none were held out)"
     return "\n".join([
-        f"test accuracy {percent('test_acc')}{views} (top-5 {percent('test_acc5')}, validation {percent('val_acc')}), "
+        f"test accuracy {percent('test_acc')}{views}{seen} (top-5 {percent('test_acc5')}, validation {percent('val_acc')}), "
         f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
         f"run directory: {run_dir} (summary.json has the rest)",
         "next:",
-        f"  vitkit evaluate {model}",
+        f"  vitkit evaluate {model}" + ("" if summary.get("held_out", True) else " TEST_FOLDER"),
         f"  vitkit maps {model} --test-images 4 --out maps/",
         f"  vitkit predict {model} IMAGE_OR_FOLDER",
     ])

@@ -323,6 +323,7 @@ def _fit(
         "num_parameters": count_parameters(model) if model is not None else None,
         "val_acc": _metric(validated, "val/acc1"),
         "test_acc": _metric(tested, "test/acc1"),
+        "held_out": datamodule.bundle.held_out,  # false: validation and test showed the training images
         "test_acc5": _metric(tested, "test/acc5"),
         # [images the test accuracy covers, images of the test split]; fewer with trainer.limit_test_batches
         "test_images": [round(_metric(tested, "test/images") or 0), len(datamodule.bundle.test)],

@@ -1,0 +1,108 @@
+"""The journey on a user's own folders: pre-train on a flat folder of unlabelled gray images (sized to
+them, k-NN measured on a labelled folder), fine-tune on a few labelled images per class from the
+encoder file (its size and channels), and the same model from fresh weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data import DataInfo
+from vitkit.io import read_model
+from vitkit.train import load_recipe, train
+from vitkit.train.model_builder import build_model, load_starting_weights
+from vitkit.train.schema import RecipeError
+from vitkit.train.sizing import SIZE_TIERS, tier_for
+
+TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1", "trainer.batch_size=8", "trainer.enable_progress_bar=false",
+        "data.num_workers=0", "trainer.log_every=1"]
+
+
+def gray_images(folder: Path, count: int, side: int, seed: int, value: int | None = None) -> None:
+    """``count`` gray ``side``-px PNGs: noise, or noise around ``value`` (a class's brightness)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        base = rng.integers(0, 255, (side, side)) if value is None else value + rng.integers(-20, 20, (side, side))
+        Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(folder / f"{seed}_{index}.png")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("own")
+    gray_images(root / "unlabelled", 40, 20, seed=0)  # a flat folder: no class folders
+    for label, value in enumerate((40, 120, 200)):
+        gray_images(root / "labelled" / f"class{label}", 6, 20, seed=label + 1, value=value)
+    return root / "unlabelled", root / "labelled"
+
+
+@pytest.fixture(scope="module")
+def encoder_run(folders: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    unlabelled, labelled = folders
+    out = tmp_path_factory.mktemp("runs")
+    # model.embed_dim/num_heads on the line win over the tier; the tier still sets the rest
+    return train("mae_imagefolder", [f"data.root={unlabelled}", f"task.knn_root={labelled}", f"output.dir={out}",
+                                     "model.embed_dim=32", "model.num_heads=2", "task.mae.decoder_dim=16",
+                                     "task.mae.decoder_heads=2", "data.val_fraction=0.1", "data.test_fraction=0.1", *TINY])
+
+
+def test_pretraining_takes_a_flat_folder_sized_to_its_images_and_measures_on_the_labelled_one(
+    encoder_run, folders: tuple[Path, Path],  # noqa: ANN001
+) -> None:
+    unlabelled, labelled = folders
+    config = load_recipe(encoder_run.run_dir / "config.yaml")
+    tier = tier_for(20)
+    assert tier is SIZE_TIERS[0] and tier.img_size == 32  # 20-px images: the smallest tier
+    assert (config.data.in_chans, config.data.resolved_img_size()) == (1, (32, 32))  # gray, the tier's size
+    assert (config.model.patch_size, config.model.depth) == ((8, 8), tier.model["depth"]) == ((8, 8), 4)
+    assert (config.model.embed_dim, config.model.num_heads) == (32, 2)  # the recipe line's own values won
+    summary = encoder_run.summary
+    assert summary["knn_root"] == str(labelled) and summary["knn_acc1"] is not None
+    command = summary["finetune_command"]
+    assert command.startswith("vitkit train finetune_small ") and f"data.root={labelled}" in command
+    assert str(unlabelled) not in command and "data.img_size" not in command
+    assert summary["scratch_command"] == command + " model.pretrained_weights=false"
+
+
+def test_finetuning_a_few_labels_reads_the_encoders_size_and_channels_and_keeps_the_last_epoch(
+    encoder_run, folders: tuple[Path, Path], tmp_path: Path,  # noqa: ANN001
+) -> None:
+    _, labelled = folders
+    encoder = encoder_run.run_dir / "model.safetensors"
+    result = train("finetune_small", [f"data.root={labelled}", f"model.pretrained={encoder}", f"output.dir={tmp_path}",
+                                      *TINY])
+    config = load_recipe(result.run_dir / "config.yaml")
+    # the labelled images are 20 px: 32 and one channel can only come from the encoder file
+    assert config.data.resolved_img_size() == (32, 32) and config.data.in_chans == 1
+    assert config.trainer.monitor == "last" and result.summary["held_out"] is False  # 6 a class: none held out
+    assert config.trainer.batch_size == 8  # 18 images: 4 full batches would take batches of 4, under the floor of 8
+    model_config, _, _ = read_model(result.run_dir / "model.safetensors")
+    assert model_config.num_classes == 3
+
+
+def test_pretrained_weights_false_builds_the_encoders_model_with_fresh_weights(encoder_run) -> None:  # noqa: ANN001
+    encoder = encoder_run.run_dir / "model.safetensors"
+    _, state, _ = read_model(encoder)
+    recipe = load_recipe("finetune_small", [f"model.pretrained={encoder}"])
+    fresh_recipe = load_recipe("finetune_small", [f"model.pretrained={encoder}", "model.pretrained_weights=false"])
+    info = DataInfo(num_classes=3, class_names=("a", "b", "c"), img_size=(32, 32), in_chans=1, mean=(0.5,), std=(0.5,),
+                    name="imagefolder")
+    loaded, _ = build_model(recipe, info, load_starting_weights(recipe.model))
+    fresh, fresh_config = build_model(fresh_recipe, info, load_starting_weights(fresh_recipe.model))
+    assert fresh_config == loaded.config  # the same architecture
+    name = "blocks.0.attn.qkv.weight"
+    assert torch.equal(loaded.state_dict()[name], state[name])
+    assert not torch.allclose(fresh.state_dict()[name], state[name])  # fresh, not the encoder's
+    assert fresh.state_dict()[name].std().item() > 0.01  # initialised, not zero
+
+
+def test_pretrained_weights_false_without_weights_is_refused() -> None:
+    with pytest.raises(RecipeError, match="pretrained_weights.*only applies to pretrained weights"):
+        load_recipe("shapes", ["model.pretrained_weights=false"])
+    with pytest.raises(RecipeError, match="fit_to_images.*model.pretrained fixes the model"):
+        load_recipe("mae_imagefolder", ["model.pretrained=x.safetensors"])
