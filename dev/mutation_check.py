@@ -260,6 +260,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/tasks/mae.py", "return shuffle[:, :count], torch.gather(mask, 1, restore), restore",
              "return shuffle[:, -count:], torch.gather(mask, 1, restore), restore", ("tests/tasks/test_mae.py",),
              "MAE keeps the patches of highest noise"),
+    Mutation("train", "vitkit/tasks/mae.py", "        check_encoder(config)\n", "",
+             ("tests/tasks/test_mae.py",), "MAE encodes through a tokenizer that sees the hidden patches"),
+    Mutation("train", "vitkit/train/config.py", "        config.task.check_model(vit_config)\n", "        pass\n",
+             ("tests/train/test_task_refusals.py",), "the task's needs of the model checked only after the data load"),
     # the training step vitkit takes itself (issue 50 item 5)
     Mutation("train", "vitkit/train/run.py", "[cb for cb in trainer.callbacks if not any(cb is given for given in callbacks)]",
              "trainer.callbacks", ("tests/train/test_hook_dispatch.py",), "the caller's callbacks lose their no-op hooks"),

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vitkit.models import VisionTransformer, ViTConfig
-from vitkit.tasks.mae import MaeTask, masked_patch_loss, patchify, pixel_targets, random_masking
+from vitkit.schema import FieldError
+from vitkit.tasks.mae import MaeTask, masked_patch_loss, patchify, pixel_targets, random_masking, unpatchify
 
 
 # --- facebookresearch/mae, models_mae.py (MaskedAutoencoderViT), with the noise passed in -------------
@@ -134,7 +135,6 @@ def test_a_visible_patchs_pixels_reach_the_loss_only_through_the_encoder() -> No
 
 
 @pytest.mark.parametrize("changes", [{}, {"reg_tokens": 2}, {"class_token": False, "global_pool": "avg"},
-                                     {"patch_embed": "conv", "patch_size": 4, "img_size": 16},
                                      {"rope": "axial", "num_heads": 2}])
 def test_the_encoder_at_mask_ratio_0_equals_the_plain_forward(changes: dict) -> None:
     model = encoder(**changes)
@@ -159,14 +159,36 @@ def test_pixel_targets_are_the_patches_the_model_embeds_in_its_order() -> None:
     assert torch.allclose(model.patch_embed.proj(patches), model.patch_embed(images), atol=1e-6)
 
 
-def test_a_conv_stem_predicts_pixel_patches_of_the_img_size_over_patch_size_grid() -> None:
-    model = encoder(patch_embed="conv", patch_size=4, img_size=16, in_chans=1, reg_tokens=1)
-    task = small_task(model)
-    images = torch.randn(2, 1, 16, 16)
-    prediction, target, mask = task.reconstruct(model, images)
-    assert task.grid == (4, 4)
-    assert prediction.shape == target.shape == (2, 16, 16) and mask.shape == (2, 16)
-    assert torch.equal(patchify(images, (4, 4))[:, 5], images[:, 0, 4:8, 4:8].reshape(2, 16))
+#: Tokenizers whose receptive field crosses patch borders: MAE must refuse them.
+MIXING_TOKENIZERS = [{"patch_embed": "conv", "patch_size": 4, "img_size": 16}, {"shifted_patches": True}]
+
+
+@pytest.mark.parametrize("changes", [{}, {"reg_tokens": 2, "rope": "axial"}, {"pos_drop_rate": 0.0, "pre_norm": True},
+                                     *MIXING_TOKENIZERS])
+def test_a_hidden_patchs_pixels_never_reach_the_encoders_tokens(changes: dict) -> None:
+    """Every encoder MAE accepts gives bit-identical tokens when only the hidden patches' pixels
+    change (in training mode, so batch statistics count too); the others are refused."""
+    model = encoder(**changes).train()
+    try:
+        task = small_task(model)
+    except FieldError:
+        assert changes in MIXING_TOKENIZERS
+        return
+    size, (p, _) = model.config.img_size[0], model.config.patch_size
+    images, noise = torch.randn(2, 3, size, size), torch.rand(2, (size // p) ** 2)
+    latent, mask, _ = task.encode(model, images, noise)
+    hidden = mask.unsqueeze(-1).expand(-1, -1, p * p * 3)  # 1 on every pixel of a hidden patch
+    hidden_pixels = unpatchify(hidden, (p, p), (size // p, size // p))
+    changed = images + 10.0 * torch.randn_like(images) * hidden_pixels
+    assert not torch.equal(changed, images)
+    assert torch.equal(task.encode(model, changed, noise)[0], latent)
+
+
+@pytest.mark.parametrize("changes", MIXING_TOKENIZERS)
+def test_a_tokenizer_that_mixes_patches_is_refused(changes: dict) -> None:
+    key = next(iter(changes))
+    with pytest.raises(FieldError, match=f"^{key} .*hidden pixels reach the visible tokens"):
+        small_task(encoder(**changes))
 
 
 def test_the_loss_trains_encoder_and_decoder_and_the_decoder_is_the_tasks_own() -> None:

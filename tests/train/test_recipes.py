@@ -8,6 +8,7 @@ import timm
 
 from vitkit.models import VisionTransformer
 from vitkit.train.config import load_recipe
+from vitkit.train.pretraining import finetune_command
 
 RECIPES = Path(__file__).parents[2] / "recipes"
 
@@ -74,9 +75,11 @@ def test_fashion_mnist_distilled_recipe_is_the_long_recipe_with_a_resnet10_teach
 
 
 def test_mae_fashion_mnist_pretrains_the_fast_recipes_encoder() -> None:
-    """Same model keys as fashion_mnist_fast, so its fine-tuning reads the encoder as its own."""
+    """Same model keys as fashion_mnist_fast but linear patches (its conv stem would see hidden
+    pixels), which the printed fine-tuning command sets, so fine-tuning reads the encoder."""
     mae, fast = load_recipe(RECIPES / "mae_fashion_mnist.yaml"), load_recipe(RECIPES / "fashion_mnist_fast.yaml")
-    assert mae.model == fast.model and mae.data.name == fast.data.name and mae.data.img_size == fast.data.img_size
+    assert (fast.model.patch_embed, mae.model.patch_embed) == ("conv", "linear")
+    assert mae.model == fast.model.replace(patch_embed="linear") and mae.data.name == fast.data.name and mae.data.img_size == fast.data.img_size
     assert (mae.task.name, mae.task.mae.mask_ratio, mae.trainer.monitor) == ("mae", 0.75, "val/loss")
     assert mae.trainer.max_time_minutes is not None and mae.trainer.max_time_minutes < 15
 
@@ -84,3 +87,11 @@ def test_mae_fashion_mnist_pretrains_the_fast_recipes_encoder() -> None:
 def test_mae_imagefolder_takes_any_folder_without_labels() -> None:
     recipe = load_recipe(RECIPES / "mae_imagefolder.yaml")
     assert recipe.task.name == "mae" and recipe.data.name == "imagefolder" and not recipe.data.require_classes
+
+
+def test_mae_fashion_mnists_finetuning_command_loads_with_the_encoders_tokenizer() -> None:
+    mae = load_recipe(RECIPES / "mae_fashion_mnist.yaml")
+    words = finetune_command(mae, Path("enc.safetensors"), depth=4).split()
+    assert words[:3] == ["vitkit", "train", "fashion_mnist_fast"] and "model.patch_embed=linear" in words
+    overrides = [word for word in words[3:] if not word.startswith("model.pretrained=")]
+    assert load_recipe(RECIPES / "fashion_mnist_fast.yaml", overrides).model == mae.model  # no key contradicts

@@ -11,10 +11,15 @@ optionally against per-patch normalised pixels (``norm_pix_loss``, the paper's d
 :func:`random_masking` and :func:`masked_patch_loss` are facebookresearch/mae's ``random_masking``
 and ``forward_loss`` (``models_mae.py``): the same noise keeps the same patches, in the same
 shuffled order, and gives the same loss. :func:`patchify` orders each patch's pixels as
-``(p1 p2 c)``, MAE's ``patchify`` and vitkit's :class:`~vitkit.layers.PatchEmbed`. A convolutional
-stem (``patch_embed: conv``) makes the same ``img_size / patch_size`` grid, so its targets are the
-same pixel patches. Prefix tokens (class token, registers) are always visible, and pass through the
-decoder (with a zero position, as MAE's class token) without being predicted.
+``(p1 p2 c)``, MAE's ``patchify`` and vitkit's :class:`~vitkit.layers.PatchEmbed`. Prefix tokens
+(class token, registers) are always visible, and pass through the decoder (with a zero position,
+as MAE's class token) without being predicted.
+
+The patches are hidden by dropping their tokens after the tokenizer, so the tokenizer must see one
+patch per token (:func:`check_encoder`): the convolutional stem (``patch_embed: conv``), whose 3x3
+convolutions cross patch borders and whose BatchNorm averages over the whole image, and Shifted
+Patch Tokenization, which gives each token half of its neighbours, would hand the encoder about
+half of the hidden pixels (42.5% of them for a 32-px image in 8-px patches at mask ratio 0.75).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch import nn
 
 from ..layers import EncoderBlock, sincos_2d_pos_embed
 from ..models import ViTConfig
+from ..schema import FieldError
 from .base import StepOutput, Task
 
 Batch = tuple[torch.Tensor, Any]
@@ -37,6 +43,26 @@ EVAL_MASK_SEED = 0
 def kept_count(num_patches: int, mask_ratio: float) -> int:
     """Visible patches of an image: ``int(num_patches * (1 - mask_ratio))``, as MAE rounds."""
     return int(num_patches * (1 - mask_ratio))
+
+
+def check_encoder(config: ViTConfig) -> None:
+    """Refuse an encoder through which a hidden patch's pixels would reach a visible token: one whose
+    tokenizer mixes neighbouring patches before MAE drops the hidden ones.
+
+    Raises:
+        FieldError: naming the :class:`ViTConfig` field and the tokenizer to use instead.
+    """
+    if config.patch_embed == "conv":
+        raise FieldError(
+            "patch_embed", "is 'conv', whose 3x3 convolutions and BatchNorm run on the whole image before MAE hides "
+            "patches, so the hidden pixels reach the visible tokens: pre-train with patch_embed=linear (one patch "
+            "per token)."
+        )
+    if config.shifted_patches:
+        raise FieldError(
+            "shifted_patches", "is true, which gives each token half of its neighbouring patches before MAE hides "
+            "patches, so the hidden pixels reach the visible tokens: pre-train with shifted_patches=false."
+        )
 
 
 def random_masking(noise: torch.Tensor, mask_ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,8 +182,9 @@ class MaeTask(Task):
         norm_pix_loss: predict per-patch normalised pixels (MAE's default for its best results).
 
     Raises:
-        ValueError: a ratio that leaves no visible patch on this grid, or a decoder width the
-            heads or the sin-cos embedding cannot split.
+        ValueError: a ratio that leaves no visible patch on this grid, a decoder width the heads or
+            the sin-cos embedding cannot split, or an encoder that lets hidden pixels through
+            (:func:`check_encoder`).
     """
 
     name: ClassVar[str] = "mae"
@@ -168,6 +195,7 @@ class MaeTask(Task):
         decoder_heads: int = 4, norm_pix_loss: bool = True,
     ) -> None:
         super().__init__()
+        check_encoder(config)
         if not 0 <= mask_ratio < 1 or kept_count(config.num_patches, mask_ratio) < 1:
             raise ValueError(
                 f"mask_ratio {mask_ratio:g} leaves no visible patch of the {config.num_patches} of each image; lower it."

@@ -30,6 +30,7 @@ from ..models.config import MAX_DEPTH
 from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_message
 from ..recipe_files import find_recipe, shipped_recipes
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
+from ..tasks.mae import check_encoder
 from .finetune import check_freeze
 from .schema import RecipeError
 
@@ -506,6 +507,18 @@ class MaeConfig(Config):
                 f"({self.decoder_heads}), got {self.decoder_dim}."
             )
 
+    def check_model(self, model: ViTConfig) -> None:
+        """What these options need of the encoder ``model``: a tokenizer that keeps hidden pixels
+        hidden (:func:`~vitkit.tasks.mae.check_encoder`).
+
+        Raises:
+            FieldError: keyed by the recipe key (``model.patch_embed``, ``task.mae.*``).
+        """
+        try:
+            check_encoder(model)
+        except FieldError as error:
+            raise FieldError(f"model.{error.key}", error.problem) from None
+
 
 @dataclass
 class TaskConfig(Config):
@@ -532,6 +545,16 @@ class TaskConfig(Config):
     knn_every: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_EPOCHS))
     linear_probe: bool = False
     knn_root: str | None = None
+
+    def check_model(self, model: ViTConfig) -> None:
+        """What the task's options need of the model it trains (built from the recipe's
+        ``model`` section and the data).
+
+        Raises:
+            FieldError: keyed by the recipe key to change.
+        """
+        if self.name == "mae":
+            self.mae.check_model(model)
 
     @property
     def pretrains(self) -> bool:
@@ -729,6 +752,11 @@ def load_recipe(
         raise RecipeError(f"{key} in {origin} {error.problem}") from None
     except ValueError as error:
         raise RecipeError(f"invalid model section in {source}: {error}") from None
+    try:
+        config.task.check_model(vit_config)
+    except FieldError as error:
+        origin = "a command-line override" if error.key in override_keys else source
+        raise RecipeError(f"{error.key} in {origin} {error.problem}") from None
     gaps = timm_twin_lacks(vit_config) if config.model.impl == "timm" else []
     if gaps:
         raise RecipeError(f"model.impl=timm in {source}: {twin_gaps_message(vit_config, gaps, 'model.')}.")

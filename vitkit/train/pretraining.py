@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from ..data import DataInfo, display_image, labelled_folder_halves, unaugmented
 from ..tasks.knn import knn_accuracy, linear_probe_accuracy, pooled_features
 from ..tasks.mae import MaeTask
-from .config import RecipeConfig
+from .config import RecipeConfig, load_recipe
 from .plots import plot_reconstructions
 
 #: Test images in ``reconstructions.png``.
@@ -192,6 +192,7 @@ def finetune_command(config: RecipeConfig, model_file: Path, depth: int, *, fres
     ``RECIPE`` to fill in) starting from the exported encoder, whose file gives the image size,
     channels and normalisation. An image folder's labelled images are ``task.knn_root`` where the
     run had one, else :data:`LABELLED_PLACEHOLDER`: never the (unlabelled) pre-training folder.
+    The encoder's value of each model key that recipe sets otherwise is added (``model.patch_embed=linear``).
     ``fresh``: the same model from fresh weights, the baseline that shows what pre-training bought."""
     data = config.data
     recipe = FINETUNE_RECIPES.get(data.name, "RECIPE")
@@ -203,6 +204,10 @@ def finetune_command(config: RecipeConfig, model_file: Path, depth: int, *, fres
     elif data.name in FINETUNE_RECIPES:  # datasets read from files
         words.append(f"data.root={data.root}")
     words.append(f"model.pretrained={model_file}")
+    if recipe != "RECIPE":  # the fine-tuning recipe's architecture keys that differ from the encoder's
+        theirs = load_recipe(recipe).model.vit_overrides()
+        words += [f"model.{key}={value}" for key, value in config.model.vit_overrides().items()
+                  if theirs.get(key, value) != value]
     if data.name == "fashion_mnist":
         words.append("data.train_per_class=10")  # the few labels pre-training is for
     if fresh:
