@@ -106,3 +106,25 @@ def test_pretrained_weights_false_without_weights_is_refused() -> None:
         load_recipe("shapes", ["model.pretrained_weights=false"])
     with pytest.raises(RecipeError, match="fit_to_images.*model.pretrained fixes the model"):
         load_recipe("mae_imagefolder", ["model.pretrained=x.safetensors"])
+
+
+def test_bad_folders_are_refused_in_one_line_before_a_run_directory(folders: tuple[Path, Path], tmp_path: Path) -> None:
+    from vitkit.data import DataConfig, ImageFolderError, build_datasets, labelled_folder_halves
+
+    unlabelled, labelled = folders
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no images with extensions"):
+        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path / "empty"), require_classes=False))
+    gray_images(tmp_path / "one" / "only", 4, 20, seed=9)
+    info = DataInfo(num_classes=1, class_names=("images",), img_size=(32, 32), in_chans=1, mean=(0.5,), std=(0.5,),
+                    name="imagefolder")
+    for folder in (tmp_path / "one", unlabelled):  # one class folder; a flat folder (no class folders)
+        with pytest.raises(ImageFolderError, match="k-NN measurement needs a few labelled images of two or more"):
+            labelled_folder_halves(folder, info)
+    runs = tmp_path / "runs"
+    with pytest.raises(RecipeError, match=r"cannot take the data's 4x4 images: .*divisible by patch_size 8\. Set data"):
+        train("mae_imagefolder", [f"data.root={unlabelled}", "data.img_size=4", f"output.dir={runs}", *TINY])
+    with pytest.raises(ImageFolderError, match="k-NN measurement"):
+        train("mae_imagefolder", [f"data.root={unlabelled}", f"task.knn_root={tmp_path / 'one'}", f"output.dir={runs}",
+                                  *TINY])
+    assert not runs.exists()

@@ -26,7 +26,6 @@ from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
 from .imagefolder import (
     ImageFolderDataset,
     ImageFolderError,
-    check_class_count,
     drop_unreadable,
     find_classes,
     scan_image_folder,
@@ -271,8 +270,12 @@ def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> t
         bank, query = scanned["train"], scanned.get("test", scanned["val"])
         return (*(ImageFolderDataset(part.files, part.labels, transform, info.in_chans) for part in (bank, query)),
                 len(classes))
-    classes = find_classes(root)
-    check_class_count(root, classes, 2)
+    classes = find_classes(root) if root.is_dir() and any(p.is_dir() for p in root.iterdir()) else []
+    if len(classes) < 2:
+        raise ImageFolderError(
+            f"{root} holds {'one class folder' if classes else 'no class folders'}; the k-NN measurement needs a few "
+            "labelled images of two or more classes, as <root>/<class>/<image>."
+        )
     files, found = scan_split(root, classes)
     files, found, _ = drop_unreadable(files, found, skip=True)
     labels = np.asarray(found, dtype=np.int64)

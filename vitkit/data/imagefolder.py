@@ -185,6 +185,8 @@ def split_folder(
                 "of %d unlabelled images, not as class folders; move the top-level image(s) into a class folder "
                 "for labels.", root, len(loose), loose[0].name, quote_names(sorted(folders)), len(files),
             )
+    elif not any(p.is_dir() and not p.name.startswith(".") for p in root.iterdir()):
+        raise FileNotFoundError(f"{root} holds no images with extensions {', '.join(IMG_EXTENSIONS)}; expected {LAYOUT}.")
     else:
         classes = find_classes(root)
         files, labels = scan_split(root, classes)

@@ -146,7 +146,13 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights
     num_classes = info.num_classes if config.task.name == "classify" else 0
     data_fields = {"img_size": info.img_size, "in_chans": info.in_chans, "num_classes": num_classes}
     if weights is None:
-        vit_config = config.vit_config(**data_fields)
+        try:
+            vit_config = config.vit_config(**data_fields)
+        except ValueError as error:  # sizes settled from the images (data.img_size unset) that the model cannot take
+            raise RecipeError(
+                f"the model cannot take the data's {info.img_size[0]}x{info.img_size[1]} images: {error} Set "
+                "data.img_size (or model.patch_size) so that they fit."
+            ) from None
         vitkit_model = None
     else:
         vitkit_model = adapt(weights, config.model, class_names=info.class_names, **data_fields)
