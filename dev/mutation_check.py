@@ -53,6 +53,8 @@ T_ATT = "tests/layers/test_attention.py"
 HOSTILE = "tests/cli/test_hostile_input.py::"
 PURE_BF16 = "tests/train/test_pure_bf16.py"
 PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leaves_a_training_model_as_it_was"
+DINO_SCHEDULE = "tests/tasks/test_dino.py::test_the_task_follows_dinos_temperature_schedule_and_frozen_last_layer_over_epochs"
+MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -462,6 +464,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if True:\n        return values", ("tests/test_io_upgrade.py",), "format-1 model configs not upgraded"),
     Mutation("house", "vitkit/io.py", 'values["locality"] = values.pop("locality_attention")', 'values.pop("locality_attention")',
              ("tests/test_io_upgrade.py",), "an old file's locality_attention dropped, not renamed"),
+    Mutation("train", "vitkit/tasks/dino.py",
+             "teacher_temperature(self.epoch, self.warmup_teacher_temp, self.teacher_temp,",
+             "teacher_temperature(self.epoch, self.teacher_temp, self.warmup_teacher_temp,", (DINO_SCHEDULE,),
+             "DINO's teacher temperature warms up from the final one to the warm-up one"),
+    Mutation("train", "vitkit/tasks/dino.py", "freeze_last_layer=self.epoch < self.freeze_last_layer_epochs",
+             "freeze_last_layer=self.epoch <= self.freeze_last_layer_epochs", (DINO_SCHEDULE,),
+             "DINO's last layer frozen one epoch too long"),
+    Mutation("data", "vitkit/data/multicrop.py", "solarized & (crops >= 0.5)", "solarized & (crops < 0.5)",
+             (MULTICROP_PIXELS,), "multi-crop solarisation inverts the dark pixels"),
+    Mutation("data", "vitkit/data/multicrop.py", "return crops.sub_(self.mean).div_(self.std).contiguous()",
+             "return crops.sub_(self.mean).contiguous()", (MULTICROP_PIXELS,), "multi-crop views not divided by the std"),
 )
 
 

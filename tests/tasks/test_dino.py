@@ -1,7 +1,8 @@
 """DINO (``vitkit.tasks.dino``): the loss and the centre equal facebookresearch/dino's ``DINOLoss``
-written out here; the teacher gets no gradient and follows the student by the momentum DINO's
-cosine schedule gives; the head is DINO's; the multi-crop views have the right count and sizes and
-differ; the exported model is the teacher's backbone."""
+written out here, and the task follows its temperature schedule and frozen last layer over epochs;
+the teacher gets no gradient and follows the student by the momentum DINO's cosine schedule gives;
+the head is DINO's; the multi-crop views have the right count and sizes, differ, and with the
+draws forced are PIL's solarised pixels normalised; the exported model is the teacher's backbone."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageOps
 from torch import nn
 from torch.utils.data import DataLoader
+from torchvision.transforms import Normalize
+from torchvision.transforms.functional import to_tensor
 
-from vitkit.data import ArrayDataset
+from vitkit.data import ArrayDataset, multicrop
 from vitkit.data.multicrop import MultiCrop, multi_crop_dataset
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.tasks.dino import DinoHead, DinoTask, dino_loss, teacher_momentum, teacher_temperature, updated_center
@@ -69,9 +73,9 @@ def tiny_model(dynamic: bool = True) -> VisionTransformer:
                                        num_heads=2, mlp_ratio=2.0, dynamic_img_size=dynamic))
 
 
-def tiny_task(**options) -> DinoTask:
+def tiny_task(epochs: int = 3, **options) -> DinoTask:
     crops = MultiCrop(MEAN, STD, global_size=8, local_size=4, local_crops=2)
-    task = DinoTask(16, crops, epochs=3, out_dim=32, hidden_dim=24, bottleneck_dim=8, **options)
+    task = DinoTask(16, crops, epochs=epochs, out_dim=32, hidden_dim=24, bottleneck_dim=8, **options)
     return task
 
 
@@ -121,6 +125,37 @@ def test_teacher_gets_no_gradient_and_student_does() -> None:
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     assert task.student_head.mlp[0].weight.grad is not None
     assert task.student_head.last_layer.parametrizations.weight.original1.grad is None  # frozen in the first epoch
+
+
+def test_the_task_follows_dinos_temperature_schedule_and_frozen_last_layer_over_epochs() -> None:
+    """Four epochs of two steps: the teacher's temperature warms up from 0.02 to 0.06 over 3 epochs
+    (DINOLoss's ``teacher_temp_schedule``), each step's loss and centre are DINOLoss's on the same
+    outputs, and the last layer gets no gradient while ``epoch < freeze_last_layer`` (2), as
+    ``utils.cancel_gradients_last_layer`` cancels it."""
+    torch.manual_seed(0)
+    epochs, per_epoch, frozen = 4, 2, 2
+    model = tiny_model()
+    task = tiny_task(epochs, warmup_teacher_temp=0.02, teacher_temp=0.06, warmup_teacher_temp_epochs=3,
+                     freeze_last_layer_epochs=frozen)
+    task.prepare(model)
+    task.train()
+    reference = ReferenceDINOLoss(32, task.crops.num_crops, 0.02, 0.06, 3, epochs)
+    last_layer = task.student_head.last_layer.parametrizations.weight.original1
+    total = epochs * per_epoch
+    for step in range(total):
+        epoch = step // per_epoch
+        crops = task.crops((torch.rand(4, 8, 8, 1) * 255).to(torch.uint8))
+        with torch.no_grad():
+            expected = reference(task.student_outputs(model, crops), task.teacher_outputs(crops[:2]), epoch)
+        last_layer.grad = None
+        out = task.training_step(model, (crops, torch.zeros(4)))
+        out.loss.backward()
+        assert out.metrics["teacher_temp"].item() == pytest.approx(reference.teacher_temp_schedule[epoch])
+        torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(task.center, reference.center, rtol=1e-5, atol=1e-7)
+        assert (last_layer.grad is None) == (epoch < frozen), f"epoch {epoch}"
+        task.after_optimizer_step(model, step + 1, total)
+    assert reference.teacher_temp_schedule.tolist() == pytest.approx([0.02, 0.04, 0.06, 0.06])
 
 
 def test_teacher_runs_without_stochastic_depth_in_training() -> None:
@@ -180,6 +215,24 @@ def test_multi_crop_count_sizes_and_differences() -> None:
     plain = (images.permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.25
     assert not torch.allclose(views[0], plain)
     assert not torch.allclose(views[2], views[3])
+
+
+def test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised(monkeypatch) -> None:
+    """No jitter, grayscale or blur, the second crop always solarised, the whole image unmirrored:
+    the crops are torchvision's ``Normalize(mean, std)(ToTensor()(image))``, the second one of PIL's
+    ``ImageOps.solarize(image, 128)`` (which inverts the pixels >= 128)."""
+    for name, value in (("JITTER_PROBABILITY", 0.0), ("GRAYSCALE_PROBABILITY", 0.0),
+                        ("BLUR_PROBABILITY", (0.0, 0.0, 0.0)), ("SOLARIZE_PROBABILITY", 1.0)):
+        monkeypatch.setattr(multicrop, name, value)
+    mean, std = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+    crops = MultiCrop(mean, std, global_size=8, local_size=4, local_crops=0, global_scale=(1.0, 1.0), hflip=0.0)
+    image = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    image[0, :4] = [[127, 128, 0], [128, 127, 255], [126, 129, 128], [255, 0, 127]]  # both sides of the threshold
+    plain, solarised = crops.one(image)
+    pil = Image.fromarray(image)
+    normalise = Normalize(mean, std)
+    torch.testing.assert_close(plain, normalise(to_tensor(pil)), rtol=0, atol=1e-5)
+    torch.testing.assert_close(solarised, normalise(to_tensor(ImageOps.solarize(pil, threshold=128))), rtol=0, atol=1e-5)
 
 
 def test_multi_crop_dataset_batches_are_lists_of_crops() -> None:
