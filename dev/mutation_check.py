@@ -54,6 +54,7 @@ HOSTILE = "tests/cli/test_hostile_input.py::"
 PURE_BF16 = "tests/train/test_pure_bf16.py"
 PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leaves_a_training_model_as_it_was"
 DINO_SCHEDULE = "tests/tasks/test_dino.py::test_the_task_follows_dinos_temperature_schedule_and_frozen_last_layer_over_epochs"
+MAE_DECODER = "tests/tasks/test_mae.py::test_the_decoder_equals_maes_forward_decoder_in_image_order"
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 
 
@@ -475,6 +476,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              (MULTICROP_PIXELS,), "multi-crop solarisation inverts the dark pixels"),
     Mutation("data", "vitkit/data/multicrop.py", "return crops.sub_(self.mean).div_(self.std).contiguous()",
              "return crops.sub_(self.mean).contiguous()", (MULTICROP_PIXELS,), "multi-crop views not divided by the std"),
+    Mutation("train", "vitkit/tasks/mae.py", "filled = filled.gather(1, restore.unsqueeze(-1).expand(-1, -1, x.shape[-1]))",
+             "filled = filled", (MAE_DECODER,), "MAE's decoder never puts the tokens back in image order"),
 )
 
 

@@ -1,5 +1,5 @@
-"""MAE (``vitkit.tasks.mae``): masking and loss as facebookresearch/mae computes them (their
-``random_masking``, ``patchify`` and ``forward_loss`` written out below from ``models_mae.py``),
+"""MAE (``vitkit.tasks.mae``): masking, decoder and loss as facebookresearch/mae computes them (their
+``random_masking``, ``patchify``, ``forward_decoder`` and ``forward_loss`` written out below from ``models_mae.py``),
 the loss on masked patches only, the encoder on the visible patches, and pixel targets in the
 model's own patch order."""
 
@@ -45,6 +45,23 @@ def mae_forward_loss(imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor,
     loss = loss.mean(dim=-1)
     loss = (loss * mask).sum() / mask.sum()
     return loss
+
+
+def mae_forward_decoder(decoder, x: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+    """``forward_decoder``, on vitkit's decoder's parts (``decoder_embed`` is ``embed``, ``decoder_pred``
+    is ``pred``, ...), for an encoder with a class token."""
+    x = decoder.embed(x)
+    mask_tokens = decoder.mask_token.repeat(x.shape[0], ids_restore.shape[1] + 1 - x.shape[1], 1)
+    x_ = torch.cat([x[:, 1:, :], mask_tokens], dim=1)  # no cls token
+    x_ = torch.gather(x_, dim=1, index=ids_restore.unsqueeze(-1).repeat(1, 1, x.shape[2]))  # unshuffle
+    x = torch.cat([x[:, :1, :], x_], dim=1)  # append cls token
+    x = x + decoder.pos_embed
+    for blk in decoder.blocks:
+        x = blk(x)
+    x = decoder.norm(x)
+    x = decoder.pred(x)
+    x = x[:, 1:, :]
+    return x
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -102,6 +119,22 @@ def test_the_loss_equals_maes_forward_loss(norm_pix_loss: bool) -> None:
     prediction, _, mask = task.reconstruct(model, images, noise)
     reference = mae_forward_loss(images, prediction, mask, 2, norm_pix_loss)
     assert torch.allclose(task.loss(model, images, noise), reference, rtol=1e-6, atol=0)
+
+
+def test_the_decoder_equals_maes_forward_decoder_in_image_order() -> None:
+    """The prediction is MAE's on the same encoder tokens and ``ids_restore``: patch ``i`` of the
+    prediction is grid cell ``i``'s, whatever order the encoder saw the visible patches in."""
+    torch.manual_seed(0)
+    model = encoder()
+    task = small_task(model, decoder_depth=2)
+    with torch.no_grad():
+        task.decoder.mask_token.normal_()  # the mask token apart from the visible tokens
+    images, noise = torch.randn(3, 3, 8, 8), torch.rand(3, 16)
+    latent, _, restore = task.encode(model, images, noise)
+    assert not torch.equal(restore, torch.arange(16).expand(3, -1))  # the visible patches come shuffled
+    with torch.no_grad():
+        prediction = task.reconstruct(model, images, noise)[0]
+        torch.testing.assert_close(prediction, mae_forward_decoder(task.decoder, latent, restore), rtol=1e-5, atol=1e-6)
 
 
 def test_the_loss_counts_masked_patches_only() -> None:
