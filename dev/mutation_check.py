@@ -55,6 +55,10 @@ PURE_BF16 = "tests/train/test_pure_bf16.py"
 PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leaves_a_training_model_as_it_was"
 DINO_SCHEDULE = "tests/tasks/test_dino.py::test_the_task_follows_dinos_temperature_schedule_and_frozen_last_layer_over_epochs"
 MAE_DECODER = "tests/tasks/test_mae.py::test_the_decoder_equals_maes_forward_decoder_in_image_order"
+MERGED_POSITIONS = "tests/models/test_token_merging.py::test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts"
+MERGED_BIAS = "tests/models/test_token_merging.py::test_an_attention_bias_for_a_merging_model_is_refused_not_ignored"
+MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
+               "test_gradient_maps_of_a_two_patch_merge_copy_the_gradient_and_halve_the_attention")
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 
 
@@ -478,6 +482,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "return crops.sub_(self.mean).contiguous()", (MULTICROP_PIXELS,), "multi-crop views not divided by the std"),
     Mutation("train", "vitkit/tasks/mae.py", "filled = filled.gather(1, restore.unsqueeze(-1).expand(-1, -1, x.shape[-1]))",
              "filled = filled", (MAE_DECODER,), "MAE's decoder never puts the tokens back in image order"),
+    Mutation("layers", "vitkit/layers/token_merging.py",
+             'centroids = merge(padded * size, "sum")[:, prefix:] / new_size[:, prefix:]',
+             'centroids = merge(padded, "mean")[:, prefix:]', (MERGED_POSITIONS,),
+             "merged tokens' RoPE positions not size-weighted"),
+    Mutation("models", "vitkit/models/vision_transformer.py",
+             '        if attn_bias is not None:\n            raise ValueError("attn_bias covers',
+             '        if False:\n            raise ValueError("attn_bias covers', (MERGED_BIAS,),
+             "a merging model ignores an attn_bias instead of refusing it"),
+    Mutation("explain", "vitkit/explain/maps.py", "gradients = [unmerge_gradient(g, source) for g",
+             "gradients = [unmerge_attention(g, source) for g", (MERGED_MAPS,),
+             "a merged model's gradients spread over merged patches like attention"),
 )
 
 

@@ -182,6 +182,18 @@ def test_schedules_are_tomes() -> None:
     assert merge_schedule([1, 2, 3], 3) == [1, 2, 3]
 
 
+def test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts() -> None:
+    """Token 0 (1 patch at (0, 0)) merges into token 3 (3 patches around (2, 2)): RoPE rotates the
+    merged token by (1 * (0, 0) + 3 * (2, 2)) / 4 = (1.5, 1.5), the centroid of its 4 patches."""
+    metric = torch.tensor([[[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]]])  # A = tokens 0, 2; B = 1, 3
+    xy = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [2.0, 2.0]]])
+    state = MergeState(TokenPositions(xy), 0, size=torch.tensor([[[1.0], [1.0], [1.0], [3.0]]]))
+    _, merged = state.merged(torch.randn(1, 4, 8), metric, 1)
+    # ToMe's order: the unmerged A token (2), then the B tokens (1, and 3 holding 0)
+    assert merged.size.flatten().tolist() == [1.0, 1.0, 4.0]
+    assert merged.positions.xy.tolist() == [[[0.0, 1.0], [1.0, 0.0], [1.5, 1.5]]]
+
+
 # ----------------------------------------------------------------------- the model, against timm
 
 TIMM_MODELS = {
@@ -308,6 +320,17 @@ def test_bad_r_is_refused_in_one_line(r: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as refused:
         vitkit.merge_tokens(tiny(), r)
     assert "\n" not in str(refused.value)
+
+
+def test_an_attention_bias_for_a_merging_model_is_refused_not_ignored() -> None:
+    model = tiny()
+    bias = torch.zeros(65, 65)
+    with torch.no_grad():
+        model.forward_features(images(), attn_bias=bias)  # the plain model takes it
+        vitkit.merge_tokens(model, 4)
+        for forward in (model.forward_features, model.forward_intermediates):
+            with pytest.raises(ValueError, match=r"^attn_bias covers the tokens before merging: .*merge_tokens\(model, 0\)"):
+                forward(images(), attn_bias=bias)
 
 
 def test_timm_export_of_a_merged_model_is_refused_in_one_line() -> None:
