@@ -59,6 +59,7 @@ MERGED_POSITIONS = "tests/models/test_token_merging.py::test_a_merged_tokens_pos
 MERGED_BIAS = "tests/models/test_token_merging.py::test_an_attention_bias_for_a_merging_model_is_refused_not_ignored"
 MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
                "test_gradient_maps_of_a_two_patch_merge_copy_the_gradient_and_halve_the_attention")
+DEVICE_LOADER = "tests/train/test_data_on_device.py::test_the_device_loader_drops_the_last_incomplete_training_batch_only"
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 
 
@@ -493,6 +494,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("explain", "vitkit/explain/maps.py", "gradients = [unmerge_gradient(g, source) for g",
              "gradients = [unmerge_attention(g, source) for g", (MERGED_MAPS,),
              "a merged model's gradients spread over merged patches like attention"),
+    Mutation("train", "vitkit/train/datamodule.py", "shuffle=train, drop_last=train,\n            collate_fn",
+             "shuffle=train, drop_last=False,\n            collate_fn", (DEVICE_LOADER,),
+             "the on-device training loader keeps the last incomplete batch"),
 )
 
 

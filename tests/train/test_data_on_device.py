@@ -46,6 +46,19 @@ def test_the_device_path_gives_the_host_paths_batches_draw_for_draw(split: str) 
         assert not torch.equal(batches(plain, split, 1)[0][0], batches(device, split, 1)[0][0])
 
 
+def test_the_device_loader_drops_the_last_incomplete_training_batch_only() -> None:
+    """As the data module documents: training batches are full (the last incomplete one dropped),
+    validation and test batches (twice as large) cover every image."""
+    module = ViTDataModule(DataConfig.from_dict(AUGMENTED), 32, on_device=True)
+    for split, size, drop_last in (("train", 32, True), ("val", 64, False), ("test", 64, False)):
+        images = len(getattr(module.bundle, split))
+        assert images % size, f"{split}: {images} images make no incomplete batch of {size}"
+        expected = [size] * (images // size) + ([] if drop_last else [images % size])
+        loader = getattr(module, f"{split}_dataloader")()
+        assert len(loader) == len(expected)
+        assert [len(batch.indices) for batch in loader] == expected
+
+
 def test_a_run_trains_and_evaluates_from_a_split_kept_on_the_device(tmp_path: Path) -> None:
     config = load_recipe(tiny_recipe(tmp_path, limit_train_batches=3, limit_val_batches=2))
     data = ViTDataModule(config.data, config.trainer.batch_size, on_device=True)
