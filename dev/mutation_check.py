@@ -44,6 +44,7 @@ class Mutation:
 #: Single tests for mutations whose whole test file is slow (a training run, ONNX exports).
 FINETUNE_GRAY = "tests/train/test_finetune.py::test_grayscale_data_from_rgb_weights_are_normalised_with_the_average_of_their_statistics"
 RECOVER = "tests/prune/test_prune_recover.py::test_recover_steps_measures_each_steps_pruned_model_and_what_recover_returns"
+RECOVER_AFTER = "tests/prune/test_prune_recover.py::test_recover_steps_measures_both_splits_after_recovery_on_the_recovered_model"
 RECOVER_LR = "tests/prune/test_prune_recover.py::test_recovery_lr_is_a_tenth_of_the_recipes_and_its_min_lr_is_capped_at_the_lr"
 LRP_LXT = "tests/explain/test_lrp.py::test_relevance_equals_lxt_on_the_models_torchvision_twin"
 IG_FLOAT64 = "tests/explain/test_gradients.py::test_a_float64_model_equals_captum_to_1e_9_and_keeps_the_images_dtype"
@@ -369,7 +370,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("lora", "vitkit/layers/lora.py", "        self.weight.requires_grad_(False)\n", "",
              ("tests/layers/test_lora.py",), "the base weights train under LoRA"),
     Mutation("recovery", "vitkit/prune/recovery.py", "val_after = evaluate_accuracy(recovered, val_loader",
-             "val_after = evaluate_accuracy(pruned, val_loader", (RECOVER,),
+             "val_after = evaluate_accuracy(pruned, val_loader", (RECOVER_AFTER, RECOVER),
              "the accuracy after recovery measured on the unrecovered model"),
     Mutation("recovery", "vitkit/prune/recovery.py", "min_lr=min(optim.min_lr, lr)", "min_lr=optim.min_lr",
              (RECOVER_LR,), "the recovery's min_lr not capped at its lr"),
@@ -497,6 +498,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/train/datamodule.py", "shuffle=train, drop_last=train,\n            collate_fn",
              "shuffle=train, drop_last=False,\n            collate_fn", (DEVICE_LOADER,),
              "the on-device training loader keeps the last incomplete batch"),
+    Mutation("recovery", "vitkit/prune/recovery.py", "test_acc = (test_before, evaluate_accuracy(recovered, test_loader",
+             "test_acc = (test_before, evaluate_accuracy(pruned, test_loader", (RECOVER_AFTER,),
+             "the test accuracy after recovery measured on the unrecovered model"),
 )
 
 
