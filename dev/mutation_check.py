@@ -501,6 +501,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("recovery", "vitkit/prune/recovery.py", "test_acc = (test_before, evaluate_accuracy(recovered, test_loader",
              "test_acc = (test_before, evaluate_accuracy(pruned, test_loader", (RECOVER_AFTER,),
              "the test accuracy after recovery measured on the unrecovered model"),
+    Mutation("house", "vitkit/io.py", "return recorded if held(recorded) else ", "return ",
+             ("tests/train/test_dino_pretraining.py::test_dino_checkpoint_reads_as_the_teacher_its_run_releases",),
+             "a DINO checkpoint read as the student, not the teacher its run releases"),
 )
 
 

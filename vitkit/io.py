@@ -41,6 +41,9 @@ FORMAT_VERSION = "3"
 #: under them, and this module reads them back without importing Lightning.
 MODEL_PREFIX = "model."
 EMA_PREFIX = "ema.module."
+#: The hyper-parameter of a training checkpoint that names the state-dict prefix of the model its
+#: run releases (``model.safetensors``: the EMA copy, DINO's teacher): the checkpoint reads as it.
+RELEASED_KEY = "released_prefix"
 
 
 class ModelFileError(ConfigError):
@@ -480,7 +483,7 @@ def load_model_and_extra(path: str | os.PathLike, **overrides: Any) -> tuple[Vis
 
 def load_model(path: str | os.PathLike, **overrides: Any) -> VisionTransformer:
     """Rebuild a model from a ``.safetensors`` file written by :func:`save_model` or from a training
-    ``.ckpt`` (EMA weights when the run kept them). ``overrides`` change fields that keep the
+    ``.ckpt`` (the model its run releases: the EMA weights when kept, DINO's teacher). ``overrides`` change fields that keep the
     weights' shapes (``attn_impl``, ``drop_path_rate``, ``dynamic_img_size``) or ``img_size``, for
     which the position embedding is resampled bicubically. Never unpickles code and never imports
     Lightning."""
@@ -560,9 +563,20 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def released_prefix(hparams: dict[str, Any], weights: dict[str, Any]) -> str:
+    """The state-dict prefix of the model a checkpoint's run releases: the one its hyper-parameters
+    name (:data:`RELEASED_KEY`), else (checkpoints written before they named it) the EMA copy when
+    kept, else the trained model."""
+    def held(prefix: Any) -> bool:
+        return isinstance(prefix, str) and any(isinstance(key, str) and key.startswith(prefix) for key in weights)
+
+    recorded = hparams.get(RELEASED_KEY)
+    return recorded if held(recorded) else EMA_PREFIX if held(EMA_PREFIX) else MODEL_PREFIX
+
+
 def read_training_checkpoint(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """Config, weights (EMA when kept) and ``extra`` of a training checkpoint (the ``vit_config``
-    and ``extra`` hyper-parameters and the ``state_dict`` Lightning writes), validated as a model
+    """Config, weights (of the model its run releases: :func:`released_prefix`) and ``extra`` of a
+    training checkpoint (the ``vit_config`` and ``extra`` hyper-parameters and the ``state_dict`` Lightning writes), validated as a model
     file's are (:func:`check_extra`, :func:`check_tensor_shapes`)."""
     path = Path(path)
     checkpoint = load_checkpoint(path)
@@ -574,7 +588,7 @@ def read_training_checkpoint(path: str | os.PathLike) -> tuple[ViTConfig, dict[s
     version = hparams.get(FORMAT_KEY, "1")
     if version not in FORMAT_VERSIONS:
         raise CheckpointError(f"{path} is a vitkit checkpoint of format {version!r}, newer than this vitkit reads; upgrade vitkit.")
-    prefix = EMA_PREFIX if any(isinstance(key, str) and key.startswith(EMA_PREFIX) for key in weights) else MODEL_PREFIX
+    prefix = released_prefix(hparams, weights)
     state = {key[len(prefix):]: value for key, value in weights.items() if isinstance(key, str) and key.startswith(prefix)}
     try:
         state = merge_lora_state_dict(state)  # a LoRA run's adapters folded into the weights they adapt

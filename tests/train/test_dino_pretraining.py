@@ -12,6 +12,8 @@ import yaml
 from safetensors.torch import load_file
 from tiny_runs import run_tool, short_recipe, tiny_recipe
 
+from vitkit import load_model
+from vitkit.pretrained import read_pretrained
 from vitkit.train import load_recipe, train
 from vitkit.train.schema import RecipeError
 
@@ -39,6 +41,19 @@ def test_dino_pretrain_exports_teacher_that_finetunes(tmp_path: Path) -> None:
 
     fine = train(short_recipe(tmp_path / "fine"), [f"model.pretrained={result.run_dir / 'model.safetensors'}"])
     assert fine.model.head.out_features == 10 and fine.summary["test_acc"] is not None
+
+
+def test_dino_checkpoint_reads_as_the_teacher_its_run_releases(tmp_path: Path) -> None:
+    result = train(dino_recipe(tmp_path))
+    checkpoint = result.run_dir / "checkpoints" / "last.ckpt"
+    state = torch.load(checkpoint, weights_only=True)["state_dict"]
+    teacher = {key.removeprefix("task.teacher_backbone."): value for key, value in state.items()
+               if key.startswith("task.teacher_backbone.")}
+    student = {key.removeprefix("model."): value for key, value in state.items() if key.startswith("model.")}
+    assert not torch.equal(student["blocks.0.attn.qkv.weight"], teacher["blocks.0.attn.qkv.weight"])
+    for read in (load_model(checkpoint).state_dict(), read_pretrained(checkpoint).state):  # maps/export, model.pretrained
+        assert read.keys() == teacher.keys()
+        assert all(torch.equal(read[key], teacher[key]) for key in teacher)
 
 
 def test_dino_run_resumes_with_its_teacher_and_centre(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from ..data.multicrop import MultiCrop
 from ..errors import VitkitError
 from ..evaluation import black_level
-from ..io import EMA_PREFIX, FORMAT_KEY, FORMAT_VERSION, MODEL_PREFIX
+from ..io import EMA_PREFIX, FORMAT_KEY, FORMAT_VERSION, MODEL_PREFIX, RELEASED_KEY
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
 from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
@@ -109,8 +109,6 @@ class ViTModule(L.LightningModule):
         task: Task | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra,
-                                   FORMAT_KEY: FORMAT_VERSION})
         self.optim_config: OptimConfig = recipe.optim
         self.model = model  # saved under MODEL_PREFIX, the attribute's name
         self.task = task if task is not None else build_task(recipe, vit_config, extra)
@@ -127,6 +125,8 @@ class ViTModule(L.LightningModule):
             self.ema.requires_grad_(False)
             self.register_state_dict_post_hook(_save_ema)
             self.register_load_state_dict_pre_hook(_load_ema)
+        self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra,
+                                   FORMAT_KEY: FORMAT_VERSION, RELEASED_KEY: self.released_prefix()})
         #: ``trainer.precision: bf16-true``: the bfloat16 copy the training steps run, kept out of
         #: the children (no checkpoint, optimiser or strategy sees it); the model stays float32.
         self.__dict__["pure_bf16"] = PureBf16(self.model) if recipe.trainer.precision == "bf16-true" else None
@@ -198,6 +198,14 @@ class ViTModule(L.LightningModule):
     def inference_model(self) -> nn.Module:
         """The weights to evaluate and export: the EMA when enabled, else the trained ones."""
         return self.ema.module if self.ema is not None else self.model
+
+    def released_prefix(self) -> str:
+        """The state-dict prefix of the model :meth:`export_model` releases, which a checkpoint
+        names (:data:`~vitkit.io.RELEASED_KEY`) so that it reads as that model (:func:`vitkit.load_model`)."""
+        released = self.task.exported_model(self.inference_model)
+        if released is self.inference_model:
+            return EMA_PREFIX if self.ema is not None else MODEL_PREFIX
+        return next(f"{name}." for name, module in self.named_modules() if module is released)
 
     def export_model(self) -> VisionTransformer | None:
         """The model the task releases (:meth:`~vitkit.tasks.Task.exported_model` of
