@@ -439,14 +439,32 @@ def read_model(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, torch.Tens
     """
     path = Path(path)
     if path.suffix == ".safetensors":
-        config, state, extra = read_model_file(path)
-        check_finite(state, f"model file {path}", ModelFileError)
+        (config, state, extra), source, error = read_model_file(path), f"model file {path}", ModelFileError
     elif path.suffix == ".ckpt":
-        config, state, extra = read_training_checkpoint(path)
-        check_finite(state, f"checkpoint {path}", CheckpointError)
+        (config, state, extra), source, error = read_training_checkpoint(path), f"checkpoint {path}", CheckpointError
     else:
         raise CheckpointError(f"{path}: expected a .safetensors model file or a training .ckpt checkpoint.")
+    check_floating_point(state, config, source, error)
+    check_finite(state, source, error)
     return config, state, extra
+
+
+def check_floating_point(state: dict[str, Any], config: ViTConfig, source: str, error: type[VitkitError]) -> None:
+    """Refuse a tensor that is not floating point where ``config``'s model holds floating-point
+    weights: loading would cast it silently (a header relabelling float32 bytes as ``I32`` gives
+    weights near 1e9). The model's dtypes come from the model built on the ``meta`` device.
+
+    Raises:
+        ``error``: naming ``source``, the first such tensor and its dtype.
+    """
+    with torch.device("meta"):
+        expected = VisionTransformer(config).state_dict()
+    for name, tensor in state.items():
+        if name in expected and expected[name].is_floating_point() and not tensor.is_floating_point():
+            raise error(
+                f"{source}: tensor {name!r} is {str(tensor.dtype).removeprefix('torch.')}, but the model's {name} "
+                "holds floating-point weights; the file is damaged or was not written by vitkit."
+            )
 
 
 def check_finite(state: dict[str, torch.Tensor], source: str, error: type[VitkitError]) -> None:

@@ -372,6 +372,20 @@ def test_tensors_that_do_not_match_the_config_are_one_error(tmp_path: Path, dama
         vitkit.load_model(path)
 
 
+def test_a_header_relabelling_float_weights_as_integers_is_one_error_naming_the_tensor(tmp_path: Path, capsys,
+                                                                                       load_tool) -> None:
+    path = save_tiny(tiny_shapes_model(), tmp_path / "m.safetensors")
+    raw, label = path.read_bytes(), b'"head.weight":{"dtype":"F32"'
+    assert raw.count(label) == 1  # the same 4 bytes a value, read as integers near 1e9:
+    path.write_bytes(raw.replace(label, label.replace(b"F32", b"I32")))
+    with pytest.raises(ModelFileError, match=rf"model file {path}: tensor 'head.weight' is int32"):
+        vitkit.load_model(path)
+    image = tmp_path / "a.png"
+    Image.new("RGB", (32, 32)).save(image)
+    assert load_tool("predict").main([str(path), str(image)]) == 2
+    assert "'head.weight' is int32" in _one_error_line(capsys.readouterr().err)
+
+
 def test_a_tiny_file_declaring_a_billion_weights_is_refused_before_allocation(tmp_path: Path) -> None:
     config = {"img_size": 224, "patch_size": 16, "embed_dim": 8192, "depth": 4, "num_heads": 16, "num_classes": 1000}
     path = _model_file(tmp_path / "m.safetensors", {"w": torch.zeros(4)}, config, {})
