@@ -508,6 +508,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "expected[name].is_floating_point() and False",
              (HOSTILE + "test_a_header_relabelling_float_weights_as_integers_is_one_error_naming_the_tensor",),
              "float weights relabelled as integers loaded as values near 1e9"),
+    Mutation("house", "vitkit/cli/predict.py", "        refuse_onnx_options(args)\n", "",
+             ("tests/cli/test_hostile_onnx.py::test_an_option_an_onnx_model_cannot_take_is_refused_not_ignored",),
+             "--merge-tokens, --mean, --std, --precision ignored on an .onnx model"),
 )
 
 

@@ -159,6 +159,18 @@ def test_damaged_onnx_metadata_is_one_line_before_any_image_is_resized(
     assert expected in line and str(damaged) in line, line
 
 
+@pytest.mark.parametrize("option", [["--merge-tokens", "2"], ["--mean", "0.5"], ["--std", "2"], ["--crop-pct", "0.5"],
+                                    ["--precision", "bf16"]], ids=lambda option: option[0])
+def test_an_option_an_onnx_model_cannot_take_is_refused_not_ignored(
+    exported: tuple[Path, Path, Path], option: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    _, graph, image = exported
+    capsys.readouterr()
+    assert predict.main([str(graph), str(image), *option]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {' '.join(option) if option[0] == '--precision' else option[0]}: {graph} is an .onnx file")
+
+
 # --- files that are no ONNX graph vitkit runs -----------------------------------------------------
 
 

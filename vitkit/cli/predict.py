@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint is not None and Path(args.checkpoint).suffix == ".onnx":  # run by onnxruntime
         from vitkit.export import OnnxClassifier
 
+        refuse_onnx_options(args)
         model = OnnxClassifier(args.checkpoint)
         extra = model.extra
     else:
@@ -106,6 +107,23 @@ def run(args: argparse.Namespace) -> int:
     if failed and not rows:
         return USAGE_ERROR
     return SKIPPED_INPUTS if failed else 0
+
+
+def refuse_onnx_options(args: argparse.Namespace) -> None:
+    """Refuse, rather than ignore, the options an ``.onnx`` model cannot take: its graph fixes the
+    token merging, its metadata the preprocessing, and onnxruntime runs it as exported.
+
+    Raises:
+        UsageError: naming the options given.
+    """
+    given = [f"--{key.replace('_', '-')}" for key in ("merge_tokens", "mean", "std", "crop_pct") if getattr(args, key) is not None]
+    given += [f"--precision {args.precision}"] * (args.precision != "fp32")
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: {args.checkpoint} is an .onnx file, which runs as exported (its graph fixes the token "
+            "merging, its metadata the preprocessing, onnxruntime the precision); give the vitkit model file it was "
+            "exported from, or export it again (vitkit export --merge-tokens R)."
+        )
 
 
 def as_text(cell: str) -> str:
