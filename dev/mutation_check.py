@@ -511,6 +511,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("house", "vitkit/cli/predict.py", "        refuse_onnx_options(args)\n", "",
              ("tests/cli/test_hostile_onnx.py::test_an_option_an_onnx_model_cannot_take_is_refused_not_ignored",),
              "--merge-tokens, --mean, --std, --precision ignored on an .onnx model"),
+    Mutation("house", "vitkit/train/callbacks.py", "frame: FrameType | None) -> None:\n        raise SIGTERMException",
+             "frame: FrameType | None) -> None:\n        pass",
+             ("tests/train/test_run_faults.py::"
+              "test_sigterm_during_the_end_of_run_work_stops_it_at_once_with_143_keeping_the_checkpoints",),
+             "SIGTERM during the end-of-run test and k-NN ignored (exit 0 after the work)"),
 )
 
 

@@ -26,6 +26,7 @@ from vitkit.train import (
     CheckpointError,
     NonFiniteLossError,
     RunResult,
+    RunStoppedError,
     artifacts,
     load_checkpoint,
     load_recipe,
@@ -192,6 +193,31 @@ def test_sigterm_or_ctrl_c_saves_last_checkpoint_says_how_to_resume_and_exits_12
     checkpoint = load_checkpoint(last)
     assert 0 < checkpoint["global_step"] < 100 * 10
     assert f"holds step {checkpoint['global_step']}" in stderr  # saved at the stop, not at the last schedule
+
+
+class SigtermAfterTheTest(L.Callback):
+    """Sends this process SIGTERM when the end-of-run test ends (where the k-NN of a pre-training
+    run works), and records the stages that start after it."""
+
+    def __init__(self) -> None:
+        self.later_stages: list[str] = []
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "validate":  # not the validation of a training epoch
+            self.later_stages.append("validate")
+
+
+def test_sigterm_during_the_end_of_run_work_stops_it_at_once_with_143_keeping_the_checkpoints(tmp_path: Path) -> None:
+    sender, handler = SigtermAfterTheTest(), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RunStoppedError, match=r"stopped by SIGTERM at step 4 .* holds step 4") as stopped:
+        train(short_recipe(tmp_path), callbacks=[sender])
+    assert stopped.value.exit_status == 143 and sender.later_stages == []  # the best weights were not validated
+    (run_dir,) = (tmp_path / "tiny").iterdir()
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert not (run_dir / "model.safetensors").exists() and signal.getsignal(signal.SIGTERM) is handler
 
 
 # --- 7. orphan temporary files of a killed save -----------------------------------------------

@@ -1,5 +1,5 @@
 """Callbacks: ``last.ckpt`` every N steps, at every epoch end and on SIGTERM, Ctrl-C handled as
-SIGTERM, training throughput, a progress bar that never waits for the device, and a CUDA check
+SIGTERM, SIGTERM during the work after training, training throughput, a progress bar that never waits for the device, and a CUDA check
 that does not reopen NVML every step.
 
 Lightning's ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` only when it saves a monitored
@@ -8,12 +8,13 @@ too); :class:`LastCheckpoint` saves on its own step schedule and on a stop signa
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -120,6 +121,27 @@ class CtrlCStops(Callback):
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+
+
+@contextlib.contextmanager
+def sigterm_stops_at_once() -> Iterator[None]:
+    """SIGTERM stops the work of the block at once (:class:`SIGTERMException`), as it stops
+    training, for the work after training: the test, the k-NN, the validation of the best weights.
+    Lightning's own handler only raises a flag, which its evaluation loops read between batches,
+    never after the last one nor during hooks (the k-NN's ``on_test_end``); each stage clears it.
+    Lightning's handler, set for each stage, calls this one after its own."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SIGTERMException
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class RuntimeCudaCheck(Callback):

@@ -52,7 +52,7 @@ from .artifacts import (
     resolve_run_dir,
     write_json,
 )
-from .callbacks import CtrlCStops, LastCheckpoint, LossProgressBar, RuntimeCudaCheck, Throughput
+from .callbacks import CtrlCStops, LastCheckpoint, LossProgressBar, RuntimeCudaCheck, Throughput, sigterm_stops_at_once
 from .checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -301,8 +301,9 @@ def _fit(
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
             best_path = best.best_model_path or None
-            tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
-            validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
+            with sigterm_stops_at_once():
+                tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
+                validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
         except NonFiniteLossError as error:
             kept = newest_finite_checkpoint(Path(last.path).parent)
             note = f" The last good checkpoint is {kept}." if kept else " No finite checkpoint had been written yet."
