@@ -516,6 +516,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/train/test_run_faults.py::"
               "test_sigterm_during_the_end_of_run_work_stops_it_at_once_with_143_keeping_the_checkpoints",),
              "SIGTERM during the end-of-run test and k-NN ignored (exit 0 after the work)"),
+    Mutation("house", "vitkit/files.py", 'return next((what for test, what in kinds if test(mode)), "is a file")',
+             'return "does not exist"', (HOSTILE + "test_a_model_path_that_is_no_file_is_named_for_what_it_is",
+                                         HOSTILE + "test_a_file_as_an_image_folder_root_is_named_a_file"),
+             "a folder, FIFO, device or file said not to exist"),
 )
 
 

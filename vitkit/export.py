@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .errors import VitkitError, require
+from .files import path_kind
 from .io import ModelFileError, check_extra, first_line, metadata_object
 from .layers import AttentionBase
 from .models import VisionTransformer, ViTConfig
@@ -189,8 +190,7 @@ class OnnxClassifier:
         onnxruntime = require("onnxruntime", "onnx", "running an .onnx file")
         self.path = Path(path)
         if not self.path.is_file():
-            what = "is a folder" if self.path.is_dir() else "does not exist"
-            raise OnnxFileError(f"ONNX model {self.path} {what}; give the .onnx file vitkit export wrote.")
+            raise OnnxFileError(f"ONNX model {self.path} {path_kind(self.path)}; give the .onnx file vitkit export wrote.")
         try:
             options = onnxruntime.SessionOptions()
             if num_threads is not None:

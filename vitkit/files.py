@@ -1,7 +1,7 @@
 """File helpers every floor of vitkit uses (no vitkit imports): atomic writes of files (a full disk
 named as such, whatever library wrote) and of directories (a symlink swapped atomically), result
 tables as CSV and Markdown, and reads that refuse anything but a regular file (a FIFO or device
-named by mistake must not block or be replaced)."""
+named by mistake must not block or be replaced) and say what the path is instead."""
 
 from __future__ import annotations
 
@@ -149,6 +149,21 @@ def read_regular_text(path: str | os.PathLike) -> str:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def path_kind(path: str | os.PathLike) -> str:
+    """What ``path`` is, for a message that says why it cannot be read: ``"does not exist"``, ``"is a
+    folder"``, ``"is a FIFO (named pipe)"``, ``"is a device"``, ``"is a socket"`` or ``"is a file"``
+    (a symlink is followed; a dangling one does not exist)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as error:
+        return f"cannot be read ({error.strerror})"
+    kinds = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a FIFO (named pipe)"), (stat.S_ISCHR, "is a device"),
+             (stat.S_ISBLK, "is a device"), (stat.S_ISSOCK, "is a socket"))
+    return next((what for test, what in kinds if test(mode)), "is a file")
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:

@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .errors import VitkitError
-from .files import atomic_write
+from .files import atomic_write, path_kind
 from .layers.lora import LoraError, merge_lora_state_dict
 from .models.config import ViTConfig
 from .models.vision_transformer import VisionTransformer
@@ -94,7 +94,7 @@ def read_model_file(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any],
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"model file {path} does not exist.")
+        raise FileNotFoundError(f"model file {path} {path_kind(path)}; expected a file written by vitkit.save_model.")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
@@ -524,7 +524,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
             "run's --resume reads it; every other tool takes the run's model.safetensors (the full weights)."
         )
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist.")
+        raise FileNotFoundError(f"checkpoint {path} {path_kind(path)}; expected a .ckpt file of a training run.")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -552,7 +552,7 @@ def read_weights_file(
     """
     path = Path(path)
     if not path.is_file():
-        raise error(f"{what}: {path} does not exist.")
+        raise error(f"{what}: {path} {path_kind(path)}; expected a weights file.")
     if path.suffix == ".safetensors":
         try:
             with safe_open(str(path), framework="pt") as handle:

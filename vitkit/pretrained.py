@@ -31,6 +31,7 @@ from timm.models import adapt_input_conv
 from torch import nn
 
 from .errors import VitkitError
+from .files import path_kind
 from .io import read_model, read_weights_file
 from .models import VisionTransformer, ViTConfig
 from .models.config import MAX_PARAMETERS
@@ -122,8 +123,8 @@ def read_pretrained(
     path = Path(source)
     if not path.is_file():
         raise error(
-            f"{keys.source}: {path} does not exist; give a vitkit model file (a run's model.safetensors, a pruned "
-            f"model) or timm:NAME with {keys.file}."
+            f"{keys.source}: {path} {path_kind(path)}; give a vitkit model file (a run's model.safetensors, a pruned "
+            f"model, a .ckpt; not the folder of a trainer.strategy=fsdp run's sharded checkpoint) or timm:NAME with {keys.file}."
         )
     try:
         return PretrainedWeights.of_model_file(path)

@@ -36,6 +36,7 @@ from vitkit.data.cifar import read_pickle
 from vitkit.data.mnist import IMAGES_MAGIC, IdxFileError, read_idx
 from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError, load_model_and_extra
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold, mark, release_output_dirs
+from vitkit.pretrained import PretrainedError, read_pretrained
 from vitkit.prune import prune_heads
 from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_recipe, train
 from vitkit.train.artifacts import write_json
@@ -384,6 +385,27 @@ def test_a_header_relabelling_float_weights_as_integers_is_one_error_naming_the_
     Image.new("RGB", (32, 32)).save(image)
     assert load_tool("predict").main([str(path), str(image)]) == 2
     assert "'head.weight' is int32" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(("kind", "words"), [("folder", "is a folder"), ("fifo", r"is a FIFO \(named pipe\)"), ("device", "is a device")])
+def test_a_model_path_that_is_no_file_is_named_for_what_it_is(tmp_path: Path, kind: str, words: str) -> None:
+    path = Path("/dev/zero") if kind == "device" else tmp_path / "m.safetensors"
+    if kind == "folder":  # as the folder of a sharded checkpoint is
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(PretrainedError, match=f"{path} {words}; give a vitkit model file"):
+        read_pretrained(path)  # model.pretrained=
+    if kind != "device":
+        with pytest.raises(FileNotFoundError, match=f"model file {path} {words}; expected a file"):
+            vitkit.load_model(path)
+
+
+def test_a_file_as_an_image_folder_root_is_named_a_file(tmp_path: Path) -> None:
+    root = tmp_path / "images.zip"
+    root.write_bytes(b"PK")
+    with pytest.raises(FileNotFoundError, match=f"{root} is a file; an image folder dataset is laid out as"):
+        build_datasets(DataConfig(name="imagefolder", root=str(root), img_size=8))
 
 
 def test_a_tiny_file_declaring_a_billion_weights_is_refused_before_allocation(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import errno
 import json
 from pathlib import Path
 
+from vitkit.files import path_kind
 from vitkit.output_dirs import check_output_dir, claim_output_dir
 from vitkit.train import evaluate, write_evaluation
 
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if not Path(args.model).is_file():  # before the output folder beside it is claimed
-        raise FileNotFoundError(errno.ENOENT, "model file does not exist", args.model)
+        raise FileNotFoundError(errno.ENOENT, f"the model file {path_kind(args.model)}; expected a .safetensors or .ckpt file",
+                                args.model)
     out = Path(args.out) if args.out else Path(args.model).resolve().parent / "eval"
     check_output_dir(out, "evaluate")  # claimed once there are results: a refused model leaves no folder
     report = evaluate(args.model, args.data, split=args.split, tta=args.tta, merge_tokens=args.merge_tokens,

@@ -23,6 +23,7 @@ from ..data import DataInfo, DatasetBundle, ImageReadError, build_eval_transform
 from ..data.arrays import spread_over_classes
 from ..data.images import convert_channels, describe_conversion, files_under
 from ..errors import UnsupportedModelError, UsageError, VitkitError
+from ..files import path_kind
 from ..io import MODEL_SUFFIX, load_model_and_extra, read_weights_file
 from ..models import VisionTransformer, from_timm, merge_tokens
 from ..models.timm_interop import pretrained_preprocessing
@@ -87,7 +88,7 @@ def load_explained_model(
         raise UsageError("give either a vitkit checkpoint, or a model name together with a timm weights file.")
     path = Path(timm_weights)
     if not path.is_file():
-        raise FileNotFoundError(f"timm weights file {path} does not exist.")
+        raise FileNotFoundError(f"timm weights file {path} {path_kind(path)}; expected a state dict file.")
     try:
         pretrained_cfg = timm.get_pretrained_cfg(model_name)
     except RuntimeError:  # timm's "Invalid pretrained tag"

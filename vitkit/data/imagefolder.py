@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..errors import VitkitError
+from ..files import path_kind
 from .arrays import Transform, stratified_split
 from .images import ImageReadError, check_image, files_under, load_image
 
@@ -99,7 +100,7 @@ class ImageFolderDataset(Dataset):
 def find_classes(split_dir: Path) -> list[str]:
     """Sorted class folder names of ``split_dir``; ``FileNotFoundError`` explains the layout."""
     if not split_dir.is_dir():
-        raise FileNotFoundError(f"{split_dir} does not exist; an image folder dataset is laid out as {LAYOUT}.")
+        raise FileNotFoundError(f"{split_dir} {path_kind(split_dir)}; an image folder dataset is laid out as {LAYOUT}.")
     classes = sorted(entry.name for entry in split_dir.iterdir() if entry.is_dir() and not entry.name.startswith("."))
     if not classes:
         raise FileNotFoundError(f"{split_dir} has no class folders; expected {LAYOUT}.")
@@ -173,7 +174,7 @@ def split_folder(
     and test by ``fractions`` (val, test), class by class, by ``seed``, unless class folders too
     small for it (``no_split_below``, :func:`few_labels`) put every image in every split, with a note."""
     if not root.is_dir():
-        raise FileNotFoundError(f"{root} does not exist; an image folder dataset is laid out as {LAYOUT}.")
+        raise FileNotFoundError(f"{root} {path_kind(root)}; an image folder dataset is laid out as {LAYOUT}.")
     loose = [p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS]
     if loose:
         classes, files = [UNLABELLED], image_files(root)

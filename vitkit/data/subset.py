@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitkitError
+from ..files import path_kind
 from .imagefolder import LAYOUT, find_classes, image_files
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -59,7 +60,7 @@ def make_subset(
     """
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
-        raise FileNotFoundError(f"source folder {src} does not exist; expected {LAYOUT.replace('root', str(src))}.")
+        raise FileNotFoundError(f"source folder {src} {path_kind(src)}; expected {LAYOUT.replace('root', str(src))}.")
     if num_classes < 1 or images_per_class < 1:
         raise SubsetError(f"--classes and --images must be >= 1, got {num_classes} and {images_per_class}.")
     _check_apart(src, dst)

@@ -66,10 +66,12 @@ def check_resumable(path: str | os.PathLike, module: ViTModule, dataset: str, sh
         )
     if is_sharded_checkpoint(path) != sharded:
         saved, run = ("sharded", "without") if not sharded else ("whole", "with")
+        start = "its run's model.safetensors (a sharded checkpoint is read by --resume only)" if saved == "sharded" \
+            else "the checkpoint"
         raise CheckpointError(
             f"--resume {path}: the checkpoint was saved {saved} ({'by' if saved == 'sharded' else 'without'} "
             f"trainer.strategy=fsdp) and this run trains {run} it; resume with the run's own trainer.strategy, or "
-            "start a new run from the checkpoint with model.pretrained=CHECKPOINT."
+            f"start a new run from {start} with model.pretrained=FILE."
         )
     checkpoint = upgrade_checkpoint(load_checkpoint(path / SHARDED_METADATA if sharded else path))
     is_dict = isinstance(checkpoint, dict)
