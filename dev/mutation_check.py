@@ -520,6 +520,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              'return "does not exist"', (HOSTILE + "test_a_model_path_that_is_no_file_is_named_for_what_it_is",
                                          HOSTILE + "test_a_file_as_an_image_folder_root_is_named_a_file"),
              "a folder, FIFO, device or file said not to exist"),
+    Mutation("house", "vitkit/train/model_builder.py", '    "merge_tokens",  # an inference option', '    # "merge_tokens",',
+             ("tests/train/test_finetune.py::test_a_model_saved_with_token_merging_fine_tunes_without_it",),
+             "a model saved with token merging refused fine-tuning without it, as if merging were architecture"),
 )
 
 

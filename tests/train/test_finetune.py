@@ -190,6 +190,14 @@ def test_free_fields_apply_on_top_of_the_weights(tmp_path: Path) -> None:
     assert module.model.blocks[1].drop_path1.drop_prob == pytest.approx(0.2)
 
 
+def test_a_model_saved_with_token_merging_fine_tunes_without_it(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path, merge_tokens=2)  # merging is an inference option, not architecture
+    assert read_model(path)[0].merge_tokens == 2
+    module = built(finetune_recipe(tmp_path, str(path), merge_tokens=0))
+    assert module.model.config.merge_tokens == 0
+    assert built(finetune_recipe(tmp_path, str(path), merge_tokens=1)).model.config.merge_tokens == 1
+
+
 def test_pretrained_references_are_checked_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"model.pretrained: .*missing.safetensors does not exist"):
         train(finetune_recipe(tmp_path, str(tmp_path / "missing.safetensors")))

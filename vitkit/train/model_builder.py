@@ -32,7 +32,7 @@ from .config import DATA_DRIVEN_FIELDS, ModelConfig, RecipeConfig
 from .finetune import check_freeze, freeze
 from .schema import RecipeError
 
-#: ViTConfig fields a recipe may set on top of pretrained weights: regularisation, kernels, the
+#: ViTConfig fields a recipe may set on top of pretrained weights: regularisation, kernels, token merging, the
 #: input size, and the init of a new classifier; the data set ``img_size``, ``in_chans`` and
 #: ``num_classes``. Every other field is the weights' own.
 FREE_FIELDS = (
@@ -45,6 +45,7 @@ FREE_FIELDS = (
     "dynamic_img_size",
     "init",
     "out_init_scale",
+    "merge_tokens",  # an inference option (ToMe's r), not a weight
     "img_size",
     "in_chans",
     "num_classes",
