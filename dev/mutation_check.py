@@ -523,6 +523,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("house", "vitkit/train/model_builder.py", '    "merge_tokens",  # an inference option', '    # "merge_tokens",',
              ("tests/train/test_finetune.py::test_a_model_saved_with_token_merging_fine_tunes_without_it",),
              "a model saved with token merging refused fine-tuning without it, as if merging were architecture"),
+    Mutation("house", "vitkit/train/run.py", "kept = Path(last.path).is_file() or is_sharded_checkpoint(last.path)",
+             "kept = Path(last.path).is_file()",
+             ("tests/train/test_run_faults.py::test_sigterm_of_an_fsdp_run_names_its_sharded_last_checkpoint",),
+             "an FSDP run stopped by SIGTERM says 'no checkpoint' beside its sharded last.ckpt"),
 )
 
 

@@ -220,6 +220,24 @@ def test_sigterm_during_the_end_of_run_work_stops_it_at_once_with_143_keeping_th
     assert not (run_dir / "model.safetensors").exists() and signal.getsignal(signal.SIGTERM) is handler
 
 
+class SigtermAtStep(L.Callback):
+    """Sends this process SIGTERM at the end of optimiser step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_of_an_fsdp_run_names_its_sharded_last_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(RunStoppedError, match=r"stopped by SIGTERM at step 2 .*last\.ckpt holds step 2\.") as stopped:
+        train(short_recipe(tmp_path), ["trainer.strategy=fsdp", "trainer.devices=1"], callbacks=[SigtermAtStep(2)])
+    (run_dir,) = (tmp_path / "tiny").iterdir()
+    assert stopped.value.exit_status == 143 and (run_dir / "checkpoints" / "last.ckpt" / "meta.pt").is_file()
+
+
 # --- 7. orphan temporary files of a killed save -----------------------------------------------
 
 

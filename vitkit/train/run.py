@@ -309,7 +309,8 @@ def _fit(
             note = f" The last good checkpoint is {kept}." if kept else " No finite checkpoint had been written yet."
             raise NonFiniteLossError(f"{error} {divergence_advice(config)}{note}") from None
         except SIGTERMException:
-            saved = f"{last.path} holds step {trainer.global_step}" if Path(last.path).is_file() else "no checkpoint"
+            kept = Path(last.path).is_file() or is_sharded_checkpoint(last.path)  # a file, or fsdp's folder
+            saved = f"{last.path} holds step {trainer.global_step}" if kept else "no checkpoint"
             error, how = (RunInterruptedError, "Ctrl-C") if ctrl_c.interrupted else (RunStoppedError, "SIGTERM")
             raise error(
                 f"stopped by {how} at step {trainer.global_step} (epoch {trainer.current_epoch}); {saved}. "
