@@ -527,6 +527,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "kept = Path(last.path).is_file()",
              ("tests/train/test_run_faults.py::test_sigterm_of_an_fsdp_run_names_its_sharded_last_checkpoint",),
              "an FSDP run stopped by SIGTERM says 'no checkpoint' beside its sharded last.ckpt"),
+    Mutation("house", "vitkit/__main__.py", "    sys.exit(main())", "    pass",
+             ("tests/cli/test_cli.py::test_python_dash_m_vitkit_runs_the_vitkit_command",), "python -m vitkit does nothing"),
 )
 
 

@@ -129,6 +129,18 @@ def test_help_and_a_bad_argument_answer_quickly(argv: list[str]) -> None:
     assert seconds < 3.0  # well under a second on an idle machine; generous, the CPUs are shared
 
 
+def test_python_dash_m_vitkit_runs_the_vitkit_command() -> None:
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "vitkit", *argv], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    version = run("--version")
+    declared = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert version.returncode == 0 and version.stdout == f"vitkit {declared.group(1)}\n"
+    unknown = run("predcit")
+    assert unknown.returncode == 2 and "error: unknown command 'predcit'. Did you mean 'predict'?" in unknown.stderr
+
+
 def test_an_unknown_command_suggests_the_closest(capsys: pytest.CaptureFixture) -> None:
     assert main(["predcit"]) == 2
     assert "did you mean 'predict'" in capsys.readouterr().err.lower()
