@@ -169,22 +169,35 @@ def test_unusable_resume_file_gets_a_message(finished: RunResult, tmp_path: Path
 # --- 4. SIGTERM is not success ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("stop", "status", "words"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
-def test_sigterm_or_ctrl_c_saves_last_checkpoint_says_how_to_resume_and_exits_128_plus_the_signal(
-    tmp_path: Path, stop: signal.Signals, status: int, words: str
-) -> None:
+def _stopped_run(tmp_path: Path, stop: signal.Signals, timeout: float, **trainer: object) -> tuple[int, str]:
+    """Exit status and stderr of ``tools/train.py`` on a long tiny run sent ``stop`` once ``last.ckpt``
+    exists (at every process of the run, as a terminal or a scheduler sends it), which must end within
+    ``timeout`` seconds."""
     recipe = write_tiny_recipe(tmp_path, **{**SHORT, "max_epochs": 100, "checkpoint_every_n_steps": 2,
-                                                "limit_train_batches": 10})
+                                                "limit_train_batches": 10, **trainer})
     process = subprocess.Popen([sys.executable, "tools/train.py", str(recipe)], cwd=ROOT, env=tool_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None:
         if list((tmp_path / "runs").glob("tiny/*/checkpoints/last.ckpt")):
             break
         time.sleep(0.2)
-    process.send_signal(stop)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == status, stderr[-2000:]
+    os.killpg(process.pid, stop)
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # every rank: they share the session
+        process.communicate()
+        raise
+    return process.returncode, stderr
+
+
+@pytest.mark.parametrize(("stop", "status", "words"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+def test_sigterm_or_ctrl_c_saves_last_checkpoint_says_how_to_resume_and_exits_128_plus_the_signal(
+    tmp_path: Path, stop: signal.Signals, status: int, words: str
+) -> None:
+    returncode, stderr = _stopped_run(tmp_path, stop, timeout=120)
+    assert returncode == status, stderr[-2000:]
     assert "Traceback" not in stderr and f"error: stopped by {words} at step" in stderr
     command = re.search(r"Resume with: vitkit train (\S+) --resume (\S+)", stderr)
     assert command, stderr[-2000:]
@@ -193,6 +206,19 @@ def test_sigterm_or_ctrl_c_saves_last_checkpoint_says_how_to_resume_and_exits_12
     checkpoint = load_checkpoint(last)
     assert 0 < checkpoint["global_step"] < 100 * 10
     assert f"holds step {checkpoint['global_step']}" in stderr  # saved at the stop, not at the last schedule
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sigterm_stops_both_processes_of_a_two_process_run_at_one_step_with_143(tmp_path: Path, strategy: str) -> None:
+    returncode, stderr = _stopped_run(tmp_path, signal.SIGTERM, timeout=60, strategy=strategy, devices=2)
+    assert returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
+    step = int(re.search(r"error: stopped by SIGTERM at step (\d+) .* holds step \1\.", stderr).group(1))
+    (checkpoints,) = (tmp_path / "runs").glob("tiny/*/checkpoints")
+    assert not list(checkpoints.glob("*.tmp"))  # no half-written checkpoint
+    last = checkpoints / "last.ckpt"
+    saved = load_checkpoint(last / "meta.pt" if strategy == "fsdp" else last)
+    assert saved["global_step"] == step > 0
 
 
 class SigtermAfterTheTest(L.Callback):

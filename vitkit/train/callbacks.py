@@ -123,14 +123,46 @@ class CtrlCStops(Callback):
             self._previous = None
 
 
+class SigtermStopsEveryRank(Callback):
+    """With several processes (DDP, FSDP), SIGTERM stops every rank at the end of the same step,
+    which saves ``last.ckpt`` there (:class:`LastCheckpoint`) and exits 143, wherever the signal
+    arrived: at rank 0 only (``docker stop``), at one rank, or at all.
+
+    Lightning's handler broadcasts from inside the signal handler, wherever each rank is (a
+    collective the other ranks never join: gloo then waits 90-150 s and more, and FSDP leaves a
+    half-written checkpoint), and a rank the signal reached alone stops alone. This handler only
+    notes the signal; after every step the ranks all-reduce the note (one scalar, as Lightning's
+    own per-step broadcast of its flag) and all raise :class:`SIGTERMException` together. Ctrl-C
+    (:class:`CtrlCStops`) calls it too. The handler is set when training starts, after Lightning
+    saved the handlers it puts back when the fit ends."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size > 1 and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.world_size > 1:
+            stop = torch.tensor([float(self.requested)], device=pl_module.device)
+            torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+            if stop.item():
+                raise SIGTERMException
+
+
 @contextlib.contextmanager
-def sigterm_stops_at_once() -> Iterator[None]:
+def sigterm_stops_at_once(enabled: bool = True) -> Iterator[None]:
     """SIGTERM stops the work of the block at once (:class:`SIGTERMException`), as it stops
     training, for the work after training: the test, the k-NN, the validation of the best weights.
     Lightning's own handler only raises a flag, which its evaluation loops read between batches,
     never after the last one nor during hooks (the k-NN's ``on_test_end``); each stage clears it.
-    Lightning's handler, set for each stage, calls this one after its own."""
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+    Lightning's handler, set for each stage, calls this one after its own. Not ``enabled`` (a run of
+    several processes, whose ranks must stop together): the block runs as it is."""
+    if not enabled or threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield
         return
 

@@ -52,7 +52,15 @@ from .artifacts import (
     resolve_run_dir,
     write_json,
 )
-from .callbacks import CtrlCStops, LastCheckpoint, LossProgressBar, RuntimeCudaCheck, Throughput, sigterm_stops_at_once
+from .callbacks import (
+    CtrlCStops,
+    LastCheckpoint,
+    LossProgressBar,
+    RuntimeCudaCheck,
+    SigtermStopsEveryRank,
+    Throughput,
+    sigterm_stops_at_once,
+)
 from .checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -288,9 +296,11 @@ def _fit(
     always, auto = config.trainer.compile is True, config.trainer.compile == "auto" and not config.trainer.deterministic
     compiling = [CompileChooser(kernels, always=always)] if always or auto else []
     ctrl_c = CtrlCStops()
+    every_rank = SigtermStopsEveryRank()
     bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
     pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
-    ours = [kernels, *compiling, best, last, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(), *bar, *pretraining]
+    ours = [kernels, *compiling, best, last, every_rank, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(), *bar,
+            *pretraining]
     trainer = build_trainer(config, run_dir, callbacks=[*ours, *callbacks])
     # the run's own callbacks (and those Lightning adds), not the caller's, skip their no-op step hooks
     skip_idle_step_hooks([cb for cb in trainer.callbacks if not any(cb is given for given in callbacks)], module)
@@ -301,7 +311,7 @@ def _fit(
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
             best_path = best.best_model_path or None
-            with sigterm_stops_at_once():
+            with sigterm_stops_at_once(enabled=trainer.world_size == 1):
                 tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
                 validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
         except NonFiniteLossError as error:
