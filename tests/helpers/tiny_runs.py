@@ -59,6 +59,15 @@ def short_recipe(out_dir: Path, **trainer: object) -> dict:
     return tiny_recipe(out_dir, **{**SHORT, **trainer})
 
 
+def dino_recipe(out_dir: Path, **trainer: object) -> dict:
+    """:func:`short_recipe` pre-training with DINO: 8-px global and 4-px local crops of the digits."""
+    recipe = short_recipe(out_dir, monitor="val/loss", **trainer)
+    recipe["model"]["dynamic_img_size"] = True
+    recipe["task"] = {"name": "dino", "dino": {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16,
+                                               "local_crops": 2, "local_size": 4, "warmup_teacher_temp_epochs": 1}}
+    return recipe
+
+
 def snapshot(folder: Path) -> dict[str, str]:
     """Every path under ``folder`` with the hash of its bytes (links by their target)."""
     state = {}

@@ -10,21 +10,12 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from tiny_runs import run_tool, short_recipe, tiny_recipe
+from tiny_runs import dino_recipe, run_tool, short_recipe, tiny_recipe
 
 from vitkit import load_model
 from vitkit.pretrained import read_pretrained
 from vitkit.train import load_recipe, train
 from vitkit.train.schema import RecipeError
-
-
-def dino_recipe(out_dir: Path, **trainer: object) -> dict:
-    """:func:`short_recipe` pre-training with DINO: 8-px global and 4-px local crops of the digits."""
-    recipe = short_recipe(out_dir, monitor="val/loss", **trainer)
-    recipe["model"]["dynamic_img_size"] = True
-    recipe["task"] = {"name": "dino", "dino": {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16,
-                                               "local_crops": 2, "local_size": 4, "warmup_teacher_temp_epochs": 1}}
-    return recipe
 
 
 def test_dino_pretrain_exports_teacher_that_finetunes(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import vitkit
 from vitkit.data import DataConfig
 from vitkit.train import RecipeError, UnsafeCheckpointError, load_checkpoint, load_recipe
 from vitkit.train.config import ModelConfig, OptimConfig, TrainerConfig, save_recipe
-from vitkit.train.optim import param_groups, warmup_cosine
+from vitkit.train.optim import Horizon, param_groups, warmup_cosine
 from vitkit.train.run import check_precision
 
 RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
@@ -138,7 +138,7 @@ def test_no_weight_decay_on_norms_biases_pos_embed_and_cls_token() -> None:
 
 def test_schedule_warms_up_linearly_then_decays_to_min_lr() -> None:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = warmup_cosine(optimizer, warmup_steps=4, total_steps=20, lr=1.0, min_lr=0.01)
+    scheduler = warmup_cosine(optimizer, Horizon(warmup_steps=4, total_steps=20, floor=0.01))
     lrs = []
     for _ in range(20):
         lrs.append(optimizer.param_groups[0]["lr"])

@@ -42,12 +42,14 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
         return "n/a" if summary.get(key) is None else f"{summary[key]:.2f}%"
 
     model = run_dir / "model.safetensors"
+    notes = _schedule_notes(summary)
     if "finetune_command" in summary:  # a pre-trained encoder: no classifier to score, one to fine-tune
         probe = f"; linear probe {percent('linear_probe_acc1')}" if "linear_probe_acc1" in summary else ""
         where = f"labelled folder {summary['knn_root']}" if summary.get("knn_root") else "test split"
         return "\n".join([
             f"k-NN accuracy of the encoder's features {percent('knn_acc1')} ({where}, k=20{probe}), "
             f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
+            *notes,
             f"run directory: {run_dir} (summary.json has the rest)",
             "next: fine-tune the encoder on labelled images, then the same model from fresh weights (what pre-training bought)",
             f"  {summary['finetune_command']}",
@@ -65,9 +67,23 @@ def closing_lines(summary: dict[str, Any], run_dir: Path) -> str:
     return "\n".join([
         f"test accuracy {percent('test_acc')}{views}{seen} (top-5 {percent('test_acc5')}, validation {percent('val_acc')}), "
         f"{summary['epochs']} epochs in {summary['wall_time_s']:.0f} s, {summary['train_images_per_s']:,.0f} images/s",
+        *notes,
         f"run directory: {run_dir} (summary.json has the rest)",
         "next:",
         f"  vitkit evaluate {model}" + ("" if summary.get("held_out", True) else " TEST_FOLDER"),
         f"  vitkit maps {model} --test-images 4 --out maps/",
         f"  vitkit predict {model} IMAGE_OR_FOLDER",
     ])
+
+
+def _schedule_notes(summary: dict[str, Any]) -> list[str]:
+    """A line on where ``trainer.max_time_minutes`` cut the schedule, or on what the time budget
+    planned; none for a run that trained its recipe's epochs."""
+    plan = summary.get("time_budget")
+    if "schedule_note" in summary:
+        return [f"note: {summary['schedule_note']}"]
+    if plan is not None:
+        return [f"time budget {plan['budget_minutes']:g} min: {plan['epochs']:,} epochs planned, the schedule ended "
+                f"with training (summary.json's time_budget)"]
+    return []
+

@@ -70,6 +70,10 @@ class Task(nn.Module):
     def after_optimizer_step(self, model: nn.Module, step: int, total_steps: int) -> None:
         """Called after each optimiser step (DINO's teacher follows the student here)."""
 
+    def set_epochs(self, epochs: int) -> None:
+        """Called when the run's length is set after training started (a time budget's plan, as
+        many epochs as the time allows): schedules counted in the run's epochs follow it."""
+
     def training_data(self, dataset: Dataset) -> Dataset:
         """The training split as this task reads it (DINO: each image as its multi-crop views);
         by default the split as the data section builds it."""

@@ -213,6 +213,10 @@ class DinoTask(Task):
         """The teacher starts as a copy of the student's backbone (DINO loads the same weights)."""
         self.teacher_backbone = copy.deepcopy(model).requires_grad_(False)
 
+    def set_epochs(self, epochs: int) -> None:
+        """The run's epochs, which turn the step count into the epoch under way."""
+        self.epochs = epochs
+
     def training_data(self, dataset: Dataset) -> Dataset:
         return multi_crop_dataset(dataset, self.crops)
 

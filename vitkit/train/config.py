@@ -262,7 +262,14 @@ class TrainerConfig(Config):
             kernel is chosen, and keep the faster (:mod:`vitkit.train.compile_trial`;
             ``summary.json`` ``compile``); eager under ``trainer.deterministic``.
         max_time_minutes: stop training after this many minutes (Lightning's ``max_time``), then
-            test as usual; ``null``: no limit.
+            test as usual; ``null``: no limit. A schedule it cuts short is noted at the end
+            (``summary.json``'s ``schedule_note``): the learning rate had not decayed.
+        time_budget_minutes: fit the run to this many minutes, all of it (setting up, training,
+            the end-of-run test, k-NN and export): the first training steps are timed, then the
+            epochs (whole ones) are planned so that the warm-up and the cosine schedule end with
+            training, in place of ``max_epochs`` (:mod:`~vitkit.train.time_budget`; the plan is
+            printed, kept in checkpoints for a resumed run and in ``summary.json``'s ``time_budget``).
+            Not with ``max_time_minutes``.
         tta: test-time augmentation of validation and test (:data:`~vitkit.evaluation.TestTimeAugmentation`):
             ``'hflip'`` averages the class probabilities of each image and its mirror (twice the
             evaluation cost; needs a model trained with ``data.augment.hflip``); ``'hflip_shift'``
@@ -294,6 +301,7 @@ class TrainerConfig(Config):
     num_threads: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_THREADS))
     compile: bool | Literal["auto"] = False
     max_time_minutes: float | None = field(default=None, metadata=bounds(gt=0))
+    time_budget_minutes: float | None = field(default=None, metadata=bounds(gt=0))
     tta: TestTimeAugmentation = "none"
     val_tta: TestTimeAugmentation | None = None
 
@@ -306,6 +314,12 @@ class TrainerConfig(Config):
     def validate(self) -> None:
         """``devices``: a count in [1, MAX_DEVICES] or distinct ids in [0, MAX_DEVICES); what Lightning
         accepts for the batch limits (a fraction in (0, 1] or a count) and the strategy (its registry)."""
+        if self.time_budget_minutes is not None and self.max_time_minutes is not None:
+            raise FieldError(
+                "time_budget_minutes", f"({self.time_budget_minutes:g}) and trainer.max_time_minutes "
+                f"({self.max_time_minutes:g}) both limit the time: the budget plans the schedule to end in time, "
+                "max_time cuts it wherever it is; keep one (trainer.max_time_minutes=null)."
+            )
         for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
             value = getattr(self, key)
             if isinstance(value, float) and value > 1.0:

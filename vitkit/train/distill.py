@@ -31,7 +31,7 @@ from ..io import load_model, shape_mismatches
 from ..models.config import MAX_PARAMETERS
 from .config import DistillConfig, TeacherConfig
 from .datamodule import ViTDataModule
-from .optim import warmup_cosine
+from .optim import Horizon, warmup_cosine
 from .schema import RecipeError
 
 log = logging.getLogger(__name__)
@@ -161,8 +161,7 @@ def fit_teacher(
     loader = datamodule.loader(datamodule.bundle.train, config.batch_size, train=True)
     total = config.epochs * len(loader)
     optimizer = torch.optim.AdamW(teacher.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    schedule = warmup_cosine(optimizer, warmup_steps=min(len(loader), total // 2), total_steps=total,
-                             lr=config.lr, min_lr=config.lr * 1e-2)
+    schedule = warmup_cosine(optimizer, Horizon(warmup_steps=min(len(loader), total // 2), total_steps=total, floor=1e-2))
     bf16 = precision == "bf16-mixed"
     teacher.train()
     for epoch in range(config.epochs):

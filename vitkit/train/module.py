@@ -25,7 +25,7 @@ from ..models import VisionTransformer, ViTConfig, from_timm
 from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
 from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
-from .optim import build_optimizer, warmup_cosine
+from .optim import Horizon, build_optimizer, refresh_lr, warmup_cosine
 from .pure_bf16 import PureBf16
 from .schema import RecipeError
 
@@ -138,6 +138,7 @@ class ViTModule(L.LightningModule):
         self._unchecked: list[tuple[int, torch.Tensor]] = []
         #: The training loss of the latest logging step, for the progress bar.
         self.shown_loss: float | None = None
+        self.horizon: Horizon | None = None  # the learning-rate schedule's (configure_optimizers)
         self.automatic_optimization = False  # :meth:`training_step` takes the optimiser step itself
         #: Under FSDP, the model's structure taken before sharding, its weights on the meta device
         #: (no memory), which :meth:`export_model` fills on rank 0 with the gathered weights.
@@ -289,14 +290,17 @@ class ViTModule(L.LightningModule):
         optimizer = self.build_optimizer(allow_fused=self.trainer.precision != "16-mixed")
         total_steps = int(self.trainer.estimated_stepping_batches)
         warmup_steps = round(self.optim_config.warmup_epochs * total_steps / max(1, self.trainer.max_epochs))
-        scheduler = warmup_cosine(
-            optimizer,
-            warmup_steps=warmup_steps,
-            total_steps=total_steps,
-            lr=self.optim_config.lr,
-            min_lr=self.optim_config.min_lr,
-        )
+        self.horizon = Horizon(warmup_steps, total_steps, floor=self.optim_config.min_lr / self.optim_config.lr)
+        scheduler = warmup_cosine(optimizer, self.horizon)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def set_schedule(self, warmup_steps: int, total_steps: int, epochs: int) -> None:
+        """Fit the learning-rate schedule (and the task's own, DINO's teacher) to a run of ``epochs``
+        epochs and ``total_steps`` steps, once training has started (a time budget's plan): the steps
+        taken keep the rates they had, the next one follows the new :attr:`horizon`."""
+        self.horizon.warmup_steps, self.horizon.total_steps = warmup_steps, total_steps
+        refresh_lr(self.lr_schedulers())
+        self.task.set_epochs(epochs)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Clip the gradients to ``optim.clip_grad`` by their global norm, just before the step

@@ -5,6 +5,7 @@ as timm), and a linear-warmup + cosine learning-rate schedule stepped every iter
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
@@ -69,23 +70,42 @@ def build_optimizer(
     )
 
 
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, lr: float, min_lr: float
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup from ~0 to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at
-    ``total_steps``; call ``step()`` after every optimiser step.
+@dataclass
+class Horizon:
+    """Where a linear warm-up + cosine schedule turns and ends, in optimiser steps, and its floor
+    (``min_lr / lr``). Mutable: a time budget's plan (:mod:`vitkit.train.time_budget`) moves it
+    once the step time is measured; the scheduler reads it at every step."""
+
+    warmup_steps: int
+    total_steps: int
+    floor: float
+
+    def factor(self, step: int) -> float:
+        """The learning rate of step ``step`` (0-based) as a share of the peak: ``(step + 1) /
+        warmup_steps`` during the warm-up, then a cosine from 1 down to :attr:`floor`, reached at
+        ``total_steps`` and kept after it."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, horizon: Horizon) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup from ~0 to each group's peak over ``horizon.warmup_steps``, then cosine decay
+    to ``horizon.floor`` times it at ``horizon.total_steps``; call ``step()`` after every optimiser step.
 
     The schedule is a factor on each group's own learning rate: a group built at ``s * lr`` (layer
     decay's ``lr_scale``) peaks at ``s * lr`` and ends at ``s * min_lr``, as timm's schedulers scale
     the whole value by ``lr_scale``. The factor depends on the step alone, so a scheduler and
-    optimiser restored from their ``state_dict()`` continue every group where it was.
+    optimiser restored from their ``state_dict()`` continue every group where it was. The horizon
+    is not part of that state (``LambdaLR`` saves no function's): a resumed run takes it from its
+    recipe, or from its time budget's stored plan.
     """
-    floor = min_lr / lr
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: horizon.factor(step))
 
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+def refresh_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set each group's learning rate anew for the scheduler's current step, after its horizon
+    moved (a scheduler sets the rates only when it steps)."""
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)

@@ -70,7 +70,7 @@ from .checkpoint import (
     remove_orphan_temp_files,
 )
 from .compile_trial import CompileChooser
-from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
+from .config import MAX_EPOCHS, RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
 from .distributed import ShardedStrategy
@@ -83,6 +83,7 @@ from .pretraining import finetune_command, pretraining_callbacks, pretraining_su
 from .schema import RecipeError
 from .sizing import fit_to_images
 from .threads import other_load, thread_advice, usable_cores
+from .time_budget import budget_summary, cut_short_note, time_budget_callback
 
 #: Exit status of a run stopped by SIGTERM (128 + the signal's number, as shells report it).
 SIGTERM_EXIT = 143
@@ -299,8 +300,9 @@ def _fit(
     every_rank = SigtermStopsEveryRank()
     bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
     pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
-    ours = [kernels, *compiling, best, last, every_rank, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(), *bar,
-            *pretraining]
+    budget = time_budget_callback(config, datamodule, started, time.perf_counter)  # none without a time budget
+    ours = [kernels, *compiling, *budget, best, last, every_rank, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(),
+            *bar, *pretraining]
     trainer = build_trainer(config, run_dir, callbacks=[*ours, *callbacks])
     # the run's own callbacks (and those Lightning adds), not the caller's, skip their no-op step hooks
     skip_idle_step_hooks([cb for cb in trainer.callbacks if not any(cb is given for given in callbacks)], module)
@@ -310,6 +312,8 @@ def _fit(
     with _shared_run_dir(run_dir), _quiet_third_party_warnings():
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+            if (schedule_note := cut_short_note(trainer, module, config.trainer.max_time_minutes)) is not None:
+                rank_zero_info(f"note: {schedule_note}")
             best_path = best.best_model_path or None
             with sigterm_stops_at_once(enabled=trainer.world_size == 1):
                 tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
@@ -358,6 +362,7 @@ def _fit(
         "attention_kernels": {"training_steps": kernels.report(), "synthetic": autotune_report()},
         **teacher_report,
         **pretraining_summary(pretraining),
+        **budget_summary(budget, schedule_note),
     }
     if config.task.pretrains:
         encoder, depth = run_dir / "model.safetensors", model.config.depth
@@ -473,7 +478,7 @@ def _trainer(
         num_nodes=options.num_nodes,
         strategy=strategy,
         precision=options.lightning_precision,
-        max_epochs=options.max_epochs,
+        max_epochs=MAX_EPOCHS if options.time_budget_minutes else options.max_epochs,  # until the budget's plan
         max_time=timedelta(minutes=options.max_time_minutes) if options.max_time_minutes else None,
         log_every_n_steps=options.log_every,
         limit_train_batches=options.limit_train_batches,

@@ -1,0 +1,199 @@
+"""``trainer.time_budget_minutes`` plans the schedule to the time, and ``trainer.max_time_minutes``
+says where it cut one short. The clock is faked: every training step takes exactly 0.5 s, so the
+plans below are computed by hand."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import lightning as L
+import pytest
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from tiny_runs import Recorder, dino_recipe, run_tool, short_recipe, write_tiny_recipe
+
+import vitkit.train.run as run_module
+from vitkit.train import train
+from vitkit.train.checkpoint import load_checkpoint
+from vitkit.train.config import load_recipe
+from vitkit.train.run import RunStoppedError
+from vitkit.train.schema import RecipeError
+from vitkit.train.time_budget import TimeBudgetError, plan_schedule
+
+# --- the planner, by hand ---------------------------------------------------------------------
+
+#: 3 s spent (6 steps of 0.5 s), 100 steps an epoch, 5 s of validation each, 20 s kept for the end.
+MEASURED = {"elapsed_s": 3.0, "steps_done": 6, "step_s": 0.5, "steps_per_epoch": 100, "epoch_eval_s": 5.0,
+            "end_s": 20.0}
+
+
+def test_the_plan_is_the_most_whole_epochs_that_fit_with_the_steps_taken_counted() -> None:
+    # room: 600 - 3 - 20 + 6 x 0.5 = 580 s; an epoch 100 x 0.5 + 5 = 55 s: 10 epochs (10.5)
+    plan = plan_schedule(10, **MEASURED, warmup_epochs=2, recipe_epochs=100)
+    assert (plan.epochs, plan.steps, plan.steps_per_epoch) == (10, 1000, 100)
+    assert (plan.warmup_epochs, plan.warmup_steps, plan.recipe_warmup_epochs) == (2, 200, None)  # 2 <= 10 / 4
+    assert (plan.step_s, plan.epoch_eval_s, plan.end_s) == (0.5, 5.0, 20.0)
+
+
+def test_a_long_warmup_is_scaled_to_its_share_of_the_recipes_schedule_at_most_a_quarter() -> None:
+    share = plan_schedule(10, **MEASURED, warmup_epochs=3, recipe_epochs=100)  # 3 > 2.5: 3 % of 10 epochs
+    assert (share.warmup_epochs, share.warmup_steps, share.recipe_warmup_epochs) == (0.3, 30, 3)
+    capped = plan_schedule(10, **MEASURED, warmup_epochs=5, recipe_epochs=10)  # 50 % of 10, capped at 25 %
+    assert (capped.warmup_epochs, capped.warmup_steps, capped.recipe_warmup_epochs) == (2.5, 250, 5)
+
+
+def test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits() -> None:
+    # room: 60 - 3 - 20 + 3 = 40 s < 55 s; needed 3 + 20 + 55 - 3 = 75 s = 1.25 min, shown rounded up
+    with pytest.raises(TimeBudgetError, match=r"too short.*trainer\.time_budget_minutes=1\.3 or more"):
+        plan_schedule(1, **MEASURED, warmup_epochs=0, recipe_epochs=10)
+    # 1.3 min: room 78 - 23 + 3 = 58 s, one epoch
+    assert plan_schedule(1.3, **MEASURED, warmup_epochs=0, recipe_epochs=10).epochs == 1
+
+
+def test_a_run_resumed_before_its_plan_must_finish_the_epoch_under_way() -> None:
+    resumed = {**MEASURED, "steps_done": 150, "elapsed_s": 1.0}  # in the second epoch
+    # room: 120 - 1 - 20 + 75 = 174 s: 3 epochs of 55 s
+    assert plan_schedule(2, **resumed, warmup_epochs=0, recipe_epochs=10).steps == 300
+    # room: 90 - 1 - 20 + 75 = 144 s: 2 epochs, the one under way included
+    assert plan_schedule(1.5, **resumed, warmup_epochs=0, recipe_epochs=10).epochs == 2
+    with pytest.raises(TimeBudgetError):  # room: 54 - 21 + 75 = 108 s: 1 epoch, not the 2 it needs
+        plan_schedule(0.9, **resumed, warmup_epochs=0, recipe_epochs=10)
+
+
+def test_a_budget_and_max_time_together_are_refused_at_load() -> None:
+    with pytest.raises(RecipeError, match=r"time_budget_minutes .*max_time_minutes.*keep one"):
+        load_recipe(short_recipe(Path("runs")), ["trainer.time_budget_minutes=5", "trainer.max_time_minutes=5"])
+
+
+# --- a tiny real run on a faked clock ---------------------------------------------------------
+
+STEP_S = 0.5
+LR, MIN_LR = 5e-3, 1e-4
+
+
+class FakeClock:
+    """The run's clock, moved by :class:`Steps` only."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Steps(L.Callback):
+    """Every training step takes ``seconds`` of ``clock``; optionally stops the run (SIGTERM) at ``stop_at``."""
+
+    def __init__(self, clock: FakeClock, seconds: float, stop_at: int | None = None) -> None:
+        self.clock, self.seconds, self.stop_at = clock, seconds, stop_at
+        self.final_lr: float | None = None
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.clock.now += self.seconds
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.stop_at:
+            raise SIGTERMException
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.final_lr = trainer.optimizers[0].param_groups[0]["lr"]
+
+
+def _budget_recipe(tmp_path: Path) -> dict:
+    # 4 steps an epoch; validation and test 2 batches of 64 = 128 images each
+    recipe = short_recipe(tmp_path, max_epochs=4, time_budget_minutes=0.56, log_every=1)
+    recipe["optim"].update(lr=LR, min_lr=MIN_LR, warmup_epochs=2)
+    return recipe
+
+
+def _expected_lrs() -> list[float]:
+    """The rates of the 28 planned steps, by hand. Planned after the first epoch (4 steps, 2 s):
+    an evaluated image costs half a trained one (0.5 x 0.5 s / 32), so validation 128 x 0.0078 = 1 s an
+    epoch, and the end 256 x 0.0078 + 10 (export) = 12 s; room 33.6 - 2 - 12 + 2 = 21.6 s; an epoch
+    4 x 0.5 + 1 = 3 s: 7 epochs, 28 steps. The recipe's warm-up, 2 epochs, is more than a quarter of
+    7: scaled to 7 x min(1/4, 2/4) = 1.75 epochs, 7 steps. The first 4 steps ran the recipe's
+    warm-up (2 epochs x 4 = 8 steps); then (s + 1) / 7, and a cosine over steps 7..27."""
+    floor = MIN_LR / LR
+    warm = [LR * (s + 1) / 8 for s in range(4)] + [LR * (s + 1) / 7 for s in range(4, 7)]
+    cosine = [LR * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (s - 7) / 21))) for s in range(7, 28)]
+    return warm + cosine
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=fake))
+    return fake
+
+
+@pytest.mark.slow
+def test_the_schedule_ends_at_the_planned_step_where_lightning_stops(tmp_path: Path, clock: FakeClock) -> None:
+    steps, recorder = Steps(clock, STEP_S), Recorder()
+    result = train(_budget_recipe(tmp_path), callbacks=[recorder, steps])
+    plan = result.summary["time_budget"]
+    assert (plan["epochs"], plan["steps"], plan["step_s"], plan["warmup_steps"]) == (7, 28, STEP_S, 7)
+    assert plan["recipe_warmup_epochs"] == 2 and plan["end_s"] == pytest.approx(12.0)
+    assert (result.summary["epochs"], result.summary["global_steps"]) == (7, 28)
+    assert recorder.lrs == pytest.approx(_expected_lrs(), rel=1e-9)
+    assert recorder.lrs[-1] > MIN_LR * 1.01 and steps.final_lr == pytest.approx(MIN_LR, rel=1e-9)
+    assert "schedule_note" not in result.summary
+    stored = load_checkpoint(result.run_dir / "checkpoints" / "last.ckpt")["callbacks"]["TimeBudget"]["plan"]
+    assert stored == plan
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_plan_though_its_steps_now_take_another_time(tmp_path: Path, clock: FakeClock) -> None:
+    with pytest.raises(RunStoppedError):
+        train(_budget_recipe(tmp_path), callbacks=[Steps(clock, STEP_S, stop_at=10)])
+    last = next(tmp_path.glob("tiny/*/checkpoints/last.ckpt"))
+    assert load_checkpoint(last)["global_step"] == 10
+    clock.now, recorder = 0.0, Recorder()  # five times faster now: a new plan would differ
+    result = train(_budget_recipe(tmp_path), resume=last, callbacks=[recorder, Steps(clock, STEP_S / 5)])
+    assert (result.summary["time_budget"]["epochs"], result.summary["global_steps"]) == (7, 28)
+    assert recorder.lrs == pytest.approx(_expected_lrs()[10:], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_dino_budget_keeps_time_for_the_knn_pass_and_counts_the_planned_epochs(tmp_path: Path, clock: FakeClock) -> None:
+    recipe = dino_recipe(tmp_path, max_epochs=4, time_budget_minutes=0.8)
+    result = train(recipe, callbacks=[Steps(clock, STEP_S)])
+    # the end: test and validation 256 images, and k-NN over the training and test splits, 1,259 + 359:
+    # 1,874 x 0.0078125 + 10 = 24.64 s; room 48 - 2 - 24.64 + 2 = 23.36 s: 7 epochs of 3 s
+    plan = result.summary["time_budget"]
+    assert plan["end_s"] == pytest.approx(24.640625) and (plan["epochs"], result.summary["global_steps"]) == (7, 28)
+    state = load_checkpoint(result.run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    assert float(state["task.epoch_progress"]) == pytest.approx(7.0)  # DINO's epochs are the plan's, not 4
+
+
+@pytest.mark.slow
+def test_max_time_cutting_the_schedule_short_says_where_it_was(tmp_path: Path) -> None:
+    recipe = short_recipe(tmp_path, max_epochs=3, max_time_minutes=1e-6)  # stops after the first step
+    recipe["optim"].update(lr=LR, min_lr=MIN_LR)
+    result = train(recipe)
+    # 12 steps, warm-up round(0.3 x 4) = 1 step: step 1 is the cosine's first, at the peak
+    note = result.summary["schedule_note"]
+    assert note.startswith("stopped by trainer.max_time_minutes at epoch 1 of 3 (step 1 of 12), the learning rate "
+                           "at 0.005 of peak 0.005 (min 0.0001): the cosine schedule was cut at 8%")
+    assert "trainer.time_budget_minutes=1e-06" in note
+
+
+@pytest.mark.slow
+def test_a_budget_too_short_for_one_epoch_stops_with_one_line(tmp_path: Path) -> None:
+    recipe = write_tiny_recipe(tmp_path, max_epochs=2, time_budget_minutes=0.05)  # 3 s: less than the export's 10
+    done = run_tool("tools/train.py", str(recipe))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "error: trainer.time_budget_minutes=0.05 is too short for this run" in done.stderr
+
+
+def test_the_closing_lines_say_where_max_time_cut_the_schedule_or_what_the_budget_planned(load_tool) -> None:
+    summary = {"test_acc": 94.61, "test_acc5": 99.9, "val_acc": 94.2, "epochs": 8, "wall_time_s": 750.0,
+               "train_images_per_s": 1790.0, "schedule_note": "stopped by trainer.max_time_minutes at epoch 8 of 100"}
+    lines = load_tool("train").closing_lines(summary, Path("runs/r")).splitlines()
+    assert lines[1] == "note: stopped by trainer.max_time_minutes at epoch 8 of 100" and lines[-1].startswith("  vitkit")
+    del summary["schedule_note"]
+    planned = {**summary, "time_budget": {"budget_minutes": 12.5, "epochs": 31}}
+    assert load_tool("train").closing_lines(planned, Path("runs/r")).splitlines()[1].startswith(
+        "time budget 12.5 min: 31 epochs planned")
+    assert len(load_tool("train").closing_lines(summary, Path("runs/r")).splitlines()) == len(lines) - 1
