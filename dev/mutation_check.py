@@ -62,6 +62,15 @@ MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
                "test_gradient_maps_of_a_two_patch_merge_copy_the_gradient_and_halve_the_attention")
 DEVICE_LOADER = "tests/train/test_data_on_device.py::test_the_device_loader_drops_the_last_incomplete_training_batch_only"
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
+TB = "vitkit/train/time_budget.py"
+TB_PLAN = "tests/train/test_time_budget.py::test_the_plan_is_the_most_whole_epochs_that_fit_with_the_steps_taken_counted"
+TB_SHORT = "tests/train/test_time_budget.py::test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits"
+TB_RESUMED = "tests/train/test_time_budget.py::test_a_run_resumed_before_its_plan_must_finish_the_epoch_under_way"
+TB_WARMUP = "tests/train/test_time_budget.py::test_a_long_warmup_is_scaled_to_its_share_of_the_recipes_schedule_at_most_a_quarter"
+TB_RUN = "tests/train/test_time_budget.py::test_the_schedule_ends_at_the_planned_step_where_lightning_stops"
+TB_RESUMED_RUN = "tests/train/test_time_budget.py::test_a_resumed_run_keeps_its_plan_though_its_steps_now_take_another_time"
+TB_DINO = "tests/train/test_time_budget.py::test_a_dino_budget_keeps_time_for_the_knn_pass_and_counts_the_planned_epochs"
+TB_MAX_TIME = "tests/train/test_time_budget.py::test_max_time_cutting_the_schedule_short_says_where_it_was"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -315,6 +324,44 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/train/module.py", "with torch.autocast(self.device.type, enabled=False):",
              "with torch.autocast(self.device.type, enabled=torch.is_autocast_enabled(self.device.type)):",
              ("tests/train/test_train_options_effect.py",), "the backward and step run under the forward's autocast"),
+    Mutation("train", TB, "epoch_s = steps_per_epoch * step_s + epoch_eval_s", "epoch_s = steps_per_epoch * step_s",
+             (TB_PLAN,), "a time budget's plan leaves out each epoch's validation"),
+    Mutation("train", TB, "- elapsed_s - end_s +", "- elapsed_s +",
+             (TB_SHORT,), "a time budget keeps no time for the test, k-NN and export"),
+    Mutation("train", TB, "- end_s + steps_done * step_s", "- end_s", (TB_RESUMED,),
+             "a time budget's plan counts the steps already taken twice"),
+    Mutation("train", TB, "    needed = steps_done // steps_per_epoch + 1\n", "    needed = 1\n", (TB_RESUMED,),
+             "a plan may end before the epoch under way"),
+    Mutation("train", TB, "    if warmup_epochs <= WARMUP_SHARE * epochs:\n", "    if True:\n", (TB_WARMUP,),
+             "a warm-up longer than a quarter of the plan kept"),
+    Mutation("train", TB, "epochs * min(WARMUP_SHARE, warmup_epochs / recipe_epochs)", "epochs * warmup_epochs / recipe_epochs",
+             (TB_WARMUP,), "a scaled warm-up not capped at a quarter of the plan"),
+    Mutation("train", TB, "for a, b in zip(times[1:], times[2:])", "for a, b in zip(times, times[1:])", (TB_RUN,),
+             "the first step (first-call work) timed with the others"),
+    Mutation("train", TB, "step_s = statistics.median(b - a for", "step_s = statistics.mean(b - a for", (TB_RUN,),
+             "a step that compiles counts in the measured step time"),
+    Mutation("train", TB, "    return per_epoch, test + val + knn\n", "    return per_epoch, test + val\n", (TB_DINO,),
+             "a pre-training run's time budget keeps no time for its k-NN pass"),
+    Mutation("train", TB, "    trainer.fit_loop.max_epochs = plan.epochs  #", "    trainer.fit_loop.max_epochs = plan.epochs + 1  #",
+             (TB_RUN,), "Lightning trains past the planned schedule"),
+    Mutation("train", "vitkit/train/module.py", "        refresh_lr(self.lr_schedulers())\n", "", (TB_RUN,),
+             "the step after the plan runs at the rate of the old horizon"),
+    Mutation("train", "vitkit/train/module.py", "        self.task.set_epochs(epochs)\n", "", (TB_DINO,),
+             "DINO counts the recipe's epochs, not the plan's"),
+    Mutation("train", TB, '        if "plan" in state_dict:\n', "        if False:\n", (TB_RESUMED_RUN,),
+             "a resumed run plans again"),
+    Mutation("train", "vitkit/train/run.py", "max_epochs=MAX_EPOCHS if options.time_budget_minutes else options.max_epochs",
+             "max_epochs=options.max_epochs", (TB_RESUMED_RUN,), "a budget run resumed past the recipe's epochs stops"),
+    Mutation("train", TB, "or timer.time_remaining() > 0 or", "or", (TB_MAX_TIME,),
+             "a schedule note after a run max_time did not stop"),
+    Mutation("train", TB, "{peak * horizon.factor(step):.2g} of peak", "{peak:.2g} of peak", (TB_MAX_TIME,),
+             "max_time's note gives the peak as the rate it stopped at"),
+    Mutation("train", "vitkit/cli/train.py", '    if "schedule_note" in summary:\n', "    if False:\n",
+             ("tests/train/test_time_budget.py::test_the_closing_lines_say_where_max_time_cut_the_schedule_or_what_the_budget_planned",),
+             "max_time's note missing from the closing lines"),
+    Mutation("train", "vitkit/train/config.py", "if self.time_budget_minutes is not None and self.max_time_minutes is not None:",
+             "if False:", ("tests/train/test_time_budget.py::test_a_budget_and_max_time_together_are_refused_at_load",),
+             "a time budget accepted with max_time_minutes"),
     Mutation("io", "vitkit/cli/evaluate.py", 'check_output_dir(out, "evaluate")  #', 'claim_output_dir(out, "evaluate")  #',
              ("tests/cli/test_hostile_input.py",), "a refused model leaves an empty output folder"),
     Mutation("io", "vitkit/io.py", "return torch.load(path, map_location=map_location, weights_only=True)",

@@ -3,9 +3,10 @@ and say where ``trainer.max_time_minutes`` cut a schedule short.
 
 A run with a budget starts as the recipe says (its warm-up is in steps per epoch, whatever the
 run's length), times its first training steps (the first one, which pays lazy initialisation and
-compilation, untimed, then :data:`MEASURED_STEPS`), and plans (:func:`plan_schedule`): as many whole
+compilation, untimed, then :data:`MEASURED_STEPS`, whose median counts: a step that compiles or
+times both attention kernels is an outlier), and plans (:func:`plan_schedule`): as many whole
 epochs as fit in what the budget leaves after the time spent so far and the time kept for the end
-of the run. The learning-rate schedule's end, Lightning's ``max_epochs`` and ``max_steps`` (and a
+of the run. The learning-rate schedule's end, Lightning's ``max_epochs`` (and a
 task's epoch count, DINO's) are then all set from the plan, so the schedule ends exactly when
 training does; the steps already taken count, and ran at the warm-up's small rates.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from .config import MAX_EPOCHS, RecipeConfig
 from .datamodule import ViTDataModule
 
 #: Training steps timed, after the first, before the plan is made (fewer if the first epoch is shorter).
-MEASURED_STEPS = 5
+MEASURED_STEPS = 9
 #: An evaluated image's time as a share of a trained image's (a forward pass is about a third of
 #: forward, backward and update; rounded up for the evaluation loop's own work).
 EVAL_SHARE = 0.5
@@ -215,8 +217,8 @@ class TimeBudget(Callback):
         taken = len(self._times) - 1
         if taken < 1 + MEASURED_STEPS and batch_idx + 1 < trainer.num_training_batches:
             return
-        times = self._times
-        step_s = (times[-1] - times[1]) / (taken - 1) if taken > 1 else times[1] - times[0]
+        times = self._times  # the median step: a step that compiles or times two kernels does not count
+        step_s = statistics.median(b - a for a, b in zip(times[1:], times[2:])) if taken > 1 else times[1] - times[0]
         # every rank plans from rank 0's clock, so all stop at the same step
         step_s, elapsed_s = trainer.strategy.broadcast((step_s, times[-1] - self.started), src=0)
         image_s = EVAL_SHARE * step_s / self.batch_size
@@ -234,8 +236,7 @@ class TimeBudget(Callback):
 
 def _apply(plan: Plan, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
     """Training stops, and the schedules end, where ``plan`` says."""
-    trainer.fit_loop.max_epochs = plan.epochs
-    trainer.fit_loop.epoch_loop.max_steps = plan.steps
+    trainer.fit_loop.max_epochs = plan.epochs  # whole epochs: the last step is the plan's, validated and saved
     pl_module.set_schedule(plan.warmup_steps, plan.steps, plan.epochs)
 
 
