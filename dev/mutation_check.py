@@ -354,7 +354,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "max_epochs=options.max_epochs", (TB_RESUMED_RUN,), "a budget run resumed past the recipe's epochs stops"),
     Mutation("train", TB, "or timer.time_remaining() > 0 or", "or", (TB_MAX_TIME,),
              "a schedule note after a run max_time did not stop"),
-    Mutation("train", TB, "{peak * horizon.factor(step):.2g} of peak", "{peak:.2g} of peak", (TB_MAX_TIME,),
+    Mutation("train", TB, "{peak * horizon.factor(step):.3g} of peak", "{peak:.3g} of peak", (TB_MAX_TIME,),
              "max_time's note gives the peak as the rate it stopped at"),
     Mutation("train", "vitkit/cli/train.py", '    if "schedule_note" in summary:\n', "    if False:\n",
              ("tests/train/test_time_budget.py::test_the_closing_lines_say_where_max_time_cut_the_schedule_or_what_the_budget_planned",),

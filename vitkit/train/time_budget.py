@@ -93,7 +93,7 @@ class Plan:
                        f"{WARMUP_SHARE:.0%} of the plan, or the recipe's share of its own schedule)")
         return (f"time budget {self.budget_minutes:g} min: planned {self.epochs:,} epochs, {self.steps:,} steps "
                 f"({self.step_s:.3g} s/step), to end by {self.ends_by}; {warmup}; {self.end_s:.0f} s kept for "
-                f"the test, k-NN and export and {self.epoch_eval_s:.0f} s for each epoch's validation (estimated: "
+                f"the test, k-NN and export and {self.epoch_eval_s:.1f} s for each epoch's validation (estimated: "
                 f"an evaluated image at {EVAL_SHARE:g} of a trained image's time)")
 
 
@@ -261,7 +261,7 @@ def cut_short_note(trainer: L.Trainer, pl_module: L.LightningModule, max_time_mi
     return (
         f"stopped by trainer.max_time_minutes at epoch {math.ceil(step / trainer.num_training_batches)} of "
         f"{trainer.max_epochs} (step {step:,} of {horizon.total_steps:,}), the learning rate at "
-        f"{peak * horizon.factor(step):.2g} of peak {peak:.2g} (min {floor:.2g}): the cosine schedule was cut at "
+        f"{peak * horizon.factor(step):.3g} of peak {peak:.3g} (min {floor:.3g}): the cosine schedule was cut at "
         f"{step / horizon.total_steps:.0%}; use trainer.time_budget_minutes={max_time_minutes:g} in place of "
         "trainer.max_time_minutes to fit the warm-up and the decay to the time."
     )
