@@ -10,7 +10,15 @@ import torch
 
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.schema import FieldError
-from vitkit.tasks.mae import MaeTask, masked_patch_loss, patchify, pixel_targets, random_masking, unpatchify
+from vitkit.tasks.mae import (
+    MaeTask,
+    decoder_weights,
+    masked_patch_loss,
+    patchify,
+    pixel_targets,
+    random_masking,
+    unpatchify,
+)
 
 
 # --- facebookresearch/mae, models_mae.py (MaskedAutoencoderViT), with the noise passed in -------------
@@ -254,3 +262,11 @@ def test_figure_rows_put_the_input_where_visible() -> None:
 def test_a_ratio_that_leaves_no_patch_visible_is_refused() -> None:
     with pytest.raises(ValueError, match="no visible patch"):
         MaeTask(encoder().config, mask_ratio=0.95)
+
+
+@pytest.mark.parametrize(("patch", "chans", "dim", "depth"), [(2, 3, 16, 1), (4, 1, 64, 2), (1, 3, 24, 3)])
+def test_the_decoders_counted_weights_are_its_parameters(patch: int, chans: int, dim: int, depth: int) -> None:
+    model = encoder(patch_size=patch, in_chans=chans)
+    task = small_task(model, decoder_dim=dim, decoder_depth=depth)
+    counted = decoder_weights(model.config.embed_dim, patch * patch * chans, dim=dim, depth=depth)
+    assert counted == sum(p.numel() for p in task.decoder.parameters())

@@ -45,13 +45,25 @@ def kept_count(num_patches: int, mask_ratio: float) -> int:
     return int(num_patches * (1 - mask_ratio))
 
 
-def check_encoder(config: ViTConfig) -> None:
-    """Refuse an encoder through which a hidden patch's pixels would reach a visible token: one whose
-    tokenizer mixes neighbouring patches before MAE drops the hidden ones.
+def check_encoder(config: ViTConfig, norm_pix_loss: bool = False) -> None:
+    """Refuse an encoder MAE cannot train: one through which a hidden patch's pixels would reach a
+    visible token (a tokenizer that mixes neighbouring patches before MAE drops the hidden ones),
+    one that merges tokens (the decoder puts each visible token back in its own place), and
+    ``norm_pix_loss`` on patches of one value (its variance is 0).
 
     Raises:
-        FieldError: naming the :class:`ViTConfig` field and the tokenizer to use instead.
+        FieldError: naming the :class:`ViTConfig` field (or ``norm_pix_loss``) and what to use instead.
     """
+    if any(config.merge_per_block()):
+        raise FieldError(
+            "merge_tokens", f"is {config.merge_tokens}, but MAE's decoder puts every visible token back in its own "
+            "place, and merged tokens have none: pre-train with merge_tokens=0 (merge at inference, in the fine-tuned model)."
+        )
+    if norm_pix_loss and patch_pixels(config) < 2:
+        raise FieldError(
+            "norm_pix_loss", f"normalises each patch's {patch_pixels(config)} pixel value by its variance, which one value "
+            "does not have: use a patch of 2 or more pixels (patch_size), or norm_pix_loss=false."
+        )
     if config.patch_embed == "conv":
         raise FieldError(
             "patch_embed", "is 'conv', whose 3x3 convolutions and BatchNorm run on the whole image before MAE hides "
@@ -63,6 +75,19 @@ def check_encoder(config: ViTConfig) -> None:
             "shifted_patches", "is true, which gives each token half of its neighbouring patches before MAE hides "
             "patches, so the hidden pixels reach the visible tokens: pre-train with shifted_patches=false."
         )
+
+
+def patch_pixels(config: ViTConfig) -> int:
+    """Values of a patch's pixel target, ``p1 * p2 * C``."""
+    return config.patch_size[0] * config.patch_size[1] * config.in_chans
+
+
+def decoder_weights(encoder_dim: int, patch_pixels: int, *, dim: int, depth: int, mlp_ratio: float = 4.0) -> int:
+    """Parameters of a :class:`MaeDecoder` (Linears' weights and biases, LayerNorms, the mask
+    token), counted before it is built."""
+    hidden = int(dim * mlp_ratio)
+    block = 4 * dim + (3 * dim * dim + 3 * dim) + (dim * dim + dim) + (dim * hidden + hidden) + (hidden * dim + dim)
+    return (encoder_dim + 2) * dim + depth * block + 2 * dim + (dim + 1) * patch_pixels
 
 
 def random_masking(noise: torch.Tensor, mask_ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -195,7 +220,7 @@ class MaeTask(Task):
         decoder_heads: int = 4, norm_pix_loss: bool = True,
     ) -> None:
         super().__init__()
-        check_encoder(config)
+        check_encoder(config, norm_pix_loss)
         if not 0 <= mask_ratio < 1 or kept_count(config.num_patches, mask_ratio) < 1:
             raise ValueError(
                 f"mask_ratio {mask_ratio:g} leaves no visible patch of the {config.num_patches} of each image; lower it."
@@ -210,7 +235,7 @@ class MaeTask(Task):
         self.patch_size: tuple[int, int] = tuple(config.patch_size)
         self.grid: tuple[int, int] = config.grid_size
         self.decoder = MaeDecoder(
-            config.embed_dim, self.grid, config.num_prefix_tokens, self.patch_size[0] * self.patch_size[1] * config.in_chans,
+            config.embed_dim, self.grid, config.num_prefix_tokens, patch_pixels(config),
             dim=decoder_dim, depth=decoder_depth, num_heads=decoder_heads,
         )
 

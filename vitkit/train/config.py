@@ -26,11 +26,11 @@ from ..evaluation import TestTimeAugmentation
 from ..files import atomic_write
 from ..layers import LoraConfig
 from ..models import ViTConfig, model_config
-from ..models.config import MAX_DEPTH
+from ..models.config import MAX_DEPTH, MAX_PARAMETERS
 from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_message
 from ..recipe_files import find_recipe, shipped_recipes
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
-from ..tasks.mae import check_encoder
+from ..tasks.mae import check_encoder, decoder_weights, patch_pixels
 from .finetune import check_freeze
 from .schema import RecipeError
 
@@ -522,16 +522,24 @@ class MaeConfig(Config):
             )
 
     def check_model(self, model: ViTConfig) -> None:
-        """What these options need of the encoder ``model``: a tokenizer that keeps hidden pixels
-        hidden (:func:`~vitkit.tasks.mae.check_encoder`).
+        """What these options need of the encoder ``model`` (:func:`~vitkit.tasks.mae.check_encoder`),
+        and a decoder that, with the encoder, stays within :data:`~vitkit.models.config.MAX_PARAMETERS`.
 
         Raises:
             FieldError: keyed by the recipe key (``model.patch_embed``, ``task.mae.*``).
         """
         try:
-            check_encoder(model)
+            check_encoder(model, self.norm_pix_loss)
         except FieldError as error:
-            raise FieldError(f"model.{error.key}", error.problem) from None
+            raise FieldError(f"task.mae.{error.key}" if error.key == "norm_pix_loss" else f"model.{error.key}",
+                             error.problem) from None
+        decoder = decoder_weights(model.embed_dim, patch_pixels(model), dim=self.decoder_dim, depth=self.decoder_depth)
+        if decoder + model.num_weights() > MAX_PARAMETERS:
+            raise FieldError(
+                "task.mae.decoder_dim", f"is {self.decoder_dim} with decoder_depth {self.decoder_depth}: a decoder of "
+                f"about {decoder:.3g} weights, which with the encoder's exceeds the limit of {MAX_PARAMETERS:.3g}; "
+                "lower task.mae.decoder_dim or decoder_depth (MAE's light decoders have a few million)."
+            )
 
 
 @dataclass
