@@ -21,7 +21,15 @@ from torchvision.transforms.functional import to_tensor
 from vitkit.data import ArrayDataset, multicrop
 from vitkit.data.multicrop import MultiCrop, multi_crop_dataset
 from vitkit.models import VisionTransformer, ViTConfig
-from vitkit.tasks.dino import DinoHead, DinoTask, dino_loss, teacher_momentum, teacher_temperature, updated_center
+from vitkit.tasks.dino import (
+    DinoHead,
+    DinoTask,
+    dino_loss,
+    head_weights,
+    teacher_momentum,
+    teacher_temperature,
+    updated_center,
+)
 
 MEAN, STD = (0.5,), (0.25,)
 
@@ -256,3 +264,12 @@ def test_exported_model_is_the_teacher_backbone() -> None:
     exported = task.exported_model(model)
     assert exported is task.teacher_backbone
     assert not torch.equal(exported.patch_embed.proj.weight, model.patch_embed.proj.weight)
+
+
+@pytest.mark.parametrize(("in_dim", "out_dim", "hidden", "bottleneck", "layers"), [(32, 16, 8, 4, 3), (24, 100, 12, 6, 1),
+                                                                                  (8, 10, 5, 3, 2)])
+def test_the_heads_counted_weights_are_its_parameters(in_dim: int, out_dim: int, hidden: int, bottleneck: int,
+                                                      layers: int) -> None:
+    head = DinoHead(in_dim, out_dim, hidden_dim=hidden, bottleneck_dim=bottleneck, layers=layers)
+    counted = head_weights(in_dim, out_dim, hidden_dim=hidden, bottleneck_dim=bottleneck, layers=layers)
+    assert counted == sum(p.numel() for p in head.parameters())

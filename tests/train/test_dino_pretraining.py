@@ -79,7 +79,7 @@ def test_dino_local_crops_need_dynamic_img_size_one_line(tmp_path: Path) -> None
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert lines == [
-        "error: task.dino.local_size=4 differs from the model's img_size 8: set model.dynamic_img_size=true (the "
+        f"error: task.dino.local_size in {path} is 4, not the model's img_size 8: set model.dynamic_img_size=true (the "
         "position embedding is resampled to each crop's grid)."
     ]
     assert not (tmp_path / "runs").exists()

@@ -10,6 +10,7 @@ from tiny_runs import tiny_recipe, write_tiny_recipe
 
 from vitkit.cli.train import main as train_main
 from vitkit.train.config import load_recipe
+from vitkit.train.schema import RecipeError
 
 MAE_RUN = ["task.name=mae", "trainer.monitor=val/loss"]
 MAE = [*MAE_RUN, "task.mae.decoder_dim=16", "task.mae.decoder_heads=2", "task.mae.decoder_depth=1"]
@@ -50,3 +51,52 @@ def test_mae_refuses_a_decoder_past_the_parameter_limit(tmp_path: Path, capsys: 
     """512 blocks 65536 wide: about 12 * 65536^2 * 512 = 2.6e13 weights (was a 51 GB allocation)."""
     err = refused(tmp_path, capsys, *MAE_RUN, "task.mae.decoder_dim=65536", "task.mae.decoder_depth=512")
     assert "task.mae.decoder_dim in" in err and "2.64e+13 weights" in err and "limit of 4e+09" in err
+
+
+DINO_RUN = ["task.name=dino", "trainer.monitor=val/loss", "model.dynamic_img_size=true"]
+DINO = [*DINO_RUN, "task.dino.out_dim=32", "task.dino.hidden_dim=32", "task.dino.bottleneck_dim=16",
+        "task.dino.local_crops=2", "task.dino.local_size=4"]
+
+
+def load_refused(tmp_path: Path, *overrides: str) -> str:
+    """The one-line :class:`RecipeError` of loading the tiny recipe with ``overrides`` (nothing built)."""
+    with pytest.raises(RecipeError) as error:
+        load_recipe(tiny_recipe(tmp_path), overrides)
+    assert "\n" not in str(error.value)
+    return str(error.value)
+
+
+@pytest.mark.parametrize("key", ["global_size", "local_size"])
+def test_dino_refuses_a_crop_past_the_token_limit(tmp_path: Path, key: str) -> None:
+    """1024-px crops in 2-px patches: 512 * 512 = 262,144 patches, 4x the limit of 65,536."""
+    err = load_refused(tmp_path, *DINO_RUN, f"task.dino.{key}=1024")
+    assert err.startswith(f"task.dino.{key} in a command-line override is 1024: 262,144 patches"), err
+    assert "65,536" in err
+    load_recipe(tiny_recipe(tmp_path), [*DINO_RUN, f"task.dino.{key}=512"])  # 65,536 patches: the limit itself
+
+
+@pytest.mark.parametrize(("overrides", "key", "weights"), [
+    # the 32-wide model's head (default widths 2048, 256, out 4096), by hand: 33 * 2048 + 2049 * 2048 +
+    # 2049 * 2^16 + (2^16 + 1) * 2^20 = 68,859,072,512
+    (["task.dino.out_dim=1048576", "task.dino.bottleneck_dim=65536"], "out_dim", "6.89e+10"),
+    # 33 * 2^16 + 14 * (2^16 + 1) * 2^16 + (2^16 + 1) * 256 + 257 * 4096 = 60,150,452,480
+    (["task.dino.hidden_dim=65536", "task.dino.head_layers=16"], "hidden_dim", "6.02e+10"),
+])
+def test_dino_refuses_a_head_past_the_parameter_limit(tmp_path: Path, overrides: list[str], key: str, weights: str) -> None:
+    err = load_refused(tmp_path, *DINO_RUN, *overrides)
+    assert err.startswith(f"task.dino.{key} in a command-line override") and f"about {weights} weights" in err, err
+
+
+def test_dino_refuses_the_data_sections_augmentation(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """DINO trains on its multi-crop views only: data.augment would change nothing (identical weights)."""
+    err = refused(tmp_path, capsys, *DINO, "data.augment.enabled=true", "data.augment.crop=pad",
+                  "data.augment.color_jitter=0.4")
+    assert "data.augment.enabled in a command-line override is true" in err and "task.dino's local_crops" in err
+
+
+@pytest.mark.parametrize("key", ["teacher_temp", "student_temp", "warmup_teacher_temp"])
+def test_dino_refuses_a_temperature_below_the_floor(tmp_path: Path, capsys: pytest.CaptureFixture, key: str) -> None:
+    """1/1e-45 overflows: the first loss was NaN, and the advice was to lower optim.lr."""
+    err = refused(tmp_path, capsys, *DINO, f"task.dino.{key}=1e-45")
+    assert f"task.dino.{key} in a command-line override is out of range: got 1e-45, must be >= 0.001" in err
+    load_recipe(tiny_recipe(tmp_path), [*DINO, f"task.dino.{key}=1e-3"])

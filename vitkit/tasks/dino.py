@@ -40,6 +40,14 @@ from .base import StepOutput, Task
 Batch = tuple[list[torch.Tensor], Any]
 
 
+def head_weights(in_dim: int, out_dim: int, *, hidden_dim: int, bottleneck_dim: int, layers: int) -> int:
+    """Parameters of a :class:`DinoHead` (the MLP's weights and biases, the last layer's directions
+    and norms), counted before it is built."""
+    widths = [in_dim, *[hidden_dim] * (max(layers, 1) - 1), bottleneck_dim]
+    mlp = sum((width_in + 1) * width_out for width_in, width_out in zip(widths[:-1], widths[1:]))
+    return mlp + (bottleneck_dim + 1) * out_dim
+
+
 class DinoHead(nn.Module):
     """DINO's projection head: an MLP of ``layers`` linear layers (GELU between them) down to a
     ``bottleneck_dim`` bottleneck, L2-normalised, then a weight-normalised linear layer without

@@ -26,10 +26,11 @@ from ..evaluation import TestTimeAugmentation
 from ..files import atomic_write
 from ..layers import LoraConfig
 from ..models import ViTConfig, model_config
-from ..models.config import MAX_DEPTH, MAX_PARAMETERS
+from ..models.config import MAX_DEPTH, MAX_PARAMETERS, MAX_TOKENS
 from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_message
 from ..recipe_files import find_recipe, shipped_recipes
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
+from ..tasks.dino import head_weights
 from ..tasks.mae import check_encoder, decoder_weights, patch_pixels
 from .finetune import check_freeze
 from .schema import RecipeError
@@ -445,6 +446,12 @@ class OutputConfig(Config):
 
 
 TaskName = Literal["classify", "dino", "mae"]
+#: The lowest softmax temperature of DINO. The head's logits lie in [-1, 1] (an L2-normalised
+#: feature through a last layer of unit-norm rows, as ``norm_last_layer`` keeps them and as they
+#: start otherwise), so at 1e-3 they are at most 1,000 after division: finite in float16, and 40x
+#: sharper than the paper's sharpest (0.04). Far below it 1/temperature overflows (1e-45 gives inf)
+#: and the first loss is NaN.
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass
@@ -457,7 +464,7 @@ class DinoConfig(Config):
         hidden_dim, bottleneck_dim, head_layers: the head's MLP (DINO's 2048, 256, 3).
         norm_last_layer: the head's last layer keeps weight norms of 1.
         teacher_momentum: the teacher's EMA momentum at the first step, raised to 1 on a cosine.
-        student_temp: the student's temperature.
+        student_temp: the student's temperature (every temperature at least :data:`MIN_TEMPERATURE`).
         teacher_temp: the teacher's temperature after its warm-up (0.04 to 0.07 work in the paper).
         warmup_teacher_temp, warmup_teacher_temp_epochs: its temperature at the start and the
             epochs of the linear warm-up (0: none).
@@ -475,9 +482,9 @@ class DinoConfig(Config):
     head_layers: int = field(default=3, metadata=bounds(ge=1, le=16))
     norm_last_layer: bool = True
     teacher_momentum: float = field(default=0.996, metadata=bounds(ge=0, le=1))
-    student_temp: float = field(default=0.1, metadata=bounds(gt=0))
-    teacher_temp: float = field(default=0.04, metadata=bounds(gt=0))
-    warmup_teacher_temp: float = field(default=0.04, metadata=bounds(gt=0))
+    student_temp: float = field(default=0.1, metadata=bounds(ge=MIN_TEMPERATURE))
+    teacher_temp: float = field(default=0.04, metadata=bounds(ge=MIN_TEMPERATURE))
+    warmup_teacher_temp: float = field(default=0.04, metadata=bounds(ge=MIN_TEMPERATURE))
     warmup_teacher_temp_epochs: int = field(default=0, metadata=bounds(ge=0, le=MAX_EPOCHS))
     center_momentum: float = field(default=0.9, metadata=bounds(ge=0, le=1))
     freeze_last_layer_epochs: int = field(default=1, metadata=bounds(ge=0, le=MAX_EPOCHS))
@@ -493,6 +500,46 @@ class DinoConfig(Config):
             low, high = getattr(self, key)
             if low > high:
                 raise FieldError(key, f"must be a range (low, high) with low <= high, got ({low:g}, {high:g}).")
+
+    def crop_sizes(self, model: ViTConfig) -> dict[str, int]:
+        """The side of each crop the model sees, by option: ``global_size`` (``null``: the model's
+        ``img_size``, which is the data's) and, with local crops, ``local_size``."""
+        global_size = self.global_size or model.img_size[0]
+        return {"global_size": global_size, **({"local_size": self.local_size} if self.local_crops else {})}
+
+    def check_model(self, model: ViTConfig) -> None:
+        """Crops the model can take (a multiple of its patch size, within :data:`MAX_TOKENS`
+        patches, its own ``img_size`` unless ``dynamic_img_size``), and a student and teacher
+        (backbone and head each) within :data:`MAX_PARAMETERS`.
+
+        Raises:
+            FieldError: keyed by the recipe key (``task.dino.*``).
+        """
+        for key, size in self.crop_sizes(model).items():
+            if any(size % p for p in model.patch_size):
+                raise FieldError(f"task.dino.{key}", f"is {size}, not a multiple of the model's patch size {model.patch_size[0]}.")
+            tokens = (size // model.patch_size[0]) * (size // model.patch_size[1])
+            if tokens > MAX_TOKENS:
+                raise FieldError(
+                    f"task.dino.{key}", f"is {size}: {tokens:,} patches of {model.patch_size[0]} pixels, more than the "
+                    f"limit of {MAX_TOKENS:,}; use smaller crops or a larger model.patch_size."
+                )
+            if (size, size) != tuple(model.img_size) and not model.dynamic_img_size:
+                raise FieldError(
+                    f"task.dino.{key}", f"is {size}, not the model's img_size {model.img_size[0]}: set "
+                    "model.dynamic_img_size=true (the position embedding is resampled to each crop's grid)."
+                )
+        head = head_weights(model.embed_dim, self.out_dim, hidden_dim=self.hidden_dim, bottleneck_dim=self.bottleneck_dim,
+                            layers=self.head_layers)
+        if 2 * (head + model.num_weights()) > MAX_PARAMETERS:
+            last_layer = (self.bottleneck_dim + 1) * self.out_dim
+            key = "out_dim" if 2 * last_layer > head else "hidden_dim"  # the option behind most of the weights
+            raise FieldError(
+                f"task.dino.{key}", f"is {getattr(self, key)} (out_dim {self.out_dim}, hidden_dim {self.hidden_dim}, "
+                f"bottleneck_dim {self.bottleneck_dim}, head_layers {self.head_layers}): a head of about {head:.3g} weights, which "
+                f"twice (student and teacher) with the backbone's exceeds the limit of {MAX_PARAMETERS:.3g}; shrink "
+                "the head (DINO's is 2048 hidden, 256 bottleneck, 3 layers)."
+            )
 
 
 @dataclass
@@ -577,6 +624,8 @@ class TaskConfig(Config):
         """
         if self.name == "mae":
             self.mae.check_model(model)
+        elif self.name == "dino":
+            self.dino.check_model(model)
 
     @property
     def pretrains(self) -> bool:
@@ -667,6 +716,12 @@ class RecipeConfig(Config):
                 "task.name", f"is {self.task.name!r}, which pre-trains without labels, but the recipe sets "
                 f"classification options: {', '.join(found)}; remove them (they apply when fine-tuning the encoder) or "
                 f"start from a pre-training recipe (recipes/{self.task.name}_fashion_mnist.yaml)."
+            )
+        if self.task.name == "dino" and self.data.augment.enabled:
+            raise FieldError(
+                "data.augment.enabled", "is true, but DINO trains on its own multi-crop views, never on data.augment's: "
+                "set data.augment.enabled=false, and shape the views with task.dino's local_crops, global_size, "
+                "local_size, global_scale and local_scale."
             )
         if self.task.name == "mae" and self.trainer.strategy == "fsdp":
             raise FieldError(

@@ -22,6 +22,7 @@ from ..evaluation import black_level
 from ..io import EMA_PREFIX, FORMAT_KEY, FORMAT_VERSION, MODEL_PREFIX, RELEASED_KEY
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
+from ..schema import FieldError
 from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
 from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
@@ -71,16 +72,11 @@ def dino_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]
         RecipeError: a crop size the model cannot take.
     """
     options = recipe.task.dino
-    global_size = options.global_size or vit_config.img_size[0]
-    sizes = {"global_size": global_size, **({"local_size": options.local_size} if options.local_crops else {})}
-    for key, size in sizes.items():
-        if any(size % p for p in vit_config.patch_size):
-            raise RecipeError(f"task.dino.{key}={size} is not a multiple of the model's patch size {vit_config.patch_size[0]}.")
-        if (size, size) != tuple(vit_config.img_size) and not vit_config.dynamic_img_size:
-            raise RecipeError(
-                f"task.dino.{key}={size} differs from the model's img_size {vit_config.img_size[0]}: set "
-                f"model.dynamic_img_size=true (the position embedding is resampled to each crop's grid)."
-            )
+    try:
+        options.check_model(vit_config)
+    except FieldError as error:
+        raise RecipeError(f"{error.key} {error.problem}") from None
+    global_size = options.crop_sizes(vit_config)["global_size"]
     crops = MultiCrop(extra["mean"], extra["std"], global_size=global_size, local_size=options.local_size,
                       local_crops=options.local_crops, global_scale=options.global_scale, local_scale=options.local_scale)
     heads = {key: value for key, value in options.to_dict().items()
