@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_runs import tiny_recipe, write_tiny_recipe
+from tiny_runs import short_recipe, tiny_recipe, write_tiny_recipe
 
 from vitkit.cli.train import main as train_main
+from vitkit.train import train
 from vitkit.train.config import load_recipe
 from vitkit.train.schema import RecipeError
 
@@ -100,3 +101,33 @@ def test_dino_refuses_a_temperature_below_the_floor(tmp_path: Path, capsys: pyte
     err = refused(tmp_path, capsys, *DINO, f"task.dino.{key}=1e-45")
     assert f"task.dino.{key} in a command-line override is out of range: got 1e-45, must be >= 0.001" in err
     load_recipe(tiny_recipe(tmp_path), [*DINO, f"task.dino.{key}=1e-3"])
+
+
+def test_model_freeze_in_a_pretraining_recipe_gets_advice_that_works(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Not "set model.pretrained too", which the pre-training task would refuse next."""
+    err = refused(tmp_path, capsys, *MAE, "model.freeze=blocks:1")
+    assert "classification options: model.freeze=blocks:1; remove them" in err and "model.pretrained" not in err, err
+    err = refused(tmp_path, capsys, "model.freeze=blocks:1")  # classification: the weights to freeze are missing
+    assert "model.freeze in a command-line override only applies to pretrained weights: set model.pretrained" in err
+
+
+def test_schedules_as_long_as_the_run_are_noted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    recipe = short_recipe(tmp_path / "runs", max_epochs=2)
+    train(recipe, ["optim.warmup_epochs=2"])
+    notes = [record.getMessage() for record in caplog.records if record.getMessage().startswith("note: optim.warmup")]
+    assert notes == ["note: optim.warmup_epochs=2 is as long as the run (trainer.max_epochs=2) or longer: the learning "
+                     "rate rises all along (to optim.lr=0.005 at epoch 2) and never decays."]
+
+
+@pytest.mark.parametrize(("overrides", "noted"), [
+    (["optim.warmup_epochs=1.5"], []),
+    (["optim.warmup_epochs=3"], ["optim.warmup_epochs"]),
+    ([*DINO, "task.dino.freeze_last_layer_epochs=2"], ["task.dino.freeze_last_layer_epochs"]),
+    ([*DINO, "task.dino.freeze_last_layer_epochs=1", "task.dino.warmup_teacher_temp_epochs=2"], []),
+    ([*DINO, "task.dino.freeze_last_layer_epochs=0", "task.dino.warmup_teacher_temp_epochs=3"],
+     ["task.dino.warmup_teacher_temp_epochs"]),
+])
+def test_each_schedule_is_noted_when_the_run_ends_before_it(tmp_path: Path, overrides: list[str], noted: list[str]) -> None:
+    """A 2-epoch run: a warm-up or a frozen last layer of 2 epochs fills it; a teacher warm-up of 2 ends in it."""
+    config = load_recipe(tiny_recipe(tmp_path, max_epochs=2), overrides)
+    assert [note.removeprefix("note: ").split("=")[0] for note in config.schedule_notes()] == noted

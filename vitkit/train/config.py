@@ -88,9 +88,8 @@ class _ModelChoice(Config):
                              "random weights still: remove them for the from-scratch baseline.")
         if self.pretrained is None:
             given = [key for key in ("pretrained_file", "pretrained_kwargs", "reset_head") if getattr(self, key) not in (None, {})]
-            given += ["freeze"] if self.freeze != "none" else []  # frozen random weights would never learn
             given += ["pretrained_weights"] if not self.pretrained_weights else []
-            if given:
+            if given:  # model.freeze alone: RecipeConfig.validate, once a pre-training task has refused it
                 key = given[0]
                 raise FieldError(key, "only applies to pretrained weights: set model.pretrained too (a model file or timm:NAME).")
             return
@@ -703,6 +702,25 @@ class RecipeConfig(Config):
             )
         if self.task.pretrains:
             self._check_pretraining()
+        if self.model.freeze != "none" and self.model.pretrained is None:  # frozen random weights would never learn
+            raise FieldError(
+                "model.freeze", "only applies to pretrained weights: set model.pretrained too (a model file or timm:NAME)."
+            )
+
+    def schedule_notes(self) -> list[str]:
+        """One ``note:`` line for each schedule as long as the run (``trainer.max_epochs``) or longer:
+        the learning rate's warm-up, and DINO's frozen last layer and teacher-temperature warm-up."""
+        epochs, optim, dino = self.trainer.max_epochs, self.optim, self.task.dino
+        notes = [f"optim.warmup_epochs={optim.warmup_epochs:g} is as long as the run (trainer.max_epochs={epochs}) or "
+                 f"longer: the learning rate rises all along (to optim.lr={optim.lr:g} at epoch {optim.warmup_epochs:g}) and never decays"] \
+            if optim.warmup_epochs >= epochs else []
+        if self.task.name == "dino" and dino.freeze_last_layer_epochs >= epochs:
+            notes.append(f"task.dino.freeze_last_layer_epochs={dino.freeze_last_layer_epochs} is as long as the run "
+                         f"(trainer.max_epochs={epochs}) or longer: the head's last layer never learns")
+        if self.task.name == "dino" and dino.warmup_teacher_temp_epochs > epochs:
+            notes.append(f"task.dino.warmup_teacher_temp_epochs={dino.warmup_teacher_temp_epochs} is longer than the run "
+                         f"(trainer.max_epochs={epochs}): the teacher never reaches teacher_temp={dino.teacher_temp:g}")
+        return [f"note: {note}." for note in notes]
 
     def _check_pretraining(self) -> None:
         """A pre-training task sets no classification option, and MAE runs on vitkit's own model.

@@ -176,6 +176,8 @@ def _prepare_and_fit(
     if config.trainer.precision == "bf16-true":  # Lightning's next line announces the autocast of evaluation only
         rank_zero_info("note: trainer.precision=bf16-true: the training steps run a bfloat16 copy of the model, whose "
                        "float32 weights take the updates; validation and test run under bf16 autocast.")
+    for note in config.schedule_notes():
+        rank_zero_info(note)
     L.seed_everything(config.trainer.seed, workers=True, verbose=False)
     config = settle_pretrained_path(config)
     weights = load_starting_weights(config.model, resume)
