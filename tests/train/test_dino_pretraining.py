@@ -60,7 +60,7 @@ def test_dino_run_resumes_with_its_teacher_and_centre(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("override", "message"), [
     ("optim.mixup=0.8", "is 'dino', which pre-trains without labels, but the recipe sets classification options: optim.mixup=0.8; remove"),
-    ("trainer.monitor=val/acc1", "trainer.monitor=val/acc1 (use val/loss)"),
+    ("trainer.monitor=val/acc1", "trainer.monitor=val/acc1 (use val/loss or last)"),
     ("model.impl=timm", "model.impl=timm (DINO trains vitkit's model)"),
     ("optim.ema=true", "optim.ema=true (the teacher is the average DINO keeps and releases)"),
 ])

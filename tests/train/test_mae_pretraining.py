@@ -71,7 +71,7 @@ def test_a_pretraining_run_resumes_with_its_decoder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("overrides", "words"), [
     (["optim.mixup=0.8"], "optim.mixup=0.8"),
     (["optim.label_smoothing=0.1", "optim.cutmix=1.0"], "optim.cutmix=1, optim.label_smoothing=0.1"),
-    (["trainer.monitor=val/acc1"], "trainer.monitor=val/acc1 (use val/loss)"),
+    (["trainer.monitor=val/acc1"], "trainer.monitor=val/acc1 (use val/loss or last)"),
     (["distill.type=hard", "distill.teacher.model=resnet18"], "distill.type=hard"),
     (["model.lora={rank: 4}"], "model.lora"),
     (["model.freeze=backbone"], "model.freeze"),
