@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -101,3 +102,32 @@ def test_a_flat_gray_folder_settles_its_channels_and_size_from_the_images(tmp_pa
     assert (kept.img_size, kept.in_chans) == (16, 3)  # the recipe's own values win
     given, notes = settle_unset(flat, given={"img_size": 32, "in_chans": 1}, source="enc.safetensors")
     assert given.img_size == 32 and "data.img_size=32 and data.in_chans=1 as enc.safetensors was trained" in notes[0]
+
+
+def test_a_folder_held_in_memory_gives_the_files_pixels_and_splits(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        for index in range(10):
+            Image.fromarray(rng.integers(0, 255, (10, 12, 3), dtype=np.uint8)).save(tmp_path / name / f"{index}.png")
+    whole = {"augment": {"crop": "pad", "padding": 1}}
+    files = build_datasets(config(tmp_path, **whole))
+    memory = build_datasets(config(tmp_path, in_memory=True, **whole))
+    assert (len(memory.train), len(memory.val), len(memory.test)) == (len(files.train), len(files.val), len(files.test))
+    for split in ("val", "test"):  # evaluation: the same normalised pixels, image by image, as from the files
+        ours, theirs = getattr(memory, split), getattr(files, split)
+        assert [int(label) for label in ours.labels] == [int(label) for label in theirs.labels]
+        for index in range(len(theirs)):
+            image, label = ours[index]
+            expected, expected_label = theirs[index]
+            assert label == expected_label and image.shape == expected.shape == (3, 8, 8)
+            torch.testing.assert_close(image, expected, atol=1e-6, rtol=0)
+
+
+def test_in_memory_needs_whole_image_training(tmp_path: Path) -> None:
+    from vitkit.train import load_recipe
+    from vitkit.train.schema import RecipeError
+
+    with pytest.raises(RecipeError, match="in_memory.*augment.crop pad or resize"):
+        load_recipe({"data": {"name": "imagefolder", "root": str(tmp_path), "in_memory": True,
+                              "augment": {"crop": "random_resized"}}})

@@ -126,13 +126,7 @@ def resize_images(images: np.ndarray, size: tuple[int, int], scale: float = 1.0)
     if tuple(images.shape[1:3]) == tuple(size) and scale == 1.0 and images.dtype == np.uint8:
         return images
     count, height, width, channels = images.shape
-    needed = count * size[0] * size[1] * channels
-    free = _free_memory()
-    if free is not None and needed > free:
-        raise ResizeMemoryError(
-            f"resizing {count:,} images to {size[0]}x{size[1]} needs {needed / 2**30:.1f} GiB, more than the "
-            f"{free / 2**30:.1f} GiB of memory free; choose a smaller data.img_size."
-        )
+    check_free_memory(count, size, channels, "resizing")
     result = np.empty((count, size[0], size[1], channels), dtype=np.uint8)
     per_image = 4 * channels * max(height * width, size[0] * size[1])
     step = max(1, RESIZE_CHUNK_BYTES // per_image)
@@ -142,6 +136,18 @@ def resize_images(images: np.ndarray, size: tuple[int, int], scale: float = 1.0)
             pixels = F.interpolate(pixels, size=size, mode="bilinear", align_corners=False)
         result[start : start + step] = pixels.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
     return result
+
+
+def check_free_memory(count: int, size: tuple[int, int], channels: int, doing: str) -> None:
+    """Refuse (:class:`ResizeMemoryError`) ``count`` ``uint8`` images of ``size`` and ``channels``
+    that would take more than the memory free now, before anything is allocated."""
+    needed = count * size[0] * size[1] * channels
+    free = _free_memory()
+    if free is not None and needed > free:
+        raise ResizeMemoryError(
+            f"{doing} {count:,} images to {size[0]}x{size[1]} needs {needed / 2**30:.1f} GiB, more than the "
+            f"{free / 2**30:.1f} GiB of memory free; choose a smaller data.img_size."
+        )
 
 
 def _free_memory() -> int | None:

@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from .arrays import ArrayDataset, convert_array_channels, convert_stats, resize_images, stratified_split
+from .arrays import (
+    ArrayDataset,
+    check_free_memory,
+    convert_array_channels,
+    convert_stats,
+    resize_images,
+    stratified_split,
+)
 from .batch_transforms import build_batch_transform
 from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
@@ -26,16 +33,17 @@ from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
 from .imagefolder import (
     ImageFolderDataset,
     ImageFolderError,
+    SplitFiles,
     drop_unreadable,
     find_classes,
     scan_image_folder,
     scan_split,
 )
-from .images import image_size, is_grayscale
+from .images import image_size, is_grayscale, load_image
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataFileError, DataInfo, DatasetBundle
 from .mnist import MNIST_SOURCES, load_mnist
 from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
-from .transforms import build_eval_transform, build_train_transform
+from .transforms import build_eval_transform, build_train_transform, to_array
 
 
 def build_datasets(cfg: DataConfig) -> DatasetBundle:
@@ -241,13 +249,16 @@ def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
         seed=cfg.seed, min_classes=2 if cfg.require_classes else 1, no_split_below=cfg.no_split_below,
     )
     info = data_info(cfg, classes, IMAGENET_MEAN, IMAGENET_STD)
+    held_out = scanned["val"].files is not scanned["train"].files
+    if cfg.in_memory:  # decoded once, augmented per batch as the in-memory datasets are
+        parts = [decoded(scanned.get(split, scanned["val"]), info) for split in ("train", "val", "test")]
+        return dataclasses.replace(_array_bundle(cfg, info, parts), held_out=held_out)
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
     transforms = {"train": train_tf, "val": eval_tf, "test": eval_tf}
     splits = {
         split: ImageFolderDataset(part.files, part.labels, transforms[split], info.in_chans, part.skipped)
         for split, part in scanned.items()
     }
-    held_out = scanned["val"].files is not scanned["train"].files
     return DatasetBundle(train=splits["train"], val=splits["val"], test=splits.get("test", splits["val"]), info=info,
                          held_out=held_out)
 
@@ -287,6 +298,22 @@ def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> t
     bank, queries = (ImageFolderDataset([files[i] for i in half], labels[half].tolist(), transform, info.in_chans)
                      for half in halves)
     return bank, queries, len(classes)
+
+
+def decoded(split: SplitFiles, info: DataInfo) -> tuple[np.ndarray, np.ndarray]:
+    """The images of ``split`` decoded once, at ``info``'s channels, resized whole to its image size
+    by the evaluation transform's own resize, as ``(uint8 [N, H, W, C], labels [N])``.
+
+    Raises:
+        ResizeMemoryError: more than the memory free, refused before anything is allocated.
+    """
+    height, width = info.img_size
+    check_free_memory(len(split.files), (height, width), info.in_chans, "holding")
+    resize = build_eval_transform(info).spatial
+    images = np.empty((len(split.files), height, width, info.in_chans), dtype=np.uint8)
+    for index, path in enumerate(split.files):
+        images[index] = resize(image=to_array(load_image(path, info.in_chans)))["image"].reshape(height, width, -1)
+    return images, np.asarray(split.labels, dtype=np.int64)
 
 
 def unaugmented(dataset: Dataset, like: Dataset) -> Dataset:

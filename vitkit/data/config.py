@@ -167,6 +167,10 @@ class DataConfig(Config):
             ``test_fraction`` would leave a class fewer training images than this, every image
             trains, validation and test show the training images and the last epoch is kept (a
             note says so); ``0``: always split.
+        in_memory: imagefolder: decode every image once, resized whole to ``img_size``, and train
+            from memory with the per-batch augmentation of the in-memory datasets (for many small
+            images, where decoding each file every epoch costs more than the step); needs
+            whole-image training (``augment.crop`` ``pad`` or ``resize``) and the memory to hold them.
         mean: per-channel normalisation mean; ``None``: the dataset's statistics.
         std: per-channel normalisation std; ``None``: the dataset's statistics.
         crop_pct: eval transform resizes the shorter side to ``img_size / crop_pct`` then
@@ -202,6 +206,7 @@ class DataConfig(Config):
     verify_images: bool = True
     require_classes: bool = True
     no_split_below: int = field(default=20, metadata=bounds(ge=0, le=1 << 20))
+    in_memory: bool = False
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = field(default=None, metadata=bounds(gt=0))
     crop_pct: float | None = field(default=None, metadata=bounds(gt=0, le=1))
@@ -216,6 +221,10 @@ class DataConfig(Config):
 
     def validate(self) -> None:
         """Cross-field checks (types and bounds are checked already): raise naming the option."""
+        if self.in_memory and (self.name != "imagefolder" or not self.trains_on_whole_images()):
+            raise FieldError("in_memory", "holds an image folder's whole images decoded once: it needs data.name "
+                             "imagefolder and data.augment.crop pad or resize (crops of the stored images would "
+                             "differ from what evaluation sees); remove it.")
         if (self.classes is not None or self.train_per_class is not None) and self.name not in SUBSETTABLE:
             key = "classes" if self.classes is not None else "train_per_class"
             raise FieldError(
