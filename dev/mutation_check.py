@@ -71,6 +71,10 @@ TB_RUN = "tests/train/test_time_budget.py::test_the_schedule_ends_at_the_planned
 TB_RESUMED_RUN = "tests/train/test_time_budget.py::test_a_resumed_run_keeps_its_plan_though_its_steps_now_take_another_time"
 TB_DINO = "tests/train/test_time_budget.py::test_a_dino_budget_keeps_time_for_the_knn_pass_and_counts_the_planned_epochs"
 TB_MAX_TIME = "tests/train/test_time_budget.py::test_max_time_cutting_the_schedule_short_says_where_it_was"
+EVAL_FOLDER = "tests/cli/test_evaluate_folder.py::test_a_class_folder_is_scored_whole_by_the_models_classes_and_preprocessing"
+EVAL_UNKNOWN = "tests/cli/test_evaluate_folder.py::test_a_folder_the_model_has_no_class_for_is_refused_in_one_line"
+EVAL_TOP5 = "tests/cli/test_evaluate_folder.py::test_with_fewer_than_five_classes_there_is_no_top5"
+EVAL_LOOP = "tests/test_evaluation.py"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -608,6 +612,21 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            pass", ("tests/train/test_run_faults.py::"
                                  "test_sigterm_stops_both_processes_of_a_two_process_run_at_one_step_with_143",),
              "SIGTERM to a 2-process run left to Lightning's handler, which hangs both ranks in a collective"),
+    Mutation("evaluate", "vitkit/class_folders.py", "scan_split(root, list(class_names))", "scan_split(root, folders)",
+             (EVAL_FOLDER,), "a test folder labelled in its folders' sorted order, not the model's class order"),
+    Mutation("evaluate", "vitkit/class_folders.py", "unknown = sorted(set(folders) - set(class_names))", "unknown = []",
+             (EVAL_UNKNOWN,), "a test folder the model has no class for not refused in one line"),
+    Mutation("evaluate", "vitkit/class_folders.py", "present = set(self.labels)",
+             "present = set(range(len(self.class_names)))", (EVAL_FOLDER,),
+             "a test folder with a subset of the model's classes not said so"),
+    Mutation("evaluate", "vitkit/train/evaluate.py", "round(scores.top5, 3) if info.num_classes >= 5 else None",
+             "round(scores.top5, 3)", (EVAL_TOP5,), "top-5 reported (always 100%) with fewer than 5 classes"),
+    Mutation("evaluate", "vitkit/train/evaluate.py", 'atomic_write(out_dir / "confusion_matrix.csv", write_csv)',
+             "None", (EVAL_FOLDER,), "the confusion matrix's CSV not written"),
+    Mutation("evaluate", "vitkit/evaluation.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
+             (EVAL_LOOP,), "the evaluation's images/s not timed"),
+    Mutation("evaluate", "vitkit/evaluation.py", 'device = model_device(model) if is_module else torch.device("cpu")',
+             "device = model_device(model)", (EVAL_LOOP,), "an exported graph (a callable) cannot be evaluated"),
 )
 
 

@@ -94,6 +94,33 @@ def test_evaluation_runs_in_eval_mode_on_the_models_device_and_restores_its_mode
     assert model.training and model[2].training
 
 
+def test_the_forward_time_counts_the_model_and_not_the_loading() -> None:
+    """images/s is of the forward: a loader that sleeps 0.2 s a batch and a model that sleeps
+    0.05 s a call give 2 batches of 4 images in 0.1 s of forward, whatever the loading took."""
+    import time
+
+    class Slow(FixedLogits):
+        def forward(self, images: torch.Tensor, head_gates: object = None) -> torch.Tensor:
+            time.sleep(0.05)
+            return super().forward(images, head_gates)
+
+    def loader():
+        for first in (0, 4):
+            time.sleep(0.2)
+            yield indexed_images(8)[first : first + 4] % 5, torch.zeros(4, dtype=torch.long)
+
+    result = evaluate_model(Slow(ranked_logits()), loader())
+    assert 0.1 <= result.forward_seconds < 0.19
+    assert result.images_per_second == pytest.approx(8 / result.forward_seconds)
+
+
+def test_a_callable_that_is_no_module_is_scored_on_the_cpu() -> None:
+    """An exported graph (vitkit.export.OnnxClassifier) is a plain callable: scored as a module is."""
+    table = ranked_logits()
+    result = evaluate_model(lambda images: table[images[:, 0, 0, 0].long()], [(indexed_images(5), LABELS)])
+    assert (result.top1, result.top5) == (pytest.approx(20.0), pytest.approx(60.0))
+
+
 def test_empty_loader_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="yielded no examples"):
         evaluate_model(FixedLogits(ranked_logits()), [])

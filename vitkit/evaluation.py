@@ -9,8 +9,9 @@ moves it; a model loaded from a file is placed with :func:`default_device`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -23,6 +24,10 @@ from tqdm import tqdm
 from .errors import VitkitError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+#: What :func:`evaluate_model` scores: a module, or a callable mapping ``[B, C, H, W]`` images to
+#: ``[B, K]`` logits on the CPU (an exported graph, :class:`vitkit.export.OnnxClassifier`).
+Classifier = nn.Module | Callable[[torch.Tensor], torch.Tensor]
 
 
 class UnknownTTAError(VitkitError, ValueError):
@@ -141,7 +146,7 @@ def shift_images(images: torch.Tensor, rows: int, cols: int, fill: torch.Tensor)
 
 
 def predict_views(
-    model: nn.Module,
+    model: Classifier,
     images: torch.Tensor,
     tta: TestTimeAugmentation = "none",
     fill: torch.Tensor | None = None,
@@ -180,7 +185,7 @@ def average_views(views: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def predict(
-    model: nn.Module,
+    model: Classifier,
     images: torch.Tensor,
     tta: TestTimeAugmentation = "none",
     fill: torch.Tensor | None = None,
@@ -207,6 +212,8 @@ class Evaluation:
         top1, top5: accuracy in percent.
         labels: the true classes ``[N]``.
         predictions: the top-1 predicted classes ``[N]``.
+        forward_seconds: time spent in the model's forward passes (every test-time view), the
+            data loading and the scoring left out: what token merging or bf16 speeds up.
     """
 
     loss: float
@@ -214,14 +221,21 @@ class Evaluation:
     top5: float
     labels: torch.Tensor
     predictions: torch.Tensor
+    forward_seconds: float = 0.0
 
     @property
     def num_images(self) -> int:
         return len(self.labels)
 
+    @property
+    def images_per_second(self) -> float:
+        """Images through the model per second of :attr:`forward_seconds` (``inf`` when not timed)."""
+        return self.num_images / self.forward_seconds if self.forward_seconds > 0 else math.inf
+
+
 
 def evaluate_model(
-    model: nn.Module,
+    model: Classifier,
     loader: Iterable[Batch],
     *,
     head_gates: Sequence[torch.Tensor] | None = None,
@@ -234,7 +248,8 @@ def evaluate_model(
     """Score ``model`` (in eval mode, on its own device) over ``loader``.
 
     Args:
-        model: classifier mapping ``[B, C, H, W]`` to ``[B, K]`` logits.
+        model: classifier mapping ``[B, C, H, W]`` to ``[B, K]`` logits: a module (run on its own
+            device), or a callable run on the CPU as it is (:data:`Classifier`).
         loader: yields ``(images [B, C, H, W], labels [B])``.
         head_gates: optional per-block ``[H_l]`` head gates (a vitkit model's ``head_gates``).
         max_batches: stop after this many batches.
@@ -247,15 +262,21 @@ def evaluate_model(
     Raises:
         ValueError: the loader yielded no images.
     """
-    device = model_device(model)
+    is_module = isinstance(model, nn.Module)
+    device = model_device(model) if is_module else torch.device("cpu")
     gates = None if head_gates is None else [g.to(device) for g in head_gates]
-    loss, hits1, hits5 = 0.0, 0, 0
+    loss, hits1, hits5, seconds = 0.0, 0, 0, 0.0
     labels, predictions = [], []
-    with inference_context(model, precision):
+    with inference_context(model, precision) if is_module else nullcontext(), torch.inference_mode():
         for images, targets in batches(loader, max_batches, "evaluate", progress):
             targets = torch.as_tensor(targets).to(device)
+            images = images.to(device)
+            start = time.perf_counter()
             # Models without head gates (timm's, during training) are called without the argument.
-            logits = predict(model, images.to(device), tta, fill, **({} if gates is None else {"head_gates": gates})).float()
+            logits = predict(model, images, tta, fill, **({} if gates is None else {"head_gates": gates})).float()
+            if device.type == "cuda":  # the forward is queued: wait for it before the clock stops
+                torch.cuda.synchronize(device)
+            seconds += time.perf_counter() - start
             batch_loss, acc1, acc5 = batch_metrics(logits, targets)
             size = len(targets)
             loss += float(batch_loss) * size
@@ -272,4 +293,5 @@ def evaluate_model(
         top5=100.0 * hits5 / total,
         labels=torch.cat(labels),
         predictions=torch.cat(predictions),
+        forward_seconds=seconds,
     )

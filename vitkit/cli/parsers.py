@@ -275,9 +275,13 @@ def train(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="model.safetensors or a training .ckpt")
+    parser.add_argument("model", help="model.safetensors, a training .ckpt, or (with FOLDER) an .onnx file from vitkit export")
+    parser.add_argument("folder", nargs="?", metavar="FOLDER",
+                        help="a test folder FOLDER/<class>/*, every image evaluated (None: the split of --split of the "
+                        "data saved with the model)")
     data_arguments(parser)
-    parser.add_argument("--split", choices=("test", "val"), default="test", help="split to evaluate")
+    parser.add_argument("--split", choices=("test", "val"), default="test",
+                        help="split to evaluate, without FOLDER")
     tta_argument(parser)
     precision_argument(parser, "loss and accuracy in float32")
     parser.add_argument("--out", help="output folder (default: eval/ beside the model)")
