@@ -75,6 +75,8 @@ EVAL_FOLDER = "tests/cli/test_evaluate_folder.py::test_a_class_folder_is_scored_
 EVAL_UNKNOWN = "tests/cli/test_evaluate_folder.py::test_a_folder_the_model_has_no_class_for_is_refused_in_one_line"
 EVAL_TOP5 = "tests/cli/test_evaluate_folder.py::test_with_fewer_than_five_classes_there_is_no_top5"
 EVAL_LOOP = "tests/test_evaluation.py"
+PREDICT_FOLDER = "tests/cli/test_evaluate_folder.py::test_predict_on_a_class_folder_prints_the_accuracy_and_each_classs_counts"
+PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -627,6 +629,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              (EVAL_LOOP,), "the evaluation's images/s not timed"),
     Mutation("evaluate", "vitkit/evaluation.py", 'device = model_device(model) if is_module else torch.device("cpu")',
              "device = model_device(model)", (EVAL_LOOP,), "an exported graph (a callable) cannot be evaluated"),
+    Mutation("evaluate", "vitkit/cli/predict.py", "print_scores(scored, top1, folders, info.class_names)", "None",
+             (PREDICT_FOLDER,), "predict on a class-folder tree prints no accuracy"),
+    Mutation("evaluate", "vitkit/class_folders.py", "            return None\n        labels.append",
+             "            continue\n        labels.append", (PREDICT_FOLDER,),
+             "images outside class folders scored as if labelled"),
+    Mutation("evaluate", "vitkit/cli/predict.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
+             (PREDICT_TIME,), "predict's images/s not timed"),
 )
 
 

@@ -140,3 +140,44 @@ def test_with_fewer_than_five_classes_there_is_no_top5(tmp_path: Path, capsys: p
     assert json.loads((tmp_path / "eval" / "eval.json").read_text())["top5"] is None  # top-3 of 3 is always 100%
     assert "top-5" not in capsys.readouterr().out
 
+
+def test_predict_on_a_class_folder_prints_the_accuracy_and_each_classs_counts(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from vitkit.cli.predict import main as predict_main
+
+    logits, labels = write_folder(tmp_path / "test", model_file, count=12)
+    predicted = logits.argmax(-1)
+    assert predict_main([str(model_file), str(tmp_path / "test"), "--top-k", "1"]) == 0
+    printed = capsys.readouterr().out
+    right = int((predicted == labels).sum())
+    assert f"top-1 {100.0 * right / len(labels):.2f}% of {len(labels)} images" in printed
+    counts = [f"{CLASSES[c]}: {int((predicted[labels == c] == c).sum())}/{int((labels == c).sum())}" for c in range(4)]
+    assert "per class: " + "  ".join(counts) in printed
+    assert f"{len(labels)} image(s) in " in printed and "images/s" in printed
+    flat = tmp_path / "flat"  # the same images without class folders: nothing to score them by
+    flat.mkdir()
+    for index, path in enumerate(sorted((tmp_path / "test").rglob("*.png"))):
+        (flat / f"{index}.png").write_bytes(path.read_bytes())
+    assert predict_main([str(model_file), str(flat)]) == 0
+    assert "top-1" not in capsys.readouterr().out
+
+
+def test_predict_times_the_model_and_not_the_reading(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import vitkit.cli.predict as predict_cli
+
+    write_folder(tmp_path / "test", model_file, count=4)
+    real = predict_cli.predict
+
+    def slow(*args: object, **kwargs: object) -> object:  # a model that takes 0.3 s a batch
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict_cli, "predict", slow)
+    assert predict_cli.main([str(model_file), str(tmp_path / "test"), "--batch-size", "2"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "images/s" in line)
+    seconds = float(line.split(" in ")[1].split(" s:")[0])
+    assert 0.6 <= seconds < 2.0 and line.startswith("4 image(s) in ")

@@ -26,10 +26,13 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
+from vitkit.class_folders import class_scores, folder_labels
 from vitkit.data import ImageReadError, load_image
 from vitkit.errors import UsageError
 from vitkit.inference import predict, prediction_settings
@@ -55,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         args.checkpoint, images = None, args.inputs
     paths = find_images(images)
+    folders = [Path(item) for item in images if Path(item).is_dir()]  # class folders in them may label the images
     if not paths:
         raise UsageError(f"no image files in {', '.join(images)} (suffixes .png, .jpg, .jpeg, .bmp, ...).")
     if args.csv:
@@ -71,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     note = ConversionNote(info)
     rows: list[list[str]] = []
     failed: list[str] = []
+    scored: list[Path] = []
+    top1: list[int] = []
+    seconds = 0.0
     batches = range(0, len(paths), args.batch_size)
     for first in tqdm(batches, desc="predicting", unit="batch", disable=None if len(batches) > 1 else True):
         read, images = [], []
@@ -84,8 +91,13 @@ def run(args: argparse.Namespace) -> int:
             note.add(path, image)
             read.append(path)
             images.append(image)
-        for path, prediction in zip(read, predict(model, images, args.top_k, info=info, batch_size=args.batch_size, tta=tta,
-                                                    precision=args.precision)):
+        start = time.perf_counter()
+        predictions = predict(model, images, args.top_k, info=info, batch_size=args.batch_size, tta=tta,
+                              precision=args.precision)
+        seconds += time.perf_counter() - start
+        for path, prediction in zip(read, predictions):
+            scored.append(path)
+            top1.append(prediction.indices[0])
             ranked = list(zip(prediction.classes, prediction.probabilities))
             if not args.csv:  # with --csv the file holds them, and one line per image would bury the rest
                 tqdm.write(f"{path}: " + ", ".join(f"{name} ({p:.1%})" for name, p in ranked))
@@ -102,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
 
         write_output_file(args.csv, "--csv", write, args.force)
         print(f"wrote {len(rows)} prediction(s) to {args.csv}")
+    if scored:
+        print_scores(scored, top1, folders, info.class_names)
+        print(f"{len(scored)} image(s) in {seconds:.2f} s: {len(scored) / max(seconds, 1e-9):,.0f} images/s "
+              "(preprocessing and model)")
     if failed:
         print(f"{len(failed)} file(s) could not be read: {', '.join(failed)}", file=sys.stderr)
     if failed and not rows:
@@ -124,6 +140,17 @@ def refuse_onnx_options(args: argparse.Namespace) -> None:
             "merging, its metadata the preprocessing, onnxruntime the precision); give the vitkit model file it was "
             "exported from, or export it again (vitkit export --merge-tokens R)."
         )
+
+
+def print_scores(paths: list[Path], top1: list[int], folders: list[Path], class_names: tuple[str, ...]) -> None:
+    """The accuracy of the ``top1`` predictions of ``paths`` when the class folders of ``folders``
+    label them all (:func:`~vitkit.class_folders.folder_labels`), with each class's counts."""
+    labels = folder_labels(paths, folders, class_names)
+    if labels is None:
+        return
+    scores = class_scores(torch.tensor(labels), torch.tensor(top1), class_names)
+    print(f"accuracy (the class folders as labels): top-1 {scores['top1']:.2f}% of {len(paths)} images")
+    print("per class: " + "  ".join(f"{name}: {right}/{total}" for name, (right, total) in scores["per_class_counts"].items()))
 
 
 def as_text(cell: str) -> str:
