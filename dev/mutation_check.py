@@ -76,6 +76,8 @@ EVAL_UNKNOWN = "tests/cli/test_evaluate_folder.py::test_a_folder_the_model_has_n
 EVAL_TOP5 = "tests/cli/test_evaluate_folder.py::test_with_fewer_than_five_classes_there_is_no_top5"
 EVAL_LOOP = "tests/test_evaluation.py"
 PREDICT_FOLDER = "tests/cli/test_evaluate_folder.py::test_predict_on_a_class_folder_prints_the_accuracy_and_each_classs_counts"
+BENCH_ONNX = ("tests/test_export.py::"
+              "test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does")
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
 
 
@@ -636,6 +638,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "images outside class folders scored as if labelled"),
     Mutation("evaluate", "vitkit/cli/predict.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
              (PREDICT_TIME,), "predict's images/s not timed"),
+    Mutation("evaluate", "vitkit/cli/benchmark.py", "evaluate_model(run, loader, tta=tta, fill",
+             'evaluate_model(run, loader, tta="none", fill', (BENCH_ONNX,),
+             "the onnx benchmark's top-1 scores one view where vitkit evaluate averages the recorded views"),
+    Mutation("evaluate", "vitkit/cli/benchmark.py", 'models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]',
+             'models_built = [("Fashion-MNIST fast", (model, extra))]', (BENCH_ONNX,),
+             "the onnx benchmark labels a model file as the Fashion-MNIST fast model"),
+    Mutation("evaluate", "vitkit/cli/benchmark.py", 'if args.onnx_model and "onnx" not in args.sections:', "if False:",
+             ("tests/cli/test_benchmark_data.py",), "--onnx-model without the onnx section silently ignored"),
 )
 
 

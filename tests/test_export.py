@@ -201,20 +201,31 @@ def test_the_onnx_benchmark_section_times_four_runtimes_and_scores_a_model_file(
     assert not any("test accuracy" in row for row in rows)  # speed only without a model file
 
 
-def test_the_onnx_benchmark_scores_a_model_file_on_its_test_split(tmp_path: Path) -> None:
+def test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does(
+    tmp_path: Path,
+) -> None:
+    """Given a model file, the section times that model alone, named by its file and shape, and its
+    top-1 is vitkit evaluate's: the same test images, the same recorded test-time views (hflip)."""
     from vitkit.cli.benchmark import bench_onnx
+    from vitkit.train import evaluate
 
     torch.manual_seed(0)
     digits = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 0.1, "test_fraction": 0.1}
     model = noisy(vitkit.create_model("vit_cifar_tiny", img_size=8, in_chans=1, patch_size=4, embed_dim=16, depth=2,
                                       num_heads=2, num_classes=10))
-    path = vitkit.save_model(model, tmp_path / "digits.safetensors", extra={"dataset": "digits", "data_config": digits})
-    rows = bench_onnx(1, str(path), batches=(1,), models={"Fashion-MNIST stand-in": {}})
+    path = vitkit.save_model(model, tmp_path / "digits.safetensors",
+                             extra={"dataset": "digits", "data_config": digits, "tta": "hflip"})
+    rows = bench_onnx(1, str(path), batches=(1,))
+    timed = [row for row in rows if row.startswith("| ") and row.split("|")[2].strip() == "1"]
+    assert timed == [row for row in timed if row.startswith("| digits.safetensors (2 blocks, 16 wide, 8x8 px, 10 classes) |")]
+    assert len(timed) == 1  # the model asked for, and no other
     header, _, top1 = rows[-3:]
     test_split = len(build_datasets(DataConfig.from_dict(digits)).test)
-    assert header.startswith(f"| test accuracy ({test_split} images) | vitkit fp32 | onnxruntime fp32 | onnxruntime int8 |")
+    assert header.startswith(f"| test accuracy ({test_split} images, hflip views averaged as vitkit evaluate does) | "
+                             "vitkit fp32 | onnxruntime fp32 | onnxruntime int8 |")
     fp32, ort_fp32, _ = (float(cell.strip(" %")) for cell in top1.split("|")[2:5])
     assert fp32 == ort_fp32  # the float32 graph classifies exactly as the model
+    assert f"{evaluate(path)['top1']:.2f}" == f"{fp32:.2f}"
 
 
 def test_an_onnx_classifier_runs_on_the_threads_it_is_given(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from PIL import Image
 
@@ -44,3 +45,11 @@ def test_the_table_has_a_row_per_loader_and_worker_count_and_the_workers_to_feed
     assert timm_row.rstrip(" |").endswith("1.00")
     needed = re.findall(r"(\w[\w ()+]*?) (\d+)(?:,|$)", rows[-1].split(": ", 1)[1])
     assert len(needed) == 3 and str(GPU_FEED) in rows[-1].replace(",", "")
+
+
+def test_an_onnx_model_without_the_onnx_section_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    from vitkit.cli.benchmark import main
+
+    assert main(["--sections", "kernels", "--onnx-model", "m.safetensors"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "error: --onnx-model is measured by the onnx section: add --sections onnx (asked for: kernels)."

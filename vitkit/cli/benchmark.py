@@ -29,7 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.bench import interleaved_times, median_ratio, op_wall_times
+from vitkit.errors import UsageError
 from vitkit.io import load_model_and_extra
 from vitkit.kernels import (
     AUTOTUNER,
@@ -534,9 +535,10 @@ def bench_folder_loaders(repeats: int, count: int = 192, img_size: int = 224, wo
     return rows
 
 
-#: The onnx section's models: the Fashion-MNIST fast recipe's architecture, and ViT-S/16 at 224 px.
+#: The onnx section's models without ``--onnx-model`` (random weights): the Fashion-MNIST fast
+#: recipe's architecture, and ViT-S/16 at 224 px.
 ONNX_MODELS = {
-    "Fashion-MNIST fast (conv stem, 4 blocks, 128 wide, 32 px)": dict(
+    "Fashion-MNIST fast's ViT (conv stem, 4 blocks, 128 wide, 32 px)": dict(
         name="vit_cifar_tiny", img_size=32, in_chans=1, num_classes=10, patch_size=8, patch_embed="conv",
         embed_dim=128, depth=4, num_heads=4, locality=True),
     "ViT-S/16 (224 px)": dict(name="vit_small_patch16_224", num_classes=1000),
@@ -546,9 +548,10 @@ ONNX_MODELS = {
 def bench_onnx(repeats: int, model_file: str | None = None, batches: tuple[int, ...] = (1, 64),
                models: dict[str, dict[str, Any]] | None = None, merge: MergeTokens | None = None) -> list[str]:
     """Images/s of vitkit eager (float32, bf16 autocast) and onnxruntime (float32, dynamic int8) at
-    each batch size, interleaved per model; with ``model_file`` (a trained model) its test-split
-    accuracy in float32, on onnxruntime and in int8 first; with ``merge``, every model merges
-    tokens (:func:`vitkit.merge_tokens`)."""
+    each batch size, interleaved per model: ``model_file`` alone (a trained model, named by its file
+    and shape, with the top-1 of each runtime on the images ``vitkit evaluate`` scores, as it scores
+    them), else ``models`` (:data:`ONNX_MODELS`: random weights, speed only); with ``merge``, every
+    model merges tokens (:func:`vitkit.merge_tokens`)."""
     import tempfile
 
     from vitkit.export import OnnxClassifier, export_onnx, quantize_dynamic
@@ -557,17 +560,8 @@ def bench_onnx(repeats: int, model_file: str | None = None, batches: tuple[int, 
             "| model | batch | vitkit fp32 | vitkit bf16 | onnxruntime fp32 | onnxruntime int8 | int8 / vitkit fp32 |",
             "|---|---|---|---|---|---|---|"]
     accuracy_rows: list[str] = []
-    specs = dict(models if models is not None else ONNX_MODELS)
     with tempfile.TemporaryDirectory(prefix="vitkit-onnx-bench-") as folder:
-        for label, spec in specs.items():
-            fields = dict(spec)
-            if model_file is not None and label.startswith("Fashion-MNIST"):
-                model, extra = load_model_and_extra(model_file)
-            else:
-                model, extra = vitkit.create_model(fields.pop("name"), **fields), {}
-            model.eval()
-            if merge is not None:
-                vitkit.merge_tokens(model, *merge)
+        for label, (model, extra) in _onnx_models(model_file, models, merge):
             float_path = export_onnx(model, Path(folder) / f"{len(rows)}.onnx", extra=extra)
             int8_path = quantize_dynamic(float_path, Path(folder) / f"{len(rows)}-int8.onnx")
             runners = {"onnxruntime fp32": OnnxClassifier(float_path), "onnxruntime int8": OnnxClassifier(int8_path)}
@@ -580,9 +574,29 @@ def bench_onnx(repeats: int, model_file: str | None = None, batches: tuple[int, 
                 rate = {name: batch / statistics.median(seconds) for name, seconds in times.items()}
                 rows.append(f"| {label} | {batch} | " + " | ".join(f"{rate[name]:,.0f}" for name in calls)
                             + f" | {rate['onnxruntime int8'] / rate['vitkit fp32']:.2f} |")
-            if model_file is not None and label.startswith("Fashion-MNIST"):
-                accuracy_rows = _onnx_accuracy(model, extra, runners)
+            if model_file is not None:
+                accuracy_rows = _onnx_accuracy(model, extra, model_file, runners)
     return rows + ["", "images/s, median of interleaved rounds"] + accuracy_rows
+
+
+def _onnx_models(model_file: str | None, models: dict[str, dict[str, Any]] | None, merge: MergeTokens | None
+                 ) -> Iterator[tuple[str, tuple[vitkit.VisionTransformer, dict[str, Any]]]]:
+    """``(label, (model in eval mode, its metadata))`` of what the onnx section times: the model
+    of ``model_file`` alone, named by its file and shape, else each of ``models`` (random weights)."""
+    if model_file is not None:
+        model, extra = load_model_and_extra(model_file)
+        config = model.config
+        height, width = config.img_size
+        shape = f"{config.depth} blocks, {config.embed_dim} wide, {height}x{width} px, {config.num_classes} classes"
+        models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]
+    else:
+        models_built = [(label, (vitkit.create_model(**spec), {}))
+                        for label, spec in (models if models is not None else ONNX_MODELS).items()]
+    for label, (model, extra) in models_built:
+        model.eval()
+        if merge is not None:
+            vitkit.merge_tokens(model, *merge)
+        yield label, (model, extra)
 
 
 def _eager(model: nn.Module, images: torch.Tensor, bf16: bool) -> Callable[[], None]:
@@ -594,23 +608,24 @@ def _eager(model: nn.Module, images: torch.Tensor, bf16: bool) -> Callable[[], N
     return step
 
 
-def _onnx_accuracy(model: nn.Module, extra: dict[str, Any], runners: dict[str, Callable[[torch.Tensor], torch.Tensor]]
-                   ) -> list[str]:
-    """Top-1 on the test split the model file records: vitkit float32 and each onnxruntime graph."""
-    from vitkit.prune.evaluate import eval_loaders
-    from vitkit.train.evaluate import data_config_for
+def _onnx_accuracy(model: nn.Module, extra: dict[str, Any], model_file: str,
+                   runners: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> list[str]:
+    """Top-1 of vitkit float32 and each onnxruntime graph on what ``vitkit evaluate MODEL_FILE``
+    scores, as it scores it: its test split and the test-time augmentation the file records
+    (:func:`vitkit.train.evaluate.evaluation_data`, :func:`vitkit.evaluation.evaluate_model`)."""
+    from torch.utils.data import DataLoader
 
-    test = eval_loaders(data_config_for(extra, [], model), 256).test
-    correct = dict.fromkeys(["vitkit fp32", *runners], 0)
-    total = 0
-    with torch.inference_mode():
-        for images, labels in test:
-            for name, run in (("vitkit fp32", model), *runners.items()):
-                correct[name] += int((run(images).argmax(dim=-1) == labels).sum())
-            total += len(labels)
-    return ["", f"| test accuracy ({total:,} images) | " + " | ".join(correct) + " |",
-            "|---|" + "---|" * len(correct),
-            "| top-1 | " + " | ".join(f"{100 * c / total:.2f}%" for c in correct.values()) + " |"]
+    from vitkit.evaluation import black_level, evaluate_model, recorded_tta
+    from vitkit.train.evaluate import evaluation_data
+
+    dataset, info, _ = evaluation_data(model, extra)
+    tta, loader = recorded_tta(extra, model_file), DataLoader(dataset, batch_size=256)
+    top1 = {name: evaluate_model(run, loader, tta=tta, fill=black_level(info.mean, info.std)).top1
+            for name, run in (("vitkit fp32", model), *runners.items())}
+    views = "" if tta == "none" else f", {tta} views averaged as vitkit evaluate does"
+    return ["", f"| test accuracy ({len(dataset):,} images{views}) | " + " | ".join(top1) + " |",
+            "|---|" + "---|" * len(top1),
+            "| top-1 | " + " | ".join(f"{value:.2f}%" for value in top1.values()) + " |"]
 
 
 def _ort_version() -> str:
@@ -625,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.onnx_model and "onnx" not in args.sections:
+        raise UsageError(f"--onnx-model is measured by the onnx section: add --sections onnx (asked for: "
+                         f"{' '.join(args.sections)}).")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_child:

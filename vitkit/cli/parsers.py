@@ -534,8 +534,8 @@ def benchmark(parser: argparse.ArgumentParser) -> None:
                         help="NAME:BATCH for the memory section")
     parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved pairs per cell (medians are reported)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (None: torch's choice)")
-    parser.add_argument("--onnx-model", help="onnx section: a trained model file, whose test split gives the accuracy "
-                        "of float32 and int8 (None: speed only, of random weights)")
+    parser.add_argument("--onnx-model", help="onnx section: a trained model file, timed alone, with the top-1 of each "
+                        "runtime on what vitkit evaluate MODEL scores (None: speed only, of two models of random weights)")
     parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     merge_tokens_argument(parser)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from ..class_folders import class_scores, read_class_folder
 from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
@@ -72,13 +72,7 @@ def evaluate(
                          "evaluated, a FOLDER is evaluated whole.")
     model, extra = load_classifier(model_path, merge_tokens, precision, folder is not None)
     tta = recorded_tta(extra, str(model_path)) if tta is None else tta  # checked before the data is loaded
-    if folder is None:
-        bundle = datasets_for(model, extra, data_overrides)
-        info, dataset, missing = bundle.info, getattr(bundle, split), ()
-    else:
-        info = DataInfo.from_extra(extra)
-        images = read_class_folder(folder, info.class_names)
-        dataset, missing = images.dataset(info), images.missing
+    dataset, info, missing = evaluation_data(model, extra, data_overrides, split, folder)
     scores = evaluate_model(model, DataLoader(dataset, batch_size=batch_size), tta=tta,
                             fill=black_level(info.mean, info.std), precision=precision)
     return {
@@ -98,6 +92,22 @@ def evaluate(
         **{key: value for key, value in class_scores(scores.labels, scores.predictions, info.class_names).items()
            if key != "top1"},
     }
+
+
+def evaluation_data(
+    model: VisionTransformer | OnnxClassifier, extra: dict[str, Any], data_overrides: Iterable[str] = (),
+    split: str = "test", folder: str | os.PathLike | None = None,
+) -> tuple[Dataset, DataInfo, tuple[str, ...]]:
+    """What :func:`evaluate` scores ``model`` (with its metadata ``extra``) on: the images, each
+    ``([C, H, W] float32, label)``, their :class:`~vitkit.data.DataInfo`, and the model's classes
+    without images (a test ``folder`` may hold only some). Without ``folder``, ``split`` of the
+    data saved with the model (:func:`datasets_for`, ``data_overrides`` applied)."""
+    if folder is None:
+        bundle = datasets_for(model, extra, data_overrides)
+        return getattr(bundle, split), bundle.info, ()
+    info = DataInfo.from_extra(extra)
+    images = read_class_folder(folder, info.class_names)
+    return images.dataset(info), info, images.missing
 
 
 def load_classifier(
