@@ -78,6 +78,7 @@ EVAL_LOOP = "tests/test_evaluation.py"
 PREDICT_FOLDER = "tests/cli/test_evaluate_folder.py::test_predict_on_a_class_folder_prints_the_accuracy_and_each_classs_counts"
 BENCH_ONNX = ("tests/test_export.py::"
               "test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does")
+EXPORT_COMMAND = "tests/test_export.py::test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_force"
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
 
 
@@ -646,6 +647,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "the onnx benchmark labels a model file as the Fashion-MNIST fast model"),
     Mutation("evaluate", "vitkit/cli/benchmark.py", 'if args.onnx_model and "onnx" not in args.sections:', "if False:",
              ("tests/cli/test_benchmark_data.py",), "--onnx-model without the onnx section silently ignored"),
+    Mutation("evaluate", "vitkit/cli/export.py", 'print(f"next: vitkit predict {path} IMAGE_OR_FOLDER',
+             'print(f"next: python -c {path} IMAGE_OR_FOLDER', (EXPORT_COMMAND,),
+             "export's closing line does not suggest vitkit predict on the .onnx file"),
 )
 
 

@@ -126,6 +126,7 @@ def test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_
     checkpoint = vitkit.save_model(model, tmp_path / "model.safetensors", extra={"class_names": list("abcde")})
     out = tmp_path / "model.onnx"
     assert export.main([str(checkpoint), "--out", str(out)]) == 0  # the model positional, the batch dynamic
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"next: vitkit predict {out} IMAGE_OR_FOLDER")
     assert read_preprocessing(out)["class_names"] == list("abcde")
     images = torch.randn(4, 3, 16, 16)  # a served batch of 4
     np.testing.assert_allclose(run_onnx(out, images), model(images).detach().numpy(), atol=1e-4, rtol=1e-4)

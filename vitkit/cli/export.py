@@ -47,5 +47,6 @@ def run(args: argparse.Namespace) -> int:
     height, width = args.img_size or model.config.img_size
     print(f"wrote {path} ({size / 1e6:.1f} MB, input images [{'B' if args.dynamic_batch else 1}, "
           f"{model.config.in_chans}, {height}, {width}] -> {'logits' if model.config.num_classes else 'features'})")
-    print(f"next: run it with onnxruntime: python -c \"import onnxruntime as ort; s = ort.InferenceSession('{path}')\"")
+    print(f"next: vitkit predict {path} IMAGE_OR_FOLDER   (onnxruntime, the model's preprocessing; "
+          f"vitkit evaluate {path} FOLDER for the accuracy on FOLDER/<class>/*)")
     return 0
