@@ -9,10 +9,12 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
+# editable_mode=compat: the clone's folder on sys.path, so `import vitkit` finds the package even run from the
+# folder above a clone named vitkit (setuptools' default editable finder loses to that folder: README, Install).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" --config-settings editable_mode=compat
 	touch $@
 
 demo: setup
