@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 from PIL import Image
 
 from vitkit.data import DataConfig, ImageFolderError, build_datasets
