@@ -20,7 +20,7 @@ from vitkit.schema import FieldError
 from vitkit.train import CheckpointError, train
 from vitkit.train.config import OptimConfig
 from vitkit.train.finetune import freeze
-from vitkit.train.optim import build_optimizer, param_groups, warmup_cosine
+from vitkit.train.optim import Horizon, build_optimizer, param_groups, warmup_cosine
 
 #: A 2-block model on 8x8 RGB images (4 patches), 3 classes.
 TINY = dict(img_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=3)
@@ -125,7 +125,7 @@ def drive(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.
 def test_after_warmup_each_group_is_at_its_scale_times_the_peak_and_ends_at_its_scale_times_min_lr() -> None:
     config = OptimConfig(lr=1e-2, min_lr=1e-4, layer_decay=0.5)
     optimizer = build_optimizer(tiny(), config)
-    scheduler = warmup_cosine(optimizer, warmup_steps=3, total_steps=10, lr=config.lr, min_lr=config.min_lr)
+    scheduler = warmup_cosine(optimizer, Horizon(warmup_steps=3, total_steps=10, floor=config.min_lr / config.lr))
     scales = [group["lr_scale"] for group in optimizer.param_groups]
     assert sorted(set(scales)) == [0.125, 0.25, 0.5, 1.0]
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([s * 1e-2 / 3 for s in scales])
@@ -142,7 +142,7 @@ def test_the_scales_survive_an_optimizer_and_scheduler_state_dict_round_trip() -
 
     def build(net: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
         optimizer = build_optimizer(net, config)
-        return optimizer, warmup_cosine(optimizer, warmup_steps=2, total_steps=10, lr=config.lr, min_lr=config.min_lr)
+        return optimizer, warmup_cosine(optimizer, Horizon(warmup_steps=2, total_steps=10, floor=config.min_lr / config.lr))
 
     def train_steps(net: torch.nn.Module, optimizer, scheduler, steps: int) -> None:
         for _ in range(steps):

@@ -53,7 +53,7 @@ def test_the_cli_prints_the_knn_accuracy_and_the_finetuning_command(tmp_path: Pa
     summary = json.loads(next((tmp_path / "runs").rglob("summary.json")).read_text())
     assert 0.0 <= summary["linear_probe_acc1"] <= 100.0
     assert f"k-NN accuracy of the encoder's features {summary['knn_acc1']:.2f}% (test split, k=20; linear probe" in out
-    assert "next: fine-tune the encoder on labels" in out and "vitkit train RECIPE model.pretrained=" in out
+    assert "next: fine-tune the encoder on labelled images" in out and "vitkit train RECIPE model.pretrained=" in out
 
 
 def test_a_pretraining_run_resumes_with_its_decoder(tmp_path: Path) -> None:

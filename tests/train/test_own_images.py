@@ -20,7 +20,7 @@ from vitkit.train.sizing import SIZE_TIERS, tier_for
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1", "trainer.batch_size=8", "trainer.enable_progress_bar=false",
-        "data.num_workers=0", "trainer.log_every=1"]
+        "data.num_workers=0", "trainer.log_every=1", "trainer.time_budget_minutes=null"]
 
 
 def gray_images(folder: Path, count: int, side: int, seed: int, value: int | None = None) -> None:

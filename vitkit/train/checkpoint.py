@@ -12,10 +12,11 @@ and plain containers. :func:`check_resumable` refuses a checkpoint that cannot c
 
 from __future__ import annotations
 
-import importlib
+import collections
 import io
 import json
 import os
+import pathlib
 import pickle
 import shutil
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from torch.distributed.checkpoint import filesystem as dcp_filesystem
+from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import VitkitError
@@ -213,9 +216,11 @@ def _layout(name: str) -> torch.layout:
 def _sharded_metadata_globals() -> dict[tuple[str, str], Any]:
     """``(module, name) -> object`` for every global :class:`_MetadataUnpickler` resolves: the classes
     above (each checked to be a class), torch's dtypes, and :func:`_layout` for torch's layout hook."""
+    modules = {"torch.distributed.checkpoint.metadata": dcp_metadata, "torch.distributed.checkpoint.filesystem": dcp_filesystem,
+               "pathlib": pathlib, "collections": collections, "torch": torch}
     allowed: dict[tuple[str, str], Any] = {("torch.serialization", "_get_layout"): _layout}
     for module_name, names in _SHARDED_METADATA_CLASSES.items():
-        module = importlib.import_module(module_name)
+        module = modules[module_name]
         for name in names:
             value = getattr(module, name)
             if not isinstance(value, type):
