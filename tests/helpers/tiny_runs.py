@@ -44,8 +44,11 @@ def write_tiny_recipe(folder: Path, **trainer: object) -> Path:
 
 
 def tool_env() -> dict[str, str]:
-    """The environment of a tool run as a subprocess on this checkout's code."""
-    return {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
+    """The environment of a tool run as a subprocess on this checkout's code, without the rendezvous
+    an in-process distributed run of an earlier test left in ``os.environ`` (Lightning sets
+    ``MASTER_PORT``): a tool's own DDP run picks a free port, not one an earlier run may still hold."""
+    inherited = {key: value for key, value in os.environ.items() if key not in ("MASTER_PORT", "MASTER_ADDR")}
+    return {**inherited, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
 
 
 def run_tool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
