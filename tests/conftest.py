@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
 import torch
+from tiny_runs import RENDEZVOUS
 
 
 @pytest.fixture(autouse=True)
@@ -23,3 +25,16 @@ def load_tool() -> Callable[[str], ModuleType]:
     """``load_tool("prune_heads")`` imports the code of ``tools/prune_heads.py``, ``vitkit.cli.prune_heads``,
     so a test can call its ``main(argv)`` in-process."""
     return lambda name: importlib.import_module(f"vitkit.cli.{name}")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_rendezvous() -> Iterator[None]:
+    """Each test leaves ``os.environ``'s distributed rendezvous as it found it: an in-process FSDP
+    or DDP run sets ``MASTER_PORT`` and the ranks, and a later run would join them."""
+    before = {key: os.environ.get(key) for key in RENDEZVOUS}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

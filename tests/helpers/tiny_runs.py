@@ -43,11 +43,17 @@ def write_tiny_recipe(folder: Path, **trainer: object) -> Path:
     return path
 
 
+#: What an in-process distributed run (Lightning's, torch's) leaves in ``os.environ``: a process that
+#: inherits it joins that finished run (or its port) instead of starting its own.
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
+              "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
 def tool_env() -> dict[str, str]:
     """The environment of a tool run as a subprocess on this checkout's code, without the rendezvous
-    an in-process distributed run of an earlier test left in ``os.environ`` (Lightning sets
-    ``MASTER_PORT``): a tool's own DDP run picks a free port, not one an earlier run may still hold."""
-    inherited = {key: value for key, value in os.environ.items() if key not in ("MASTER_PORT", "MASTER_ADDR")}
+    an in-process distributed run of an earlier test left in ``os.environ`` (:data:`RENDEZVOUS`): a
+    tool's own DDP run picks its own port and ranks."""
+    inherited = {key: value for key, value in os.environ.items() if key not in RENDEZVOUS}
     return {**inherited, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": str(ROOT)}
 
 
