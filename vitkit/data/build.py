@@ -163,19 +163,29 @@ def choose_classes(
         info = dataclasses.replace(info, class_names=names, num_classes=len(names))
     if train_per_class is not None:
         images, labels = parts[0]
-        rng = np.random.default_rng(seed)
-        kept = []
-        for label in range(info.num_classes):
-            where = np.flatnonzero(labels == label)
-            if len(where) < train_per_class:
-                raise DataFileError(
-                    f"data.train_per_class={train_per_class}, but class {info.class_names[label]!r} has only "
-                    f"{len(where)} training images; ask for at most {len(where)}."
-                )
-            kept.append(rng.choice(where, train_per_class, replace=False))
-        index = np.sort(np.concatenate(kept))
+        index = per_class_draw(labels, info.class_names, train_per_class, seed)
         parts = [(images[index], labels[index]), *parts[1:]]
     return info, parts
+
+
+def per_class_draw(labels: np.ndarray, class_names: Sequence[str], count: int, seed: int) -> np.ndarray:
+    """The sorted indices of ``count`` images of each class of ``labels`` (``0..len(class_names)-1``),
+    drawn by ``seed``: the labelled images ``data.train_per_class`` keeps.
+
+    Raises:
+        DataFileError: a class with fewer than ``count`` images.
+    """
+    rng = np.random.default_rng(seed)
+    kept = []
+    for label, name in enumerate(class_names):
+        where = np.flatnonzero(labels == label)
+        if len(where) < count:
+            raise DataFileError(
+                f"data.train_per_class={count}, but class {name!r} has only {len(where)} training images; ask for "
+                f"at most {len(where)}."
+            )
+        kept.append(rng.choice(where, count, replace=False))
+    return np.sort(np.concatenate(kept))
 
 
 def _array_bundle(cfg: DataConfig, info: DataInfo, parts: list[tuple[np.ndarray, np.ndarray]]) -> DatasetBundle:

@@ -1,0 +1,173 @@
+"""FixMatch's strong augmentation batched in torch (``vitkit.data.randaugment``): each operation
+equals USB's PIL operation (``semilearn/datasets/augmentation/randaugment.py``, written out below)
+on the same image and magnitude, for grayscale and RGB images; the random draws cover every
+operation and magnitudes across their ranges; Cutout's square has USB's size and fill."""
+
+from __future__ import annotations
+
+import numpy as np
+import PIL.Image
+import PIL.ImageEnhance
+import PIL.ImageOps
+import pytest
+import torch
+
+from vitkit.data.randaugment import OPERATION_NAMES, OPERATIONS, BatchRandAugment
+
+# ---- microsoft/Semi-supervised-learning, semilearn/datasets/augmentation/randaugment.py (MIT), as written there
+
+
+def AutoContrast(img, _):
+    return PIL.ImageOps.autocontrast(img)
+
+
+def Brightness(img, v):
+    return PIL.ImageEnhance.Brightness(img).enhance(v)
+
+
+def Color(img, v):
+    return PIL.ImageEnhance.Color(img).enhance(v)
+
+
+def Contrast(img, v):
+    return PIL.ImageEnhance.Contrast(img).enhance(v)
+
+
+def Equalize(img, _):
+    return PIL.ImageOps.equalize(img)
+
+
+def Identity(img, v):
+    return img
+
+
+def Posterize(img, v):
+    v = int(v)
+    v = max(1, v)
+    return PIL.ImageOps.posterize(img, v)
+
+
+def Rotate(img, v):
+    return img.rotate(v)
+
+
+def Sharpness(img, v):
+    return PIL.ImageEnhance.Sharpness(img).enhance(v)
+
+
+def ShearX(img, v):
+    return img.transform(img.size, PIL.Image.AFFINE, (1, v, 0, 0, 1, 0))
+
+
+def ShearY(img, v):
+    return img.transform(img.size, PIL.Image.AFFINE, (1, 0, 0, v, 1, 0))
+
+
+def TranslateX(img, v):
+    v = v * img.size[0]
+    return img.transform(img.size, PIL.Image.AFFINE, (1, 0, v, 0, 1, 0))
+
+
+def TranslateY(img, v):
+    v = v * img.size[1]
+    return img.transform(img.size, PIL.Image.AFFINE, (1, 0, 0, 0, 1, v))
+
+
+def Solarize(img, v):
+    return PIL.ImageOps.solarize(img, v)
+
+
+# ---- end of USB's code
+
+
+def images(count: int, chans: int, seed: int = 0) -> np.ndarray:
+    """``uint8 [N, 20, 24, C]`` test images: a bright object on a dark, noisy ground, of varied contrast."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:20, 0:24]
+    out = np.empty((count, 20, 24, chans), dtype=np.uint8)
+    for index in range(count):
+        blob = ((ys - rng.uniform(5, 15)) ** 2 + (xs - rng.uniform(6, 18)) ** 2 < rng.uniform(10, 40))
+        low, high = rng.uniform(10, 60), rng.uniform(120, 250)
+        for chan in range(chans):
+            base = np.where(blob, high * rng.uniform(0.6, 1.0), low) + rng.normal(0, 12, blob.shape)
+            out[index, :, :, chan] = np.clip(base, 0, 255).astype(np.uint8)
+    return out
+
+
+def pil_result(image: np.ndarray, name: str, value: float) -> np.ndarray:
+    pil = PIL.Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+    result = np.asarray(globals()[name](pil, value))
+    return result[..., None] if result.ndim == 2 else result
+
+
+@pytest.mark.parametrize("chans", [1, 3])
+@pytest.mark.parametrize("name", OPERATION_NAMES)
+def test_each_operation_equals_usbs_pil_operation(name: str, chans: int) -> None:
+    batch_np = images(12, chans, seed=OPERATION_NAMES.index(name))
+    index = OPERATION_NAMES.index(name)
+    unit = torch.linspace(0.0, 1.0, 12)
+    _, low, high = OPERATIONS[index]
+    values = (low + (high - low) * unit).tolist()
+    batch = torch.from_numpy(batch_np).permute(0, 3, 1, 2).float()
+    ours = BatchRandAugment().apply(batch, torch.full((12,), index), unit).permute(0, 2, 3, 1).numpy()
+    theirs = np.stack([pil_result(image, name, value) for image, value in zip(batch_np, values)]).astype(np.float32)
+    difference = np.abs(ours - theirs)
+    # Geometric operations may take a neighbouring pixel where a mapped point lies on a pixel border
+    # (PIL computes in fixed point); every other pixel, and every pixel of the colour operations, is equal.
+    assert (difference == 0).mean() >= (0.99 if name in ("Rotate", "ShearX", "ShearY") else 0.999), (name, difference.max())
+    if name not in ("Identity",):  # the operation does something at these magnitudes (a test that cannot pass by accident)
+        assert not np.array_equal(ours, batch_np.astype(np.float32)) or (name == "Color" and chans == 1)
+
+
+def test_the_draws_cover_every_operation_and_each_range() -> None:
+    augment = BatchRandAugment(num_ops=1, cutout=0.0)
+    seen: list[torch.Tensor] = []
+    original = augment.apply
+
+    def spy(batch: torch.Tensor, ops: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+        seen.append(ops * 10 + (unit * 10).floor().clamp(max=9))
+        return original(batch, ops, unit)
+
+    augment.apply = spy
+    torch.manual_seed(0)
+    augment(torch.from_numpy(images(4, 1)).permute(0, 3, 1, 2).float().repeat(1000, 1, 1, 1))
+    draws = torch.cat(seen).long()
+    counts = torch.bincount(draws // 10, minlength=len(OPERATIONS))
+    assert counts.min() >= 200  # 4000 draws of 14 operations: about 286 each
+    assert len(torch.unique(draws % 10)) == 10  # magnitudes in every tenth of the range
+
+
+def test_num_ops_operations_are_applied() -> None:
+    torch.manual_seed(0)
+    batch = torch.from_numpy(images(64, 1)).permute(0, 3, 1, 2).float()
+    calls = []
+    augment = BatchRandAugment(num_ops=3, cutout=0.0)
+    original = augment.apply
+    augment.apply = lambda *args: calls.append(1) or original(*args)
+    out = augment(batch)
+    assert len(calls) == 3 and out.shape == batch.shape
+    assert bool(((out == out.round()) & (out >= 0) & (out <= 255)).all())
+
+
+def test_cutout_is_usbs_square_filled_with_the_mean_colour() -> None:
+    augment = BatchRandAugment(num_ops=0, cutout=0.5, fill=(10.0, 20.0, 30.0))
+    batch = torch.full((3, 3, 16, 20), 200.0)
+    # side v = 0.8 * 0.5 * 20 = 8; centre (0.5 * 20, 0.25 * 16) = (10, 4): corner (int(10 - 4), int(max(0, 4 - 4))) = (6, 0)
+    unit = torch.tensor([[0.8, 0.5, 0.25], [0.0, 0.5, 0.5], [1.0, 0.99, 0.99]])
+    out = augment.cut(batch, unit)
+    hole = (out[0, 0] == 10).nonzero()
+    assert hole[:, 0].tolist() == sorted(list(range(8)) * 8) and sorted(set(hole[:, 1].tolist())) == list(range(6, 14))
+    assert out[0, :, 0, 6].tolist() == [10.0, 20.0, 30.0]
+    assert bool((out[1] == 200).all())  # a side of 0: nothing cut
+    # side 10 centred at (19.8, 15.84): corner (14, 10), clipped at the border: 6 x 6 pixels
+    assert int((out[2, 0] == 10).sum()) == 6 * 6
+
+
+def test_every_strong_view_gets_a_cutout_of_usbs_mean_size() -> None:
+    torch.manual_seed(0)
+    out = BatchRandAugment(num_ops=0, cutout=0.5, fill=(10.0,))(torch.full((4000, 1, 32, 32), 200.0))
+    sides = (out == 10).flatten(1).sum(1).float()
+    # a side v uniform in [0, 16) px from a whole corner covers about v + 0.5 columns and rows:
+    # E[(v + 0.5)^2] = 93.6 px unclipped; the border clips some
+    assert 0.97 < (sides > 0).float().mean() and 75 < sides.mean() < 93.6
+    assert bool((BatchRandAugment(num_ops=0, cutout=0.0)(torch.full((8, 1, 32, 32), 200.0)) == 200).all())

@@ -1,0 +1,177 @@
+"""FixMatch semi-supervised classification (``task.name: fixmatch``; Sohn et al. 2020, "FixMatch:
+Simplifying Semi-Supervised Learning with Consistency and Confidence", arXiv 2001.07685).
+
+Each step reads ``B`` labelled images and ``mu * B`` unlabeled ones
+(:class:`~vitkit.data.unlabeled.SemiSupervisedStream`). The labelled images, weakly augmented,
+learn their labels by cross-entropy. Each unlabeled image's weak view is classified by the model
+being trained (in training mode, without gradients); where the top class's probability reaches
+``threshold``, that class becomes the pseudo-label of the image's strong view (RandAugment and
+Cutout), learnt by cross-entropy; the other images contribute zero, and the unlabeled term is the
+mean over all ``mu * B`` images:
+
+    loss = CE(labelled) + lambda_u * mean_i( 1[max p_i >= threshold] * CE(strong_i, argmax p_i) ),
+    p_i = softmax(model(weak_i)).
+
+:func:`fixmatch_loss` is USB's ``FixMatch.train_step`` loss (microsoft/Semi-supervised-learning,
+``FixedThresholdingHook`` and ``consistency_loss``): the same logits give the same loss. With
+``temperature`` set, the pseudo-label is the soft ``softmax(weak / temperature)`` instead (the
+paper's sharpening ablation; USB's ``hard_label: false`` is temperature 1), while the mask still
+reads the untempered probabilities.
+
+Deviations from the paper, by design: the weak unlabeled view runs apart from the labelled and
+strong ones (USB's ``use_cat: false``; a ViT has no batch statistics to share), and the optimiser
+is the recipe's (the paper's SGD with Nesterov momentum and its cosine to 7/16 of the rate are
+replaced by the project's AdamW and warmup-cosine; ``optim.ema`` is the paper's weight EMA).
+Evaluation is classification's (:class:`~vitkit.tasks.ClassifyTask`), on the EMA weights when on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from timm.utils import accuracy
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..data import ArrayDataset
+from ..data.unlabeled import FixMatchViews, SemiSupervisedStream
+from ..evaluation import TestTimeAugmentation
+from ..schema import Config, bounds
+from .base import StepOutput
+from .classify import ClassifyTask
+
+#: A training batch: labelled ``uint8 [B, H, W, C]``, labels ``[B]``, unlabeled ``uint8 [B, mu, H, W, C]``.
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class FixMatchOptions(Config):
+    """FixMatch's options (``task.fixmatch``); the defaults are the paper's.
+
+    Attributes:
+        threshold: the confidence a weak view's top class needs to become a pseudo-label (tau, 0.95).
+        mu: unlabeled images per labelled one in a step (7): the unlabeled batch is ``mu`` times
+            ``trainer.batch_size``.
+        lambda_u: the weight of the unlabeled term (1).
+        temperature: ``null``: hard pseudo-labels (the argmax, the paper's); a number: soft ones,
+            ``softmax(weak logits / temperature)``.
+        strong_ops: RandAugment operations per strong view (USB's 3).
+        cutout: the strong view's Cutout square's largest side, as a fraction of the width (USB's 0.5).
+    """
+
+    threshold: float = field(default=0.95, metadata=bounds(ge=0, le=1))
+    mu: int = field(default=7, metadata=bounds(ge=1, le=1024))
+    lambda_u: float = field(default=1.0, metadata=bounds(ge=0))
+    temperature: float | None = field(default=None, metadata=bounds(gt=0))
+    strong_ops: int = field(default=3, metadata=bounds(ge=0, le=16))
+    cutout: float = field(default=0.5, metadata=bounds(ge=0, le=1))
+
+
+@dataclass
+class FixMatchLoss:
+    """:func:`fixmatch_loss`'s terms (scalars but ``mask``).
+
+    Attributes:
+        total: ``supervised + lambda_u * unsupervised``.
+        supervised: the labelled images' mean cross-entropy.
+        unsupervised: the masked pseudo-label cross-entropy, averaged over every unlabeled image.
+        mask: ``[U]`` 1 where the weak view's confidence reached the threshold, else 0.
+    """
+
+    total: torch.Tensor
+    supervised: torch.Tensor
+    unsupervised: torch.Tensor
+    mask: torch.Tensor
+
+
+def fixmatch_loss(
+    labelled_logits: torch.Tensor,
+    labels: torch.Tensor,
+    weak_logits: torch.Tensor,
+    strong_logits: torch.Tensor,
+    *,
+    threshold: float = 0.95,
+    lambda_u: float = 1.0,
+    temperature: float | None = None,
+) -> FixMatchLoss:
+    """FixMatch's loss (see the module docstring), in float32.
+
+    Args:
+        labelled_logits: ``[B, K]`` the weakly augmented labelled images' logits.
+        labels: ``[B]`` their classes.
+        weak_logits: ``[U, K]`` the unlabeled images' weak views' logits (no gradient flows through them).
+        strong_logits: ``[U, K]`` the same images' strong views' logits.
+        threshold: the confidence a pseudo-label needs.
+        lambda_u: the unlabeled term's weight.
+        temperature: ``None``: hard pseudo-labels; else soft ones at this temperature.
+    """
+    supervised = F.cross_entropy(labelled_logits.float(), labels)
+    weak = weak_logits.detach().float()
+    confidence, guess = weak.softmax(dim=-1).max(dim=-1)
+    mask = confidence.ge(threshold).float()
+    targets = guess if temperature is None else (weak / temperature).softmax(dim=-1)
+    unsupervised = (F.cross_entropy(strong_logits.float(), targets, reduction="none") * mask).mean()
+    return FixMatchLoss(supervised + lambda_u * unsupervised, supervised, unsupervised, mask)
+
+
+class FixMatchTask(ClassifyTask):
+    """FixMatch on :class:`~vitkit.data.unlabeled.SemiSupervisedStream` batches (see the module
+    docstring); evaluation as classification's.
+
+    Args:
+        views: the weak and strong views (:class:`~vitkit.data.unlabeled.FixMatchViews`), made on
+            the training device in the step.
+        unlabeled: returns the ``uint8 [N, H, W, C]`` unlabeled images (called once, when the
+            training stream is first built: a run that never trains never reads them).
+        options: threshold, ``mu``, ``lambda_u`` and pseudo-label temperature
+            (:class:`FixMatchOptions`; its strong-view options are the ``views``').
+        tta, val_tta, fill: classification's test-time augmentation.
+    """
+
+    name: ClassVar[str] = "fixmatch"
+    progress_metric: ClassVar[str] = "acc1"
+
+    def __init__(
+        self, views: FixMatchViews, unlabeled: Callable[[], np.ndarray], options: FixMatchOptions, *,
+        tta: TestTimeAugmentation = "none", val_tta: TestTimeAugmentation | None = None, fill: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(None, nn.CrossEntropyLoss(), tta=tta, val_tta=val_tta, fill=fill)
+        self.views = views
+        self.options = options
+        self._read_unlabeled = unlabeled
+        self._unlabeled: np.ndarray | None = None
+
+    def training_data(self, dataset: Dataset) -> Dataset:
+        """The labelled split with the unlabeled images, ``mu`` to a labelled one.
+
+        Raises:
+            TypeError: a labelled split not held in memory (an image folder without ``data.in_memory``).
+        """
+        if not isinstance(dataset, ArrayDataset):
+            raise TypeError(f"FixMatch reads the labelled split from memory, not a {type(dataset).__name__}.")
+        if self._unlabeled is None:
+            self._unlabeled = self._read_unlabeled()
+        return SemiSupervisedStream(dataset, self._unlabeled, self.options.mu)
+
+    def training_step(self, model: nn.Module, batch: Batch) -> StepOutput:
+        labelled, labels, unlabeled = batch
+        unlabeled = unlabeled.flatten(0, 1)
+        with torch.no_grad():
+            weak_logits = model(self.views.weak(unlabeled))
+        logits = model(torch.cat([self.views.weak(labelled), self.views.strong(unlabeled)]))
+        labelled_logits, strong_logits = logits[: len(labels)], logits[len(labels):]
+        options = self.options
+        loss = fixmatch_loss(labelled_logits, labels, weak_logits, strong_logits, threshold=options.threshold,
+                             lambda_u=options.lambda_u, temperature=options.temperature)
+        metrics: dict[str, Any] = {
+            "acc1": lambda: accuracy(labelled_logits.detach(), labels)[0],
+            "loss_labelled": loss.supervised.detach(),
+            "loss_unlabeled": loss.unsupervised.detach(),
+            "mask_rate": loss.mask.mean(),
+        }
+        return StepOutput(loss.total, len(labels), metrics)
