@@ -22,6 +22,7 @@ import yaml
 from lightning.pytorch.strategies import StrategyRegistry
 
 from ..data import DataConfig
+from ..data.unlabeled import batchable_problem
 from ..evaluation import TestTimeAugmentation
 from ..files import atomic_write
 from ..layers import LoraConfig
@@ -31,6 +32,7 @@ from ..models.timm_interop import fix_overrides, timm_twin_lacks, twin_gaps_mess
 from ..recipe_files import find_recipe, shipped_recipes
 from ..schema import Config, FieldError, bounds, build, describe, dotted_keys, load_yaml, merge, parse_overrides
 from ..tasks.dino import head_weights
+from ..tasks.fixmatch import FixMatchOptions
 from ..tasks.mae import check_encoder, decoder_weights, patch_pixels
 from .finetune import check_freeze
 from .schema import RecipeError
@@ -444,7 +446,7 @@ class OutputConfig(Config):
     dir: str = "runs"
 
 
-TaskName = Literal["classify", "dino", "mae"]
+TaskName = Literal["classify", "dino", "fixmatch", "mae"]
 #: The lowest softmax temperature of DINO. The head's logits lie in [-1, 1] (an L2-normalised
 #: feature through a last layer of unit-norm rows, as ``norm_last_layer`` keeps them and as they
 #: start otherwise), so at 1e-3 they are at most 1,000 after division: finite in float16, and 40x
@@ -596,9 +598,12 @@ class TaskConfig(Config):
         name: ``classify``: supervised classification on the data's labels (with the ``optim``
             section's Mixup, CutMix and label smoothing and the ``distill`` section's teacher);
             ``dino``: DINO self-distillation of a headless encoder, labels unused (``dino``);
-            ``mae``: masked-autoencoder pre-training of a headless encoder, labels unused (``mae``).
+            ``mae``: masked-autoencoder pre-training of a headless encoder, labels unused (``mae``);
+            ``fixmatch``: FixMatch semi-supervised classification on the labelled split and the
+            data's unlabeled images (``fixmatch``; :mod:`vitkit.tasks.fixmatch`).
         dino: the ``dino`` task's options (:class:`DinoConfig`).
         mae: the ``mae`` task's options (:class:`MaeConfig`).
+        fixmatch: the ``fixmatch`` task's options (:class:`~vitkit.tasks.fixmatch.FixMatchOptions`).
         knn_every: a pre-training task also measures the weighted k-NN accuracy of the encoder's
             features (:mod:`vitkit.train.pretraining`) every this many epochs (``null``: at the end only).
         linear_probe: a pre-training task also fits a linear classifier on the encoder's frozen
@@ -610,6 +615,7 @@ class TaskConfig(Config):
     name: TaskName = "classify"
     dino: DinoConfig = field(default_factory=DinoConfig)
     mae: MaeConfig = field(default_factory=MaeConfig)
+    fixmatch: FixMatchOptions = field(default_factory=FixMatchOptions)
     knn_every: int | None = field(default=None, metadata=bounds(ge=1, le=MAX_EPOCHS))
     linear_probe: bool = False
     knn_root: str | None = None
@@ -627,9 +633,15 @@ class TaskConfig(Config):
             self.dino.check_model(model)
 
     @property
+    def reads_unlabeled(self) -> bool:
+        """Whether the task reads unlabeled images beside the labelled split (an epoch is then a
+        pass over the unlabeled images, however few the labelled ones)."""
+        return self.name == "fixmatch"
+
+    @property
     def pretrains(self) -> bool:
         """Whether the task learns without labels (its model is a headless encoder)."""
-        return self.name != "classify"
+        return self.name not in ("classify", "fixmatch")
 
     def validate(self) -> None:
         """Options of a task the recipe does not run would be ignored: refused.
@@ -637,7 +649,8 @@ class TaskConfig(Config):
         Raises:
             FieldError: one line naming them.
         """
-        unused = [f"task.{key}" for key, default in (("dino", DinoConfig()), ("mae", MaeConfig()))
+        unused = [f"task.{key}" for key, default in (("dino", DinoConfig()), ("mae", MaeConfig()),
+                                                      ("fixmatch", FixMatchOptions()))
                   if key != self.name and getattr(self, key) != default]
         if not self.pretrains:
             unused += [f"task.{key}" for key in ("knn_every", "linear_probe", "knn_root") if getattr(self, key) not in (None, False)]
@@ -702,6 +715,7 @@ class RecipeConfig(Config):
             )
         if self.task.pretrains:
             self._check_pretraining()
+        self._check_unlabeled()
         if self.model.freeze != "none" and self.model.pretrained is None:  # frozen random weights would never learn
             raise FieldError(
                 "model.freeze", "only applies to pretrained weights: set model.pretrained too (a model file or timm:NAME)."
@@ -751,6 +765,37 @@ class RecipeConfig(Config):
                 "model.impl", f"is {self.model.impl!r}, but MAE runs the encoder on the visible patches only, which "
                 "vitkit's model does (forward_features(keep=)): set model.impl=vitkit."
             )
+
+    def _check_unlabeled(self) -> None:
+        """FixMatch has unlabeled images to read, its labelled split in memory, views it can make on
+        the device, and no classification option its loss would ignore; no other task is given
+        unlabeled images.
+
+        Raises:
+            FieldError: keyed by the recipe key to change.
+        """
+        data = self.data.resolved()
+        if not self.task.reads_unlabeled:
+            if data.unlabeled_root is not None:
+                raise FieldError("data.unlabeled_root", f"is read by semi-supervised training only, but task.name is "
+                                 f"{self.task.name!r}: remove it, or set task.name=fixmatch.")
+            return
+        if data.unlabeled_root is None and data.train_per_class is None:
+            raise FieldError("task.name", "is 'fixmatch', which reads unlabeled images beside the labelled ones, but every "
+                             "training image is labelled: set data.train_per_class (the training images it leaves out "
+                             "are the unlabeled ones) or data.unlabeled_root (a folder of images).")
+        if data.name == "imagefolder" and not data.in_memory:
+            raise FieldError("data.in_memory", "is false, but FixMatch draws its views of the labelled images on the "
+                             "device from memory: set data.in_memory=true.")
+        problem = batchable_problem(data.augment)
+        if problem is not None:
+            raise FieldError("task.name", f"is 'fixmatch', whose weak and strong views run on whole batches, but {problem}.")
+        found = [f"optim.{key}={getattr(self.optim, key):g}" for key in ("mixup", "cutmix", "label_smoothing")
+                 if getattr(self.optim, key) > 0]
+        found += [f"distill.type={self.distill.type}"] if self.distill.type != "none" else []
+        if found:
+            raise FieldError("task.name", f"is 'fixmatch', whose loss is FixMatch's cross-entropies, but the recipe sets "
+                             f"{', '.join(found)}: remove them.")
 
     def _check_tta_was_trained(self, key: str, tta: TestTimeAugmentation | None) -> None:
         """``trainer.<key>`` scores only views the recipe's augmentation trains on.

@@ -144,7 +144,7 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights
         RecipeError: a recipe field that contradicts the weights, or weights the data cannot use.
     """
     # a pre-training objective trains a headless encoder (its own heads are the task's parts)
-    num_classes = info.num_classes if config.task.name == "classify" else 0
+    num_classes = 0 if config.task.pretrains else info.num_classes
     data_fields = {"img_size": info.img_size, "in_chans": info.in_chans, "num_classes": num_classes}
     if weights is None:
         try:

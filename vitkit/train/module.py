@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -16,14 +17,16 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..data import DataInfo
 from ..data.multicrop import MultiCrop
+from ..data.unlabeled import FixMatchViews, unlabeled_images
 from ..errors import VitkitError
 from ..evaluation import black_level
 from ..io import EMA_PREFIX, FORMAT_KEY, FORMAT_VERSION, MODEL_PREFIX, RELEASED_KEY
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
 from ..schema import FieldError
-from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
+from ..tasks import ClassifyTask, DinoTask, FixMatchTask, MaeTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
 from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
 from .optim import Horizon, build_optimizer, refresh_lr, warmup_cosine
@@ -52,12 +55,17 @@ def build_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any
             return MaeTask(vit_config, **recipe.task.mae.to_dict())
         except ValueError as error:
             raise RecipeError(f"task.mae: {error}") from None
+    fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
+    if recipe.task.name == FixMatchTask.name:
+        info, options = DataInfo.from_extra(extra), recipe.task.fixmatch
+        views = FixMatchViews(recipe.data.resolved().augment, info, strong_ops=options.strong_ops, cutout=options.cutout)
+        return FixMatchTask(views, partial(unlabeled_images, recipe.data, info), options, tta=recipe.trainer.tta,
+                            val_tta=recipe.trainer.val_tta, fill=fill)
     optim, distill = recipe.optim, recipe.distill
     mixer, criterion = build_criterion(
         vit_config.num_classes, mixup=optim.mixup, cutmix=optim.cutmix, mixup_prob=optim.mixup_prob,
         mixup_switch_prob=optim.mixup_switch_prob, label_smoothing=optim.label_smoothing,
     )
-    fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
     return ClassifyTask(
         mixer, criterion, distill=distill.type, alpha=distill.alpha, tau=distill.tau,
         tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta, fill=fill,

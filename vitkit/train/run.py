@@ -196,7 +196,8 @@ def _prepare_and_fit(
         config = dataclasses.replace(config, data=data)  # the run's config.yaml records what was used
         rank_zero_info(note)
     datamodule = ViTDataModule(config.data, config.trainer.batch_size)
-    if (note := datamodule.fit_batch()) is not None:  # config.yaml records the batch used
+    # config.yaml records the batch used; an epoch that passes over unlabeled images has steps enough
+    if not config.task.reads_unlabeled and (note := datamodule.fit_batch()) is not None:
         config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, batch_size=datamodule.batch_size))
         rank_zero_info(note)
     if not datamodule.bundle.held_out and config.trainer.monitor != "last":  # the data layer said why

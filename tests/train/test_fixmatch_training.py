@@ -1,0 +1,83 @@
+"""FixMatch through a recipe (``task.name: fixmatch``): a short run trains on the labelled split and
+the unlabeled images together (an epoch is one pass over the unlabeled ones, ``mu`` to a labelled
+image), logs the unlabeled term and the mask rate, and tests as a classifier; a recipe FixMatch
+cannot train is one ``error:`` line before a run directory exists; the shipped recipe is the
+paper's defaults on 10 labels a class."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from tiny_runs import tiny_recipe, write_tiny_recipe
+
+from vitkit.cli.train import main as train_main
+from vitkit.data import DataConfig, build_datasets
+from vitkit.train import train
+from vitkit.train.config import load_recipe
+
+FIXMATCH = ["task.name=fixmatch", "data.train_per_class=5", "data.augment.enabled=true", "data.augment.padding=1"]
+
+
+def fixmatch_recipe(tmp_path: Path, **fixmatch: object) -> dict:
+    recipe = tiny_recipe(tmp_path / "runs", batch_size=16, limit_val_batches=2, limit_test_batches=2)
+    recipe["task"] = {"name": "fixmatch", "fixmatch": {"threshold": 0.6, **fixmatch}}
+    recipe["data"].update({"train_per_class": 5, "augment": {"enabled": True, "crop": "pad", "padding": 1}})
+    return recipe
+
+
+def test_an_epoch_passes_over_the_unlabeled_images_and_the_run_tests_as_a_classifier(tmp_path: Path) -> None:
+    result = train(fixmatch_recipe(tmp_path, mu=7))
+    every = build_datasets(DataConfig(name="digits", img_size=8)).train  # the run's split, every image labelled
+    unlabeled = len(every) - 10 * 5
+    assert result.summary["global_steps"] == unlabeled // 7 // 16  # one pass, mu = 7 unlabeled images per labelled one
+    assert result.summary["test_acc"] is not None and result.model.config.num_classes == 10
+    with open(result.run_dir / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    logged = [row for row in rows if row.get("train/mask_rate")]
+    assert logged and all(0 <= float(row["train/mask_rate"]) <= 1 for row in logged)
+    assert all(row["train/loss_unlabeled"] != "" for row in logged)
+
+
+def test_mu_sets_the_epochs_length(tmp_path: Path) -> None:
+    result = train(fixmatch_recipe(tmp_path, mu=3), ["trainer.limit_test_batches=1"])
+    every = build_datasets(DataConfig(name="digits", img_size=8)).train
+    assert result.summary["global_steps"] == (len(every) - 50) // 3 // 16
+
+
+def refused(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str) -> str:
+    """The one error line of ``vitkit train`` on the tiny recipe with ``overrides``; no run directory."""
+    path = write_tiny_recipe(tmp_path)
+    assert train_main([str(path), *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+    return err
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["task.name=fixmatch"], "set data.train_per_class"),
+    ([*FIXMATCH, "data.augment.crop=pad", "optim.mixup=0.8"], "optim.mixup=0.8"),
+    ([*FIXMATCH, "optim.label_smoothing=0.1"], "optim.label_smoothing=0.1"),
+    ([*FIXMATCH, "data.augment.crop=random_resized"], "data.augment.crop is 'random_resized'"),
+    ([*FIXMATCH, "data.augment.color_jitter=0.4"], "data.augment.color_jitter"),
+    (["data.unlabeled_root=/tmp"], "data.unlabeled_root"),
+    (["task.fixmatch.threshold=0.5"], "task.fixmatch"),
+    ([*FIXMATCH, "task.fixmatch.threshold=1.5"], "threshold"),
+    ([*FIXMATCH, "trainer.precision=bf16-true"], "bf16-true"),
+])
+def test_a_recipe_fixmatch_cannot_train_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                               overrides: list[str], expected: str) -> None:
+    assert expected in refused(tmp_path, capsys, *overrides)
+
+
+def test_the_shipped_recipe_is_the_papers_defaults_on_ten_labels_a_class_from_an_mae_encoder() -> None:
+    config = load_recipe("fixmatch_fashion_mnist")
+    options = config.task.fixmatch
+    assert (config.task.name, options.threshold, options.mu, options.lambda_u, options.temperature) == \
+        ("fixmatch", 0.95, 7, 1.0, None)
+    assert config.data.name == "fashion_mnist" and config.data.train_per_class == 10 and config.data.unlabeled_root is None
+    assert config.model.pretrained == "runs/mae_fashion_mnist/latest/model.safetensors"
+    assert config.optim.ema and config.optim.ema_decay == 0.99
+    assert config.trainer.time_budget_minutes == 15
