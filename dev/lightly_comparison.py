@@ -43,8 +43,8 @@ initial weights (the recipe's seed).
 
 Differences lightly does not let go (or that are its examples' way):
   * MAE: ``MaskedVisionTransformerTIMM`` re-initialises the encoder as MAE does (Xavier-uniform
-    linears, a fixed 2-D sin-cos position embedding); vitkit's encoder keeps its own init and learns
-    its position embedding.
+    linears, a fixed 2-D sin-cos position embedding); vitkit's recipe asks for the same
+    (``model.init=mae``, ``model.pos_embed=sincos``), drawn by its own code.
   * Augmentation: lightly's transforms work per PIL image in the loader (MAE: torchvision's
     ``RandomCrop(padding=1)`` and flip, the recipe's; DINO: ``DINOTransform``, bicubic crops, PIL
     blur); vitkit transforms whole uint8 batches in torch (bilinear crops). Both count in s/epoch.

@@ -27,7 +27,7 @@ from ..layers.init_rules import reset_submodules
 from ..layers.patch_embed import conv_stem_widths
 from ..layers.token_merging import MergeState, check_mergeable, run_merging_block, token_counts, unmerge_tokens
 from .config import ViTConfig
-from .init import init_parts
+from .init import TOKEN_STD, init_parts
 
 #: Per-block head gates: ``None``, or one ``None`` / ``[H_l]`` / ``[B, H_l]`` entry per block (a
 #: ``[depth, H]`` tensor works when all layers have ``H`` heads).
@@ -174,14 +174,15 @@ class VisionTransformer(nn.Module):
 
     def _init_weights(self) -> None:
         """Every Linear by the ``config.init`` scheme (see :mod:`.init`); position embedding and
-        distillation token N(0, 0.02) truncated, class and register tokens N(0, 1e-6), as timm.
+        distillation token N(0, 0.02) truncated, class and register tokens by the scheme's
+        :data:`~.init.TOKEN_STD` (timm's N(0, 1e-6), MAE's N(0, 0.02)).
         The attention pool keeps timm's own init of its latent query (its Linears torch's)."""
         init_parts(self, self.config.init)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for token, std in ((self.cls_token, 1e-6), (self.reg_token, 1e-6)):
+        for token in (self.cls_token, self.reg_token):
             if token is not None:
-                nn.init.normal_(token, std=std)
+                nn.init.normal_(token, std=TOKEN_STD[self.config.init])
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)
         if isinstance(self.attn_pool, AttentionPoolLatent):

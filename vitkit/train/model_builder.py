@@ -209,6 +209,8 @@ def adapt(
             f"has {source.num_classes} classes, but the data have {num_classes}: set model.reset_head=true (or leave it unset)."
         )
     free = {key: value for key, value in wanted.items() if key in FREE_FIELDS}
+    if model.vit_overrides().get("init") is None:  # a variant's default is no choice: the weights' scheme (MAE's) stays
+        free.pop("init", None)
     try:
         target = fit_config(weights, img_size=img_size, in_chans=in_chans, num_classes=num_classes, **free)
     except ValueError as error:  # a FieldError names the key
