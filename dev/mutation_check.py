@@ -80,6 +80,9 @@ BENCH_ONNX = ("tests/test_export.py::"
               "test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does")
 EXPORT_COMMAND = "tests/test_export.py::test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_force"
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
+USER_TASK = "tests/train/test_user_task.py::test_a_task_registered_in_a_script_trains_resumes_and_exports_its_encoder"
+USER_TASK_RECIPE = "tests/train/test_user_task.py"
+DENSE_TASK = "tests/train/test_dense_task.py"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -650,6 +653,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("evaluate", "vitkit/cli/export.py", 'print(f"next: vitkit predict {path} IMAGE_OR_FOLDER',
              'print(f"next: python -c {path} IMAGE_OR_FOLDER', (EXPORT_COMMAND,),
              "export's closing line does not suggest vitkit predict on the .onnx file"),
+    # tasks as registered parts: the trainer reads each task's capabilities
+    Mutation("registry", "vitkit/train/run.py", "    datamodule.task_data = module.task.split_data", "    pass",
+             (DENSE_TASK,), "a task's own view of the data (its targets, DINO's crops) ignored"),
+    Mutation("registry", "vitkit/train/run.py", "for name, part in module.task.released_parts().items():",
+             "for name, part in {}.items():", (DENSE_TASK,), "the parts a task releases never written"),
+    Mutation("registry", "vitkit/tasks/base.py", "for key, name in self.summary_metrics.items()}",
+             'for key, name in {"test_acc": "test/acc1"}.items()}', (DENSE_TASK,),
+             "summary.json's metrics classification's whatever the task"),
+    Mutation("registry", "vitkit/train/config.py", "monitor=task.monitor)", 'monitor="val/loss")',
+             (USER_TASK_RECIPE,), "a recipe without trainer.monitor selects by the loss, not the task's metric"),
+    Mutation("registry", "vitkit/train/model_builder.py",
+             "num_classes = 0 if config.task.task_class.releases_encoder else info.num_classes",
+             "num_classes = info.num_classes", (USER_TASK,), "a task that releases an encoder exports a classifier"),
+    Mutation("registry", "vitkit/train/pretraining.py", "    if task.releases_encoder:\n", "    if False:\n",
+             (USER_TASK,), "an encoder released without its k-NN accuracy"),
+    Mutation("registry", "vitkit/train/task_config.py", "        if self.name not in task_names():", "        if False:",
+             (USER_TASK_RECIPE,), "an unknown task name refused without the registered names"),
+    Mutation("registry", "vitkit/schema.py", "    fields = {f.name for f in dataclasses.fields(cls) if f.init} | set(_sections(cls))",
+             "    fields = {f.name for f in dataclasses.fields(cls) if f.init}", (USER_TASK_RECIPE,),
+             "a registered task's options section refused as an unknown key"),
 )
 
 
