@@ -303,7 +303,7 @@ def lightly_mae(config: RecipeConfig, info: DataInfo, vit: nn.Module) -> tuple[L
     """The MAE, its encoder, its other trainable parts, and the per-image transform (the recipe's
     pad-and-crop and flip)."""
     augment = config.data.augment
-    model = LightlyMae(vit, config.task.mae)
+    model = LightlyMae(vit, config.task.options)
     transform = T.Compose([
         T.RandomCrop(info.img_size[0], padding=augment.padding), T.RandomHorizontalFlip(augment.hflip or 0.0),
         T.ToTensor(), T.Normalize(info.mean, info.std),
@@ -315,7 +315,7 @@ def lightly_dino(config: RecipeConfig, info: DataInfo, vit: nn.Module) -> tuple[
     """The DINO, its student backbone (the teacher's is evaluated), its head, and ``DINOTransform``."""
     from lightly.transforms import DINOTransform
 
-    options = config.task.dino
+    options = config.task.options
     model = LightlyDino(vit, options)
     transform = DINOTransform(
         global_crop_size=options.global_size or info.img_size[0], global_crop_scale=options.global_scale,

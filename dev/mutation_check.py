@@ -80,6 +80,9 @@ BENCH_ONNX = ("tests/test_export.py::"
               "test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does")
 EXPORT_COMMAND = "tests/test_export.py::test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_force"
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
+USER_TASK = "tests/train/test_user_task.py::test_a_task_registered_in_a_script_trains_resumes_and_exports_its_encoder"
+USER_TASK_RECIPE = "tests/train/test_user_task.py"
+DENSE_TASK = "tests/train/test_dense_task.py"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -162,7 +165,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/train/test_train_config.py", "tests/train/test_train_options_effect.py"), "linear decay instead of cosine"),
     Mutation("train", "vitkit/train/module.py", "self.ema.update(self.model, step=self.global_step)", "pass",
              ("tests/train/test_train_options_effect.py",), "EMA never updates"),
-    Mutation("train", "vitkit/train/module.py", "            self.register_load_state_dict_pre_hook(_load_ema)",
+    Mutation("train", "vitkit/train/module.py", "            self.register_load_state_dict_pre_hook(load_ema)",
              "            pass", ("tests/train/test_ema_copy.py",), "EMA not restored from a checkpoint"),
     Mutation("train", "vitkit/train/pure_bf16.py", "with torch.autocast(device, enabled=False):",
              "with torch.autocast(device, enabled=True):", (PURE_BF16,), "bf16-true's copy runs under autocast"),
@@ -294,9 +297,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/tasks/mae.py", "return shuffle[:, :count], torch.gather(mask, 1, restore), restore",
              "return shuffle[:, -count:], torch.gather(mask, 1, restore), restore", ("tests/tasks/test_mae.py",),
              "MAE keeps the patches of highest noise"),
-    Mutation("train", "vitkit/tasks/mae.py", "        check_encoder(config, norm_pix_loss)\n", "",
+    Mutation("train", "vitkit/tasks/mae.py", "            check_encoder(model, options.norm_pix_loss)\n", "            pass\n",
              ("tests/tasks/test_mae.py",), "MAE encodes through a tokenizer that sees the hidden patches"),
-    Mutation("train", "vitkit/train/config.py", "        config.task.check_model(vit_config)\n", "        pass\n",
+    Mutation("train", "vitkit/train/config.py", "        config.task.task_class.check_model(config.task.options, vit_config)\n", "        pass\n",
              ("tests/train/test_task_refusals.py",), "the task's needs of the model checked only after the data load"),
     Mutation("train", "vitkit/tasks/mae.py", "    if any(config.merge_per_block()):", "    if False:",
              ("tests/train/test_task_refusals.py::test_mae_refuses_token_merging",),
@@ -304,26 +307,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/tasks/mae.py", "    if norm_pix_loss and patch_pixels(config) < 2:", "    if False:",
              ("tests/train/test_task_refusals.py::test_mae_refuses_norm_pix_loss_over_one_pixel",),
              "norm_pix_loss over one value (a NaN at step 0)"),
-    Mutation("train", "vitkit/train/config.py", "        if decoder + model.num_weights() > MAX_PARAMETERS:",
+    Mutation("train", "vitkit/tasks/mae.py", "        if decoder + model.num_weights() > MAX_PARAMETERS:",
              "        if False:", ("tests/train/test_task_refusals.py::test_mae_refuses_a_decoder_past_the_parameter_limit",),
              "an MAE decoder past the parameter limit allocated"),
-    Mutation("train", "vitkit/train/config.py", "            if tokens > MAX_TOKENS:", "            if False:",
+    Mutation("train", "vitkit/tasks/dino_options.py", "            if tokens > MAX_TOKENS:", "            if False:",
              ("tests/train/test_task_refusals.py::test_dino_refuses_a_crop_past_the_token_limit",), "a DINO crop past the token limit allocated"),
-    Mutation("train", "vitkit/train/config.py", "        if 2 * (head + model.num_weights()) > MAX_PARAMETERS:",
+    Mutation("train", "vitkit/tasks/dino_options.py", "        if 2 * (head + model.num_weights()) > MAX_PARAMETERS:",
              "        if False:", ("tests/train/test_task_refusals.py::test_dino_refuses_a_head_past_the_parameter_limit",),
              "a DINO head past the parameter limit allocated"),
-    Mutation("train", "vitkit/train/config.py", '        if self.task.name == "dino" and self.data.augment.enabled:',
+    Mutation("train", "vitkit/tasks/dino.py", "        if recipe.data.augment.enabled:",
              "        if False:", ("tests/train/test_task_refusals.py::test_dino_refuses_the_data_sections_augmentation",),
              "data.augment silently unused by DINO"),
-    Mutation("train", "vitkit/train/config.py", "MIN_TEMPERATURE = 1e-3", "MIN_TEMPERATURE = 1e-300",
+    Mutation("train", "vitkit/tasks/dino_options.py", "MIN_TEMPERATURE = 1e-3", "MIN_TEMPERATURE = 1e-300",
              ("tests/train/test_task_refusals.py::test_dino_refuses_a_temperature_below_the_floor",), "a DINO temperature that overflows (NaN at step 0)"),
-    Mutation("train", "vitkit/train/config.py", "            if given:  # model.freeze alone",
+    Mutation("train", "vitkit/train/model_config.py", "            if given:  # model.freeze alone",
              '            given += ["freeze"] if self.freeze != "none" else []\n            if given:  # model.freeze alone',
              ("tests/train/test_task_refusals.py::test_model_freeze_in_a_pretraining_recipe_gets_advice_that_works",),
              "a pre-training recipe's model.freeze told to set model.pretrained, refused next"),
     Mutation("train", "vitkit/train/run.py", "    for note in config.schedule_notes():\n        rank_zero_info(note)\n", "",
              ("tests/train/test_task_refusals.py::test_schedules_as_long_as_the_run_are_noted",), "a warm-up as long as the run accepted silently"),
-    Mutation("train", "vitkit/train/config.py", "dino.freeze_last_layer_epochs >= epochs", "dino.freeze_last_layer_epochs > epochs",
+    Mutation("train", "vitkit/tasks/dino_options.py", "self.freeze_last_layer_epochs >= epochs", "self.freeze_last_layer_epochs > epochs",
              ("tests/train/test_task_refusals.py::test_each_schedule_is_noted_when_the_run_ends_before_it",),
              "a last layer frozen for the whole run not noted"),
     # the training step vitkit takes itself (issue 50 item 5)
@@ -657,6 +660,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("evaluate", "vitkit/cli/export.py", 'print(f"next: vitkit predict {path} IMAGE_OR_FOLDER',
              'print(f"next: python -c {path} IMAGE_OR_FOLDER', (EXPORT_COMMAND,),
              "export's closing line does not suggest vitkit predict on the .onnx file"),
+    # tasks as registered parts: the trainer reads each task's capabilities
+    Mutation("registry", "vitkit/train/run.py", "    datamodule.task_data = module.task.split_data", "    pass",
+             (DENSE_TASK,), "a task's own view of the data (its targets, DINO's crops) ignored"),
+    Mutation("registry", "vitkit/train/run.py", "for name, part in module.task.released_parts().items():",
+             "for name, part in {}.items():", (DENSE_TASK,), "the parts a task releases never written"),
+    Mutation("registry", "vitkit/tasks/base.py", "for key, name in self.summary_metrics.items()}",
+             'for key, name in {"test_acc": "test/acc1"}.items()}', (DENSE_TASK,),
+             "summary.json's metrics classification's whatever the task"),
+    Mutation("registry", "vitkit/train/config.py", "monitor=task.monitor)", 'monitor="val/loss")',
+             (USER_TASK_RECIPE,), "a recipe without trainer.monitor selects by the loss, not the task's metric"),
+    Mutation("registry", "vitkit/train/model_builder.py",
+             "num_classes = 0 if config.task.task_class.releases_encoder else info.num_classes",
+             "num_classes = info.num_classes", (USER_TASK,), "a task that releases an encoder exports a classifier"),
+    Mutation("registry", "vitkit/train/pretraining.py", "    if task.releases_encoder:\n", "    if False:\n",
+             (USER_TASK,), "an encoder released without its k-NN accuracy"),
+    Mutation("registry", "vitkit/train/task_config.py", "        if self.name not in task_names():", "        if False:",
+             (USER_TASK_RECIPE,), "an unknown task name refused without the registered names"),
+    Mutation("registry", "vitkit/schema.py", "    fields = {f.name for f in dataclasses.fields(cls) if f.init} | set(_sections(cls))",
+             "    fields = {f.name for f in dataclasses.fields(cls) if f.init}", (USER_TASK_RECIPE,),
+             "a registered task's options section refused as an unknown key"),
 )
 
 

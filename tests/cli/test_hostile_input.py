@@ -41,7 +41,7 @@ from vitkit.prune import prune_heads
 from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_recipe, train
 from vitkit.train.artifacts import write_json
 from vitkit.train.checkpoint import AtomicCheckpointIO
-from vitkit.train.schema import RecipeError
+from vitkit.schema import RecipeError
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ def mae_recipe(out_dir: Path, **trainer: object) -> dict:
 def test_pretrain_then_finetune_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     pretrained = train(mae_recipe(tmp_path / "runs"), ["task.knn_every=1"])
     run_dir, summary = pretrained.run_dir, pretrained.summary
-    assert 0.0 <= summary["knn_acc1"] <= 100.0 and summary["test_acc"] is None
+    assert 0.0 <= summary["knn_acc1"] <= 100.0 and "test_acc" not in summary  # the task summarises no accuracy
     assert any(row.get("val/knn_acc1") for row in merge_metrics(run_dir))  # measured after the epoch too
     assert (run_dir / "reconstructions.png").stat().st_size > 0
     encoder = run_dir / "model.safetensors"

@@ -13,9 +13,9 @@ from PIL import Image
 
 from vitkit.data import DataInfo
 from vitkit.io import read_model
+from vitkit.schema import RecipeError
 from vitkit.train import load_recipe, train
 from vitkit.train.model_builder import build_model, load_starting_weights
-from vitkit.train.schema import RecipeError
 from vitkit.train.sizing import SIZE_TIERS, tier_for
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",

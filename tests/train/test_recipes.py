@@ -82,7 +82,7 @@ def test_mae_fashion_mnist_pretrains_the_fast_recipes_encoder() -> None:
     assert (fast.model.patch_embed, mae.model.patch_embed) == ("conv", "linear")
     assert mae.model == fast.model.replace(patch_embed="linear", init="mae", pos_embed="sincos")
     assert mae.data.name == fast.data.name and mae.data.img_size == fast.data.img_size
-    assert (mae.task.name, mae.task.mae.mask_ratio, mae.trainer.monitor) == ("mae", 0.75, "val/loss")
+    assert (mae.task.name, mae.task.options.mask_ratio, mae.trainer.monitor) == ("mae", 0.75, "val/loss")
     assert mae.trainer.max_time_minutes is not None and mae.trainer.max_time_minutes < 15
 
 

@@ -9,9 +9,9 @@ import pytest
 from tiny_runs import short_recipe, tiny_recipe, write_tiny_recipe
 
 from vitkit.cli.train import main as train_main
+from vitkit.schema import RecipeError
 from vitkit.train import train
 from vitkit.train.config import load_recipe
-from vitkit.train.schema import RecipeError
 
 MAE_RUN = ["task.name=mae", "trainer.monitor=val/loss"]
 MAE = [*MAE_RUN, "task.mae.decoder_dim=16", "task.mae.decoder_heads=2", "task.mae.decoder_depth=1"]

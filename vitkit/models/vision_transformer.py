@@ -246,7 +246,7 @@ class VisionTransformer(nn.Module):
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's contract for layer-wise groups (``timm.models.group_parameters``, behind
-        ``param_groups_layer_decay`` and :func:`vitkit.train.finetune.freeze`): layer 0 is the stem
+        ``param_groups_layer_decay`` and :func:`vitkit.train.freezing.freeze`): layer 0 is the stem
         (patch embedding with its conv stem, class, distillation and register tokens, position
         embedding, pre-norm), block ``i`` is layer ``i + 1``, the final ``norm`` joins the last block
         (timm's ``(99999,)`` suffix), and everything unmatched (``fc_norm``, ``attn_pool``, ``head``,

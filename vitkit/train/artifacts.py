@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from safetensors.torch import save_file
+from torch import nn
 
 from ..errors import VitkitError
 from ..files import atomic_write
@@ -131,6 +133,14 @@ def write_json(path: Path, values: dict[str, Any]) -> Path:
     which JSON can hold."""
     text = json.dumps(_finite(values), indent=2, allow_nan=False)
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
+
+
+def save_part(part: nn.Module, path: Path, task: str) -> Path:
+    """Write a task's trained part (:meth:`~vitkit.tasks.Task.released_parts`: a dense task's head)
+    to ``path`` as safetensors, atomically: its state dict on the CPU, with the task's name in the
+    metadata (``{"task": task}``)."""
+    state = {key: value.detach().cpu().contiguous() for key, value in part.state_dict().items()}
+    return atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"task": task}))
 
 
 def _finite(value: Any) -> Any:

@@ -32,7 +32,8 @@ from ..errors import VitkitError
 from ..files import atomic_write, remove_unlinked_versions
 from ..io import CheckpointError, UnsafeCheckpointError, first_line, load_checkpoint, upgrade_checkpoint
 from ..models import ViTConfig
-from .module import ViTModule, completed_steps, non_finite_tensors, step_records
+from .checkpoint_format import completed_steps, non_finite_tensors, step_records
+from .module import ViTModule
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"

@@ -23,9 +23,9 @@ from ..io import load_model_and_extra
 from ..layers.token_merging import Schedule
 from ..models import VisionTransformer
 from ..models import merge_tokens as merge_tokens_into
+from ..schema import build, dotted_keys, merge, parse_overrides
 from .artifacts import write_json
 from .plots import plot_confusion_matrix
-from .schema import build, dotted_keys, merge, parse_overrides
 
 
 def evaluate(

@@ -27,10 +27,9 @@ from ..io import read_model
 from ..layers import add_lora
 from ..models import VisionTransformer, ViTConfig, model_config, timm_twin, to_timm_state_dict
 from ..pretrained import PretrainedError, PretrainedWeights, SourceKeys, fit_config, load_pretrained, read_pretrained
-from ..schema import FieldError
+from ..schema import FieldError, RecipeError
 from .config import DATA_DRIVEN_FIELDS, ModelConfig, RecipeConfig
-from .finetune import check_freeze, freeze
-from .schema import RecipeError
+from .freezing import check_freeze, freeze
 
 #: ViTConfig fields a recipe may set on top of pretrained weights: regularisation, kernels, token merging, the
 #: input size, and the init of a new classifier; the data set ``img_size``, ``in_chans`` and
@@ -143,8 +142,8 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights
     Raises:
         RecipeError: a recipe field that contradicts the weights, or weights the data cannot use.
     """
-    # a pre-training objective trains a headless encoder (its own heads are the task's parts)
-    num_classes = info.num_classes if config.task.name == "classify" else 0
+    # a task that releases an encoder trains a headless one (its own heads are the task's parts)
+    num_classes = 0 if config.task.task_class.releases_encoder else info.num_classes
     data_fields = {"img_size": info.img_size, "in_chans": info.in_chans, "num_classes": num_classes}
     if weights is None:
         try:

@@ -42,6 +42,7 @@ from ..kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
 from ..output_dirs import hold
 from ..pretrained import PretrainedWeights
+from ..schema import MAX_EPOCHS, RecipeError
 from .artifacts import (
     CONFIG_FILE,
     RUN_DIR_ENV,
@@ -50,6 +51,7 @@ from .artifacts import (
     merge_metrics,
     point_latest,
     resolve_run_dir,
+    save_part,
     write_json,
 )
 from .callbacks import (
@@ -70,7 +72,7 @@ from .checkpoint import (
     remove_orphan_temp_files,
 )
 from .compile_trial import CompileChooser
-from .config import MAX_EPOCHS, RecipeConfig, TrainerConfig, load_recipe, save_recipe
+from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
 from .distributed import ShardedStrategy
@@ -80,7 +82,6 @@ from .model_builder import build_model, load_starting_weights, pretrained_data, 
 from .module import NonFiniteLossError, ViTModule
 from .plots import plot_curves
 from .pretraining import finetune_command, pretraining_callbacks, pretraining_summary
-from .schema import RecipeError
 from .sizing import fit_to_images
 from .threads import other_load, thread_advice, usable_cores
 from .time_budget import budget_summary, cut_short_note, time_budget_callback
@@ -208,7 +209,7 @@ def _prepare_and_fit(
     if config.task.knn_root is not None:  # a labelled folder the end of the run would refuse, refused now
         labelled_folder_halves(config.task.knn_root, datamodule.info, config.data.seed)
     module = build_module(config, datamodule.info, weights)
-    datamodule.training_data = module.task.training_data  # DINO's crops
+    datamodule.task_data = module.task.split_data  # DINO's crops, a dense task's targets
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name, sharded=config.trainer.strategy == "fsdp")
         check_recipe_unchanged(config, adopted_run_dir(resume), filled)
@@ -301,7 +302,7 @@ def _fit(
     ctrl_c = CtrlCStops()
     every_rank = SigtermStopsEveryRank()
     bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
-    pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
+    pretraining = [*pretraining_callbacks(config, run_dir), *module.task.callbacks()]  # k-NN, figures, the task's own
     budget = time_budget_callback(config, datamodule, started, time.perf_counter)  # none without a time budget
     ours = [kernels, *compiling, *budget, best, last, every_rank, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(),
             *bar, *pretraining]
@@ -339,16 +340,10 @@ def _fit(
         "dataset": datamodule.info.name,
         "model": describe_model(config),
         "num_parameters": count_parameters(model) if model is not None else None,
-        "val_acc": _metric(validated, "val/acc1"),
-        "test_acc": _metric(tested, "test/acc1"),
+        **module.task.summary(lambda key: _metric(tested if key.startswith("test/") else validated, key)),
         "held_out": datamodule.bundle.held_out,  # false: validation and test showed the training images
-        "test_acc5": _metric(tested, "test/acc5"),
         # [images the test accuracy covers, images of the test split]; fewer with trainer.limit_test_batches
         "test_images": [round(_metric(tested, "test/images") or 0), len(datamodule.bundle.test)],
-        "tta": config.trainer.tta,
-        "val_tta": getattr(module.task, "val_tta", None),  # classify resolves an unset one to tta; others have none
-        **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
-        **({"test_acc_mirrored": _metric(tested, "test/acc1_mirrored")} if config.trainer.tta == "hflip_shift" else {}),
         "epochs": trainer.current_epoch,
         "global_steps": trainer.global_step,
         "wall_time_s": round(time.perf_counter() - started, 2),
@@ -366,12 +361,14 @@ def _fit(
         **pretraining_summary(pretraining),
         **budget_summary(budget, schedule_note),
     }
-    if config.task.pretrains:
+    if config.task.task_class.releases_encoder:
         encoder, depth = run_dir / "model.safetensors", model.config.depth
         summary["finetune_command"] = finetune_command(config, encoder, depth)
         summary["scratch_command"] = finetune_command(config, encoder, depth, fresh=True)
     if trainer.is_global_zero:
         save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
+        for name, part in module.task.released_parts().items():  # a task's own trained parts, beside the model
+            save_part(part, run_dir / f"{name}.safetensors", task=config.task.name)
         plot_curves(merge_metrics(run_dir), run_dir / "curves.png")
         write_json(run_dir / "summary.json", summary)
         point_latest(run_dir)
@@ -384,7 +381,7 @@ def build_module(config: RecipeConfig, info: DataInfo, weights: PretrainedWeight
     (normalisation, classes, dataset and recipe names, data options, test-time augmentation,
     where the weights came from) to export."""
     extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict(), "tta": config.trainer.tta}
-    if config.task.pretrains:  # a headless encoder: the data's labels name none of its (no) classes
+    if config.task.task_class.releases_encoder:  # a headless encoder: the data's labels name none of its (no) classes
         extra["class_names"] = []
     if weights is not None:
         extra["pretrained"] = weights.record
@@ -504,7 +501,7 @@ def _callbacks(config: RecipeConfig, run_dir: Path) -> tuple[ModelCheckpoint, La
         dirpath=checkpoints,
         filename="best",
         monitor=None if monitor == "last" else monitor,  # None: the latest epoch's weights
-        mode="min" if monitor.endswith("loss") else "max",
+        mode=config.task.task_class.monitors.get(monitor, "min"),
         save_top_k=1,
         auto_insert_metric_name=False,
         enable_version_counter=False,

@@ -37,7 +37,8 @@ from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..errors import VitkitError
-from .config import MAX_EPOCHS, RecipeConfig
+from ..schema import MAX_EPOCHS
+from .config import RecipeConfig
 from .datamodule import ViTDataModule
 
 #: Training steps timed, after the first, before the plan is made (fewer if the first epoch is shorter).
@@ -167,7 +168,7 @@ def evaluated_images(config: RecipeConfig, datamodule: ViTDataModule) -> tuple[f
     val_tta = trainer.val_tta or trainer.tta
     val = _batches_images(len(bundle.val), batch, trainer.limit_val_batches) * TTA_VIEWS[val_tta]
     test = _batches_images(len(bundle.test), batch, trainer.limit_test_batches) * TTA_VIEWS[trainer.tta]
-    knn = len(bundle.train) + len(bundle.test) if config.task.pretrains and bundle.info.num_classes > 1 else 0
+    knn = len(bundle.train) + len(bundle.test) if config.task.task_class.releases_encoder and bundle.info.num_classes > 1 else 0
     per_epoch = val + (knn / config.task.knn_every if config.task.knn_every else 0)
     return per_epoch, test + val + knn
 
