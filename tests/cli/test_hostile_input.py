@@ -38,10 +38,10 @@ from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError, load_mo
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold, mark, release_output_dirs
 from vitkit.pretrained import PretrainedError, read_pretrained
 from vitkit.prune import prune_heads
+from vitkit.schema import RecipeError
 from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_recipe, train
 from vitkit.train.artifacts import write_json
 from vitkit.train.checkpoint import AtomicCheckpointIO
-from vitkit.schema import RecipeError
 
 
 @pytest.fixture(scope="module")
