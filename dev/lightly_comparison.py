@@ -55,8 +55,8 @@ Differences lightly does not let go (or that are its examples' way):
 
 Measures: s/epoch is the mean over epochs of the time from an epoch's start to its last step's end
 (loading, augmentation, forward, backward, optimiser, teacher update). k-NN top-1 is ONE
-evaluation for all four encoders: :func:`vitkit.tasks.knn.pooled_features` (the final norm's class
-token: what vitkit's task measures and exports) and :func:`~vitkit.tasks.knn.knn_accuracy` (DINO's
+evaluation for all four encoders: :func:`vitkit.train.knn.pooled_features` (the final norm's class
+token: what vitkit's task measures and exports) and :func:`~vitkit.train.knn.knn_accuracy` (DINO's
 weighted k-NN, k=20, T=0.07), the training images unaugmented as the memory bank, the 10,000 test
 images as queries, on each encoder as the last step left it (DINO: the teacher's backbone).
 """
@@ -89,9 +89,9 @@ from vitkit.data import DataInfo, settle_unset, unaugmented
 from vitkit.data.multicrop import BLUR_SIGMA
 from vitkit.files import markdown_table
 from vitkit.models import to_timm
-from vitkit.tasks.knn import knn_accuracy, pooled_features
 from vitkit.train import RecipeConfig, ViTDataModule, load_recipe, train
 from vitkit.train.artifacts import write_json
+from vitkit.train.knn import knn_accuracy, pooled_features
 from vitkit.train.model_builder import build_model
 from vitkit.train.optim import build_optimizer, warmup_cosine
 
