@@ -22,7 +22,7 @@ from torch import nn
 import vitkit
 from vitkit.models import ViTConfig
 from vitkit.schema import Config, RecipeError, bounds
-from vitkit.tasks import StepOutput, Task, register_task
+from vitkit.tasks import StepOutput, Task, register_task, registry
 from vitkit.train import load_recipe, train
 
 
@@ -132,7 +132,9 @@ def test_a_task_without_labels_refuses_label_options_and_monitors_only_its_metri
     assert load_recipe(recipe, ["trainer.monitor=val/loss"]).trainer.monitor == "val/loss"
 
 
-def test_an_unknown_task_name_is_refused_with_the_registered_names(tmp_path: Path) -> None:
+def test_an_unknown_task_name_is_refused_with_the_registered_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = {n: t for n, t in registry._TASKS.items() if t.__module__.startswith("vitkit.")}  # not other tests' tasks
+    monkeypatch.setattr(registry, "_TASKS", {**shipped, "rotation": RotationTask})
     recipe = rotation_recipe(tmp_path)
     with pytest.raises(RecipeError, match=r"task\.name in a command-line override is 'rotaton', which is no registered "
                                           r"task \(known: classify, dino, mae, rotation\)\. Did you mean 'rotation'\?"):
