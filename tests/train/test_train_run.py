@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import vitkit
 from vitkit.data import DataConfig, build_datasets
 from vitkit.io import load_model_and_extra, read_model_file
+from vitkit.tasks import classify as classify_lib
 from vitkit.train import (
     NonFiniteLossError,
     RunResult,
@@ -29,8 +30,6 @@ from vitkit.train import (
     load_recipe,
     train,
 )
-from vitkit.tasks import classify as classify_lib
-from vitkit.train import module as module_lib
 from vitkit.train.datamodule import ViTDataModule
 from vitkit.train.kernel_trial import MIN_PAIRS, STEPS_TO_CHOOSE
 
