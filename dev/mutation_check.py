@@ -63,6 +63,8 @@ MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
 DEVICE_LOADER = "tests/train/test_data_on_device.py::test_the_device_loader_drops_the_last_incomplete_training_batch_only"
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 TB = "vitkit/train/time_budget.py"
+COMPAT = "vitkit/train/lightning_compat.py"
+COMPAT_TESTS = "tests/train/test_lightning_compat.py"
 TB_PLAN = "tests/train/test_time_budget.py::test_the_plan_is_the_most_whole_epochs_that_fit_with_the_steps_taken_counted"
 TB_SHORT = "tests/train/test_time_budget.py::test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits"
 TB_RESUMED = "tests/train/test_time_budget.py::test_a_run_resumed_before_its_plan_must_finish_the_epoch_under_way"
@@ -379,8 +381,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "a step that compiles counts in the measured step time"),
     Mutation("train", TB, "    return per_epoch, test + val + knn\n", "    return per_epoch, test + val\n", (TB_DINO,),
              "a pre-training run's time budget keeps no time for its k-NN pass"),
-    Mutation("train", TB, "    trainer.fit_loop.max_epochs = plan.epochs  #", "    trainer.fit_loop.max_epochs = plan.epochs + 1  #",
+    Mutation("train", TB, "    set_max_epochs(trainer, plan.epochs)  #", "    set_max_epochs(trainer, plan.epochs + 1)  #",
              (TB_RUN,), "Lightning trains past the planned schedule"),
+    # Lightning's internals, all in one module, checked against the installed Lightning
+    Mutation("train", COMPAT, 'CHECKED_RANGE = ("2.6", "2.7")', 'CHECKED_RANGE = ("2.5", "2.6")', (COMPAT_TESTS,),
+             "a Lightning outside the checked range passes unnoticed"),
+    Mutation("train", COMPAT, "    return trainer._logger_connector.should_update_logs\n", "    return True\n",
+             (COMPAT_TESTS,), "every training step counted as one the loggers write"),
+    Mutation("train", COMPAT, "    trainer.fit_loop.max_epochs = epochs\n", "    trainer.fit_loop.max_epochs = epochs + 1\n",
+             (COMPAT_TESTS,), "a running fit's epoch limit not the one set"),
+    Mutation("train", COMPAT, "    strategy._tensor_parallel_size = tensor_parallel\n", "",
+             (COMPAT_TESTS,), "the FSDP mesh's tensor-parallel size left to Lightning's guess"),
     Mutation("train", "vitkit/train/module.py", "        refresh_lr(self.lr_schedulers())\n", "", (TB_RUN,),
              "the step after the plan runs at the rate of the old horizon"),
     Mutation("train", "vitkit/train/module.py", "        self.task.set_epochs(epochs)\n", "", (TB_DINO,),

@@ -26,6 +26,15 @@ from ..schema import FieldError
 from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
 from .config import OptimConfig, RecipeConfig
 from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
+from .lightning_compat import (
+    AUTOMATIC_STEPS,
+    HOOK_NAME_ATTRIBUTE,
+    MANUAL_STEPS,
+    attached_trainer,
+    batches_started,
+    fit_loop_state,
+    loggers_write_this_step,
+)
 from .optim import Horizon, build_optimizer, refresh_lr, warmup_cosine
 from .pure_bf16 import PureBf16
 from .schema import RecipeError
@@ -141,10 +150,10 @@ class ViTModule(L.LightningModule):
         self.__dict__["skeleton"] = None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Lightning sets ``_current_fx_name`` (a hook's name, or None) before and after each of
+        # Lightning sets HOOK_NAME_ATTRIBUTE (a hook's name, or None) before and after each of
         # the ~40 hook calls of a training step; nn.Module's ``__setattr__`` looks for parameters,
         # buffers and submodules first, about 1 us a call, a plain store a tenth of that.
-        if name == "_current_fx_name":
+        if name == HOOK_NAME_ATTRIBUTE:
             object.__setattr__(self, name, value)
             return
         super().__setattr__(name, value)
@@ -357,12 +366,12 @@ class ViTModule(L.LightningModule):
         """Whether Lightning writes this training step's metrics to the loggers: by its own rule
         (every ``log_every_n_steps`` optimiser steps, and the step on which the run stops), and at
         the end of an epoch or of ``max_steps``, where it writes the latest logged values again."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None:  # called outside a Trainer (a bare module): every step
             return True
-        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= trainer.num_training_batches
+        last_of_epoch = batches_started(trainer) >= trainer.num_training_batches
         last_step = trainer.max_steps != -1 and self.global_step + 1 >= trainer.max_steps
-        return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run) or last_of_epoch or last_step
+        return loggers_write_this_step(trainer) or bool(trainer.fast_dev_run) or last_of_epoch or last_step
 
     def raise_if_diverged(self) -> None:
         """Raise :class:`NonFiniteLossError` if a training loss so far was NaN or infinite (the
@@ -394,21 +403,16 @@ def adopt_automatic_steps(checkpoint: dict[str, Any]) -> None:
     run goes on from the step it stopped at, not from 0. In place; other checkpoints unchanged."""
     automatic, manual = step_records(checkpoint)
     if (completed_steps(automatic) or 0) > (completed_steps(manual) or 0):
-        checkpoint["loops"]["fit_loop"][MANUAL_STEPS] = copy.deepcopy(automatic)
-
-
-#: Where a fit loop's state has the manual loop's step count.
-MANUAL_STEPS = "epoch_loop.manual_optimization.optim_step_progress"
+        fit_loop_state(checkpoint)[MANUAL_STEPS] = copy.deepcopy(automatic)
 
 
 def step_records(checkpoint: dict[str, Any]) -> tuple[Any, Any]:
     """The automatic and the manual loop's step-progress records in ``checkpoint``'s fit-loop
     state (``None`` where absent; not checked, see :func:`completed_steps`)."""
-    loops = checkpoint.get("loops")
-    fit = loops.get("fit_loop") if isinstance(loops, dict) else None
-    if not isinstance(fit, dict):
+    fit = fit_loop_state(checkpoint)
+    if fit is None:
         return None, None
-    automatic = fit.get("epoch_loop.automatic_optimization.optim_progress")
+    automatic = fit.get(AUTOMATIC_STEPS)
     optimizer = automatic.get("optimizer") if isinstance(automatic, dict) else None
     return (optimizer.get("step") if isinstance(optimizer, dict) else None), fit.get(MANUAL_STEPS)
 

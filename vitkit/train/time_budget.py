@@ -39,6 +39,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..errors import VitkitError
 from .config import MAX_EPOCHS, RecipeConfig
 from .datamodule import ViTDataModule
+from .lightning_compat import set_max_epochs
 
 #: Training steps timed, after the first, before the plan is made (fewer if the first epoch is shorter).
 MEASURED_STEPS = 9
@@ -236,7 +237,7 @@ class TimeBudget(Callback):
 
 def _apply(plan: Plan, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
     """Training stops, and the schedules end, where ``plan`` says."""
-    trainer.fit_loop.max_epochs = plan.epochs  # whole epochs: the last step is the plan's, validated and saved
+    set_max_epochs(trainer, plan.epochs)  # whole epochs: the last step is the plan's, validated and saved
     pl_module.set_schedule(plan.warmup_steps, plan.steps, plan.epochs)
 
 
