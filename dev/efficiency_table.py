@@ -94,8 +94,8 @@ def images_per_second(runners: dict[str, Runner], images: torch.Tensor, threads:
 def test_accuracy(runners: dict[str, Runner], model: VisionTransformer, extra: dict[str, Any],
                   max_images: int | None) -> dict[str, float]:
     """Top-1 (%) of every runner on the test split the model file records."""
-    from vitkit.prune.evaluate import eval_loaders
-    from vitkit.train.evaluate import data_config_for
+    from vitkit.data import data_config_for
+    from vitkit.prune.measure import eval_loaders
 
     splits = eval_loaders(data_config_for(extra, [], model), 256)
     loader = splits.test if splits.test is not None else splits.val

@@ -191,11 +191,28 @@ def test_the_graph_sees_in_function_and_relative_imports() -> None:
 
 
 @pytest.mark.parametrize(("module", "loads"), [
-    ("vitkit.explain", False), ("vitkit.io", False), ("vitkit.inference", False), ("vitkit.prune", False),
-    ("vitkit.train", True),
+    ("vitkit.data", False), ("vitkit.explain", False), ("vitkit.io", False), ("vitkit.inference", False),
+    ("vitkit.prune", False), ("vitkit.bench", False), ("vitkit.train", True),
 ])
 def test_only_train_loads_lightning(module: str, loads: bool) -> None:
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(PACKAGE.parent), "PATH": ""}, check=True)
     assert (done.stdout.strip() != "[]") == loads
+
+
+def test_the_commands_that_train_nothing_load_no_lightning() -> None:
+    # Each command's module imported and its --help run, in a fresh process: the data a model was
+    # trained on comes from vitkit.data, not from the trainer's package.
+    commands = {"maps": "attention_maps", "report": "attention_report", "faithfulness": "faithfulness", "explore": "explore"}
+    code = (
+        "import importlib, sys\nfrom vitkit.cli.main import main\n"
+        f"for command, module in {commands!r}.items():\n"
+        "    importlib.import_module('vitkit.cli.' + module)\n"
+        "    try:\n        main([command, '--help'])\n    except SystemExit as done:\n        assert done.code == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "", "NO_ALBUMENTATIONS_UPDATE": "1"}, check=True)
+    assert "usage: vitkit maps" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -153,7 +153,7 @@ def test_evaluate_tool_reports_accuracy_and_confusion_matrix(fitted: RunResult, 
 def test_evaluate_in_bf16_runs_the_forward_in_bfloat16(fitted: RunResult, monkeypatch: pytest.MonkeyPatch) -> None:
     """``precision="bf16"`` reaches the model's forward (its logits are bfloat16) and is recorded;
     the accuracy stays that of the float32 evaluation within a few images' rounding."""
-    evaluate_lib = importlib.import_module("vitkit.train.evaluate")  # the module (the package exports the function)
+    evaluate_lib = importlib.import_module("vitkit.train.eval_report")
     real, dtypes = evaluate_lib.evaluate_model, []
 
     def recording(model: torch.nn.Module, *args: object, **kwargs: object) -> object:

@@ -612,11 +612,11 @@ def _onnx_accuracy(model: nn.Module, extra: dict[str, Any], model_file: str,
                    runners: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> list[str]:
     """Top-1 of vitkit float32 and each onnxruntime graph on what ``vitkit evaluate MODEL_FILE``
     scores, as it scores it: its test split and the test-time augmentation the file records
-    (:func:`vitkit.train.evaluate.evaluation_data`, :func:`vitkit.evaluation.evaluate_model`)."""
+    (:func:`vitkit.train.eval_report.evaluation_data`, :func:`vitkit.evaluation.evaluate_model`)."""
     from torch.utils.data import DataLoader
 
     from vitkit.evaluation import black_level, evaluate_model, recorded_tta
-    from vitkit.train.evaluate import evaluation_data
+    from vitkit.train.eval_report import evaluation_data
 
     dataset, info, _ = evaluation_data(model, extra)
     tta, loader = recorded_tta(extra, model_file), DataLoader(dataset, batch_size=256)

@@ -62,7 +62,7 @@ import torch
 from tqdm import tqdm
 
 from vitkit import save_model
-from vitkit.data import build_datasets
+from vitkit.data import build_datasets, check_model_fits, data_config_for
 from vitkit.errors import UsageError
 from vitkit.evaluation import evaluate_model
 from vitkit.files import write_csv
@@ -84,12 +84,11 @@ from vitkit.prune import (
     time_forward,
     within_budget,
 )
-from vitkit.prune.evaluate import eval_loaders
+from vitkit.prune.measure import eval_loaders
 from vitkit.prune.plan import BatchCost, estimate, format_duration, iterative_steps, measure_batch_cost
 from vitkit.prune.report import curve_rows, plot_pruning_curves
 from vitkit.train import load_recipe
 from vitkit.train.artifacts import CONFIG_FILE, write_json
-from vitkit.train.evaluate import check_model_fits, data_config_for
 from vitkit.train.model_builder import build_model, load_starting_weights, pretrained_data
 
 from .commands import run_command

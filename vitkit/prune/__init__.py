@@ -9,7 +9,6 @@ measures them before and after, ``recover_model`` fine-tunes one pruned model wi
 heads" check.
 """
 
-from .evaluate import evaluate_accuracy, time_forward
 from .importance import attention_entropy, head_importance
 from .iterative import (
     PruningStep,
@@ -22,6 +21,7 @@ from .iterative import (
     random_scorer,
     within_budget,
 )
+from .measure import evaluate_accuracy, time_forward
 from .pruning import Gates, full_gates, gated_off, prune_heads, pruned_copy
 from .recovery import RecipeRecovery, Recover, RecoveredStep, pruning_record, recover_model, recover_steps
 from .redundancy import RedundancyResult, redundancy_test

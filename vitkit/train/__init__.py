@@ -10,7 +10,7 @@ from ..io import CheckpointError, UnsafeCheckpointError, load_checkpoint
 from .checkpoint import AtomicCheckpointIO
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
-from .evaluate import evaluate, write_evaluation
+from .eval_report import evaluate, write_evaluation
 from .kernel_trial import KernelTrial, TrainingKernelChooser
 from .module import NonFiniteLossError, ViTModule
 from .run import RunInterruptedError, RunResult, RunStoppedError, train
