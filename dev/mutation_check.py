@@ -383,6 +383,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "a pre-training run's time budget keeps no time for its k-NN pass"),
     Mutation("train", TB, "    set_max_epochs(trainer, plan.epochs)  #", "    set_max_epochs(trainer, plan.epochs + 1)  #",
              (TB_RUN,), "Lightning trains past the planned schedule"),
+    Mutation("house", "vitkit/cli/explain_io.py", "from ..data import DataInfo, DatasetBundle,",
+             "import lightning  # noqa\nfrom ..data import DataInfo, DatasetBundle,",
+             ("tests/layers/test_import_layers.py::test_the_commands_that_train_nothing_load_no_lightning",),
+             "vitkit maps imports Lightning again"),
     # Lightning's internals, all in one module, checked against the installed Lightning
     Mutation("train", COMPAT, 'CHECKED_RANGE = ("2.6", "2.7")', 'CHECKED_RANGE = ("2.5", "2.6")', (COMPAT_TESTS,),
              "a Lightning outside the checked range passes unnoticed"),

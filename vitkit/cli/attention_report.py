@@ -29,8 +29,6 @@ from vitkit.output_dirs import claim_output_dir
 from .commands import run_command
 from .explain_io import load_model_from_arguments
 
-DEFAULTS = HeadThresholds()
-
 
 def main(argv: list[str] | None = None) -> int:
     """``vitkit report`` in this process (``tools/attention_report.py``, tests)."""
