@@ -64,6 +64,7 @@ DEVICE_LOADER = "tests/train/test_data_on_device.py::test_the_device_loader_drop
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 TB = "vitkit/train/time_budget.py"
 COMPAT = "vitkit/train/lightning_compat.py"
+PRUNE_PLAN = "tests/prune/test_prune_one_shot.py::test_prepare_pruning_resolves_the_target_and_plans_each_order_without_any_work"
 COMPAT_TESTS = "tests/train/test_lightning_compat.py"
 TB_PLAN = "tests/train/test_time_budget.py::test_the_plan_is_the_most_whole_epochs_that_fit_with_the_steps_taken_counted"
 TB_SHORT = "tests/train/test_time_budget.py::test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits"
@@ -110,7 +111,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("prune", "vitkit/prune/iterative.py", "for layer, head in least_scored(scorer(model, gates), gates, heads_to_prune):",
              "for layer, head in least_scored(-scorer(model, gates), gates, heads_to_prune):",
              ("tests/prune/test_prune_one_shot.py",), "one shot removes the most important heads"),
-    Mutation("prune", "vitkit/cli/prune_heads.py", '        if "importance-l2" in plan:', "        if True:",
+    Mutation("prune", "vitkit/prune/model_file.py", '            if "importance-l2" in plan:', "            if True:",
              ("tests/prune/test_prune_one_shot.py",), "an order left out of --orders is still computed"),
     Mutation("data", "vitkit/data/images.py", "upright = ImageOps.exif_transpose(image)", "upright = image",
              ("tests/data/test_bad_data.py",), "EXIF orientation ignored"),
@@ -387,6 +388,11 @@ MUTATIONS: tuple[Mutation, ...] = (
              "import lightning  # noqa\nfrom ..data import DataInfo, DatasetBundle,",
              ("tests/layers/test_import_layers.py::test_the_commands_that_train_nothing_load_no_lightning",),
              "vitkit maps imports Lightning again"),
+    Mutation("prune", "vitkit/prune/model_file.py",
+             "max_drop = DEFAULT_MAX_DROP if options.max_drop is None and target is None else options.max_drop",
+             "max_drop = options.max_drop", (PRUNE_PLAN,), "an iterative run without max_drop has no budget"),
+    Mutation("prune", "vitkit/prune/model_file.py", "plan[order] = steps * (options.random_seeds if order == \"random\" else 1)",
+             "plan[order] = steps", (PRUNE_PLAN,), "the plan counts one random order whatever random_seeds says"),
     # Lightning's internals, all in one module, checked against the installed Lightning
     Mutation("train", COMPAT, 'CHECKED_RANGE = ("2.6", "2.7")', 'CHECKED_RANGE = ("2.5", "2.6")', (COMPAT_TESTS,),
              "a Lightning outside the checked range passes unnoticed"),
@@ -654,10 +660,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "images outside class folders scored as if labelled"),
     Mutation("evaluate", "vitkit/cli/predict.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
              (PREDICT_TIME,), "predict's images/s not timed"),
-    Mutation("evaluate", "vitkit/cli/benchmark.py", "evaluate_model(run, loader, tta=tta, fill",
+    Mutation("evaluate", "vitkit/bench/onnx_runtime.py", "evaluate_model(run, loader, tta=tta, fill",
              'evaluate_model(run, loader, tta="none", fill', (BENCH_ONNX,),
              "the onnx benchmark's top-1 scores one view where vitkit evaluate averages the recorded views"),
-    Mutation("evaluate", "vitkit/cli/benchmark.py", 'models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]',
+    Mutation("evaluate", "vitkit/bench/onnx_runtime.py", 'models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]',
              'models_built = [("Fashion-MNIST fast", (model, extra))]', (BENCH_ONNX,),
              "the onnx benchmark labels a model file as the Fashion-MNIST fast model"),
     Mutation("evaluate", "vitkit/cli/benchmark.py", 'if args.onnx_model and "onnx" not in args.sections:', "if False:",

@@ -51,6 +51,7 @@ from torch import nn
 
 from vitkit.data import data_config_for
 from vitkit.evaluation import Batch
+from vitkit.files import write_json
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, count_parameters, to_timm, vit_flops
 from vitkit.prune import (
@@ -65,7 +66,7 @@ from vitkit.prune import (
     time_forward,
 )
 from vitkit.prune.measure import eval_loaders
-from vitkit.train.artifacts import CONFIG_FILE, write_json
+from vitkit.train.artifacts import CONFIG_FILE
 
 
 def first_batches(loader: Iterable[Batch], count: int) -> list[Batch]:

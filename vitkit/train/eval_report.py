@@ -17,12 +17,11 @@ from ..data import DataInfo, datasets_for
 from ..errors import UsageError
 from ..evaluation import Precision, TestTimeAugmentation, black_level, default_device, evaluate_model, recorded_tta
 from ..export import OnnxClassifier
-from ..files import atomic_write
+from ..files import atomic_write, write_json
 from ..io import load_model_and_extra
 from ..layers.token_merging import Schedule
 from ..models import VisionTransformer
 from ..models import merge_tokens as merge_tokens_into
-from .artifacts import write_json
 from .plots import plot_confusion_matrix
 
 
