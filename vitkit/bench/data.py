@@ -48,7 +48,7 @@ def bench_data(repeats: int) -> list[str]:
     return rows
 
 
-#: Images/s a modern GPU trains ViT-S/16 at (issue 37): the loader must reach it with its workers.
+#: Images/s a modern GPU trains ViT-S/16 at: the loader must reach it with its workers.
 GPU_FEED = 3000
 
 

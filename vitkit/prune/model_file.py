@@ -46,8 +46,6 @@ from .report import curve_rows, plot_pruning_curves
 PRUNE_ORDERS = ("importance", "importance-l2", "random", "entropy")
 #: ``max_drop`` of an iterative run that gives none (percentage points).
 DEFAULT_MAX_DROP = 1.0
-#: The recipe file of a training run directory (:mod:`vitkit.train.artifacts`).
-RUN_RECIPE = "config.yaml"
 
 
 @dataclass(frozen=True)
@@ -140,13 +138,15 @@ def recovery_recipe(options: PruneOptions, model_file: Path) -> Path | None:
         return None
     if options.recipe is not None:
         return Path(options.recipe)
+    from ..train.artifacts import CONFIG_FILE
+
     run_dir = model_file.parent.parent if model_file.parent.name == "checkpoints" else model_file.parent
-    if not (run_dir / RUN_RECIPE).is_file():
+    if not (run_dir / CONFIG_FILE).is_file():
         raise UsageError(
-            f"--recover-epochs fine-tunes with the model's recipe, but {run_dir} holds no {RUN_RECIPE} (the model "
+            f"--recover-epochs fine-tunes with the model's recipe, but {run_dir} holds no {CONFIG_FILE} (the model "
             "is not in a training run directory); give the recipe with --recipe FILE."
         )
-    return run_dir / RUN_RECIPE
+    return run_dir / CONFIG_FILE
 
 
 def plan_recovery(options: PruneOptions, model_file: Path, out: Path, extra: dict[str, Any]) -> RecipeRecovery | None:

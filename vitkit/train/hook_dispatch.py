@@ -1,4 +1,4 @@
-"""Fewer Lightning hook calls per training step (issue 50 item 5: the host work of a small step).
+"""Fewer Lightning hook calls per training step (the host work of a small step).
 
 Lightning 2.6 calls each per-step hook on every callback, whether or not the callback's class
 implements it: for each call it formats a debug message and a profiler label (ModelCheckpoint's
