@@ -87,10 +87,9 @@ from torchvision import transforms as T
 
 from vitkit.data import DataInfo, settle_unset, unaugmented
 from vitkit.data.multicrop import BLUR_SIGMA
-from vitkit.files import markdown_table
+from vitkit.files import markdown_table, write_json
 from vitkit.models import to_timm
 from vitkit.train import RecipeConfig, ViTDataModule, load_recipe, train
-from vitkit.train.artifacts import write_json
 from vitkit.train.knn import knn_accuracy, pooled_features
 from vitkit.train.model_builder import build_model
 from vitkit.train.optim import build_optimizer, warmup_cosine

@@ -63,6 +63,9 @@ MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
 DEVICE_LOADER = "tests/train/test_data_on_device.py::test_the_device_loader_drops_the_last_incomplete_training_batch_only"
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 TB = "vitkit/train/time_budget.py"
+COMPAT = "vitkit/train/lightning_compat.py"
+PRUNE_PLAN = "tests/prune/test_prune_one_shot.py::test_prepare_pruning_resolves_the_target_and_plans_each_order_without_any_work"
+COMPAT_TESTS = "tests/train/test_lightning_compat.py"
 TB_PLAN = "tests/train/test_time_budget.py::test_the_plan_is_the_most_whole_epochs_that_fit_with_the_steps_taken_counted"
 TB_SHORT = "tests/train/test_time_budget.py::test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits"
 TB_RESUMED = "tests/train/test_time_budget.py::test_a_run_resumed_before_its_plan_must_finish_the_epoch_under_way"
@@ -111,7 +114,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("prune", "vitkit/prune/iterative.py", "for layer, head in least_scored(scorer(model, gates), gates, heads_to_prune):",
              "for layer, head in least_scored(-scorer(model, gates), gates, heads_to_prune):",
              ("tests/prune/test_prune_one_shot.py",), "one shot removes the most important heads"),
-    Mutation("prune", "vitkit/cli/prune_heads.py", '        if "importance-l2" in plan:', "        if True:",
+    Mutation("prune", "vitkit/prune/model_file.py", '            if "importance-l2" in plan:', "            if True:",
              ("tests/prune/test_prune_one_shot.py",), "an order left out of --orders is still computed"),
     Mutation("data", "vitkit/data/images.py", "upright = ImageOps.exif_transpose(image)", "upright = image",
              ("tests/data/test_bad_data.py",), "EXIF orientation ignored"),
@@ -404,8 +407,26 @@ MUTATIONS: tuple[Mutation, ...] = (
              "a step that compiles counts in the measured step time"),
     Mutation("train", TB, "    return per_epoch, test + val + knn\n", "    return per_epoch, test + val\n", (TB_DINO,),
              "a pre-training run's time budget keeps no time for its k-NN pass"),
-    Mutation("train", TB, "    trainer.fit_loop.max_epochs = plan.epochs  #", "    trainer.fit_loop.max_epochs = plan.epochs + 1  #",
+    Mutation("train", TB, "    set_max_epochs(trainer, plan.epochs)  #", "    set_max_epochs(trainer, plan.epochs + 1)  #",
              (TB_RUN,), "Lightning trains past the planned schedule"),
+    Mutation("house", "vitkit/cli/explain_io.py", "from ..data import DataInfo, DatasetBundle,",
+             "import lightning  # noqa\nfrom ..data import DataInfo, DatasetBundle,",
+             ("tests/layers/test_import_layers.py::test_the_commands_that_train_nothing_load_no_lightning",),
+             "vitkit maps imports Lightning again"),
+    Mutation("prune", "vitkit/prune/model_file.py",
+             "max_drop = DEFAULT_MAX_DROP if options.max_drop is None and target is None else options.max_drop",
+             "max_drop = options.max_drop", (PRUNE_PLAN,), "an iterative run without max_drop has no budget"),
+    Mutation("prune", "vitkit/prune/model_file.py", "plan[order] = steps * (options.random_seeds if order == \"random\" else 1)",
+             "plan[order] = steps", (PRUNE_PLAN,), "the plan counts one random order whatever random_seeds says"),
+    # Lightning's internals, all in one module, checked against the installed Lightning
+    Mutation("train", COMPAT, 'CHECKED_RANGE = ("2.6", "2.7")', 'CHECKED_RANGE = ("2.5", "2.6")', (COMPAT_TESTS,),
+             "a Lightning outside the checked range passes unnoticed"),
+    Mutation("train", COMPAT, "    return trainer._logger_connector.should_update_logs\n", "    return True\n",
+             (COMPAT_TESTS,), "every training step counted as one the loggers write"),
+    Mutation("train", COMPAT, "    trainer.fit_loop.max_epochs = epochs\n", "    trainer.fit_loop.max_epochs = epochs + 1\n",
+             (COMPAT_TESTS,), "a running fit's epoch limit not the one set"),
+    Mutation("train", COMPAT, "    strategy._tensor_parallel_size = tensor_parallel\n", "",
+             (COMPAT_TESTS,), "the FSDP mesh's tensor-parallel size left to Lightning's guess"),
     Mutation("train", "vitkit/train/module.py", "        refresh_lr(self.lr_schedulers())\n", "", (TB_RUN,),
              "the step after the plan runs at the rate of the old horizon"),
     Mutation("train", "vitkit/train/module.py", "        self.task.set_epochs(epochs)\n", "", (TB_DINO,),
@@ -649,9 +670,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("evaluate", "vitkit/class_folders.py", "present = set(self.labels)",
              "present = set(range(len(self.class_names)))", (EVAL_FOLDER,),
              "a test folder with a subset of the model's classes not said so"),
-    Mutation("evaluate", "vitkit/train/evaluate.py", "round(scores.top5, 3) if info.num_classes >= 5 else None",
+    Mutation("evaluate", "vitkit/train/eval_report.py", "round(scores.top5, 3) if info.num_classes >= 5 else None",
              "round(scores.top5, 3)", (EVAL_TOP5,), "top-5 reported (always 100%) with fewer than 5 classes"),
-    Mutation("evaluate", "vitkit/train/evaluate.py", 'atomic_write(out_dir / "confusion_matrix.csv", write_csv)',
+    Mutation("evaluate", "vitkit/train/eval_report.py", 'atomic_write(out_dir / "confusion_matrix.csv", write_csv)',
              "None", (EVAL_FOLDER,), "the confusion matrix's CSV not written"),
     Mutation("evaluate", "vitkit/evaluation.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
              (EVAL_LOOP,), "the evaluation's images/s not timed"),
@@ -664,10 +685,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "images outside class folders scored as if labelled"),
     Mutation("evaluate", "vitkit/cli/predict.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
              (PREDICT_TIME,), "predict's images/s not timed"),
-    Mutation("evaluate", "vitkit/cli/benchmark.py", "evaluate_model(run, loader, tta=tta, fill",
+    Mutation("evaluate", "vitkit/bench/onnx_runtime.py", "evaluate_model(run, loader, tta=tta, fill",
              'evaluate_model(run, loader, tta="none", fill', (BENCH_ONNX,),
              "the onnx benchmark's top-1 scores one view where vitkit evaluate averages the recorded views"),
-    Mutation("evaluate", "vitkit/cli/benchmark.py", 'models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]',
+    Mutation("evaluate", "vitkit/bench/onnx_runtime.py", 'models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]',
              'models_built = [("Fashion-MNIST fast", (model, extra))]', (BENCH_ONNX,),
              "the onnx benchmark labels a model file as the Fashion-MNIST fast model"),
     Mutation("evaluate", "vitkit/cli/benchmark.py", 'if args.onnx_model and "onnx" not in args.sections:', "if False:",

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-import vitkit.cli.benchmark as benchmark
+import vitkit.bench.models as benchmark
 
 # one ViT-S block on 16 + 1 tokens: GEMMs big enough that GFLOP/s and shares print as more than rounding
 SMALL = "vit_small_patch16_224:16:img_size=32,patch_size=8,num_classes=10,depth=1"

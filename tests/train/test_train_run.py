@@ -155,7 +155,7 @@ def test_evaluate_in_bf16_runs_the_forward_in_bfloat16(fitted: RunResult, monkey
     the accuracy stays that of the float32 evaluation within the images whose top two logits are
     within bfloat16's rounding (a few percent of a briefly trained model's; CPUs round differently),
     far from a broken forward's chance level."""
-    evaluate_lib = importlib.import_module("vitkit.train.evaluate")  # the module (the package exports the function)
+    evaluate_lib = importlib.import_module("vitkit.train.eval_report")
     real, dtypes = evaluate_lib.evaluate_model, []
 
     def recording(model: torch.nn.Module, *args: object, **kwargs: object) -> object:

@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from ..evaluation import Batch, model_device
 from ..models import VisionTransformer, count_parameters, vit_flops
-from .evaluate import evaluate_accuracy, time_forward
 from .importance import attention_entropy, head_importance
+from .measure import evaluate_accuracy, time_forward
 from .pruning import Gates, check_gates, full_gates, gated_off, pruned_copy
 
 #: ``scorer(model, gates) -> [depth, max_H]`` scores; the lowest-scoring heads are pruned first.

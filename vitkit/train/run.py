@@ -37,6 +37,7 @@ from torch import nn
 
 from ..data import DataInfo, folder_sample, labelled_folder_halves, settle_unset
 from ..errors import VitkitError
+from ..files import write_json
 from ..io import save_model
 from ..kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
@@ -52,7 +53,6 @@ from .artifacts import (
     point_latest,
     resolve_run_dir,
     save_part,
-    write_json,
 )
 from .callbacks import (
     CtrlCStops,
