@@ -298,15 +298,14 @@ def test_an_unlabeled_folder_is_read_whole_at_the_runs_size_and_channels(tmp_pat
     (folder / "deeper").mkdir(parents=True)
     for index in range(5):
         Image.fromarray(np.full((12, 16, 3), 40 * index, np.uint8)).save(folder / ("deeper" if index % 2 else "") / f"{index}.png")
-    config = DataConfig(name="digits", unlabeled_root=str(folder))
-    images = unlabeled_images(config, info_of(8))
+    images = unlabeled_images(DataConfig(name="digits"), info_of(8), str(folder))
     assert images.shape == (5, 8, 8, 1) and images.dtype == np.uint8
     assert sorted(int(image.mean()) for image in images) == [0, 40, 80, 120, 160]
 
 
 def test_without_unlabeled_images_the_run_is_refused_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(UnlabeledDataError, match="data.train_per_class .* or data.unlabeled_root"):
+    with pytest.raises(UnlabeledDataError, match="data.train_per_class .* or task.fixmatch.unlabeled_root"):
         unlabeled_images(DataConfig(name="digits"), info_of())
     (tmp_path / "empty").mkdir()
     with pytest.raises(UnlabeledDataError, match="holds no images"):
-        unlabeled_images(DataConfig(name="digits", unlabeled_root=str(tmp_path / "empty")), info_of())
+        unlabeled_images(DataConfig(name="digits"), info_of(), str(tmp_path / "empty"))

@@ -190,10 +190,6 @@ class DataConfig(Config):
             order given (every split); ``None``: every class.
         train_per_class: keep this many training images of each class (drawn by ``seed``), e.g.
             10 for few-shot fine-tuning; validation and test keep theirs. ``None``: all.
-        unlabeled_root: a folder of images without labels (every image under it, subfolders
-            included) that semi-supervised training (``task.name: fixmatch``) reads beside the
-            labelled split, decoded once at the data's size and channels and held in memory;
-            ``None``: the training images ``train_per_class`` leaves out.
         augment: training augmentation.
     """
 
@@ -221,7 +217,6 @@ class DataConfig(Config):
     shapes_scale: tuple[float, float] = field(default=(0.3, 0.9), metadata=bounds(gt=0, le=1))
     classes: list[int] | None = field(default=None, metadata=bounds(ge=0))
     train_per_class: int | None = field(default=None, metadata=bounds(ge=1))
-    unlabeled_root: str | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def validate(self) -> None:
@@ -240,8 +235,6 @@ class DataConfig(Config):
             raise FieldError("classes", f"must list distinct class indices, got {self.classes}.")
         if not self.root:
             raise FieldError("root", f"is empty; give the folder holding the {self.name!r} files.")
-        if self.unlabeled_root == "":
-            raise FieldError("unlabeled_root", "is empty; give the folder of unlabeled images, or null.")
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ValueError(
                 f"val_fraction + test_fraction = {self.val_fraction + self.test_fraction:g} leaves no training data; "

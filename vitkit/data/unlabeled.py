@@ -4,7 +4,7 @@ images and ``mu * B`` unlabeled ones).
 
 :func:`unlabeled_images` finds them: the training images of an in-memory dataset that
 ``data.train_per_class`` leaves out (the same draw by the same seed, so never a labelled one; the
-validation split stays out), or every image under ``data.unlabeled_root``, decoded once at the
+validation split stays out), or every image under ``task.fixmatch.unlabeled_root``, decoded once at the
 run's size and channels as ``data.in_memory`` decodes a folder. :class:`SemiSupervisedStream`
 serves both as ``uint8`` batches, which the task augments on the training device with
 :class:`FixMatchViews`: the weak view is the data section's own augmentation (FixMatch's flip and
@@ -39,23 +39,23 @@ class UnlabeledDataError(VitkitError, ValueError):
     """No unlabeled images to train on, or too few for one step."""
 
 
-def unlabeled_images(config: DataConfig, info: DataInfo) -> np.ndarray:
+def unlabeled_images(config: DataConfig, info: DataInfo, root: str | None = None) -> np.ndarray:
     """The unlabeled images of a run as ``uint8 [N, H, W, C]`` at ``info``'s size and channels.
 
     Args:
-        config: the data section: ``unlabeled_root`` (every image under it, checked as
-            ``verify_images`` and ``skip_corrupt`` say), else the training images of an in-memory
-            dataset that ``train_per_class`` does not keep (of the ``classes`` chosen).
+        config: the data section: with no ``root``, the training images of an in-memory dataset
+            that ``train_per_class`` does not keep (of the ``classes`` chosen); a folder's images
+            are checked as its ``verify_images`` and ``skip_corrupt`` say.
         info: the run's data (the size, channels and resize of the labelled images).
+        root: a folder of unlabeled images (every image under it), or ``None``.
 
     Raises:
         UnlabeledDataError: neither source (every training image is labelled), or an empty folder.
     """
-    if config.unlabeled_root is not None:
-        root = Path(config.unlabeled_root)
-        files = image_files(root)
+    if root is not None:
+        files = image_files(Path(root))
         if not files:
-            raise UnlabeledDataError(f"data.unlabeled_root={root} holds no images (searched recursively).")
+            raise UnlabeledDataError(f"task.fixmatch.unlabeled_root={root} holds no images (searched recursively).")
         skipped: list[Path] = []
         if config.verify_images:
             files, _, skipped = drop_unreadable(files, [0] * len(files), config.skip_corrupt)
@@ -63,12 +63,12 @@ def unlabeled_images(config: DataConfig, info: DataInfo) -> np.ndarray:
     if config.train_per_class is None:
         raise UnlabeledDataError(
             "semi-supervised training needs unlabeled images, but every training image is labelled: set "
-            "data.train_per_class (the training images it leaves out are the unlabeled ones) or data.unlabeled_root."
+            "data.train_per_class (the training images it leaves out are the unlabeled ones) or task.fixmatch.unlabeled_root."
         )
     every = build_datasets(dataclasses.replace(config, train_per_class=None)).train
     if not isinstance(every, ArrayDataset):
         raise UnlabeledDataError(f"data.name={config.name} keeps no images in memory to leave out as unlabeled ones: "
-                                 "set data.unlabeled_root.")
+                                 "set task.fixmatch.unlabeled_root.")
     labelled = per_class_draw(every.labels, info.class_names, config.train_per_class, config.seed)
     return np.delete(every.images, labelled, axis=0)
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from functools import partial
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,12 +39,13 @@ from timm.utils import accuracy
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..data import ArrayDataset
-from ..data.unlabeled import FixMatchViews, SemiSupervisedStream
-from ..evaluation import TestTimeAugmentation
-from ..schema import Config, bounds
-from .base import StepOutput
+from ..data import ArrayDataset, DataInfo
+from ..data.unlabeled import FixMatchViews, SemiSupervisedStream, batchable_problem, unlabeled_images
+from ..evaluation import TestTimeAugmentation, black_level
+from ..schema import Config, FieldError, bounds
+from .base import StepOutput, TaskSetup
 from .classify import ClassifyTask
+from .registry import register_task
 
 #: A training batch: labelled ``uint8 [B, H, W, C]``, labels ``[B]``, unlabeled ``uint8 [B, mu, H, W, C]``.
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -62,6 +64,9 @@ class FixMatchOptions(Config):
             ``softmax(weak logits / temperature)``.
         strong_ops: RandAugment operations per strong view (USB's 3).
         cutout: the strong view's Cutout square's largest side, as a fraction of the width (USB's 0.5).
+        unlabeled_root: a folder of unlabeled images (every image under it, subfolders included),
+            decoded once at the data's size and channels and held in memory; ``null``: the training
+            images ``data.train_per_class`` leaves out.
     """
 
     threshold: float = field(default=0.95, metadata=bounds(ge=0, le=1))
@@ -70,6 +75,11 @@ class FixMatchOptions(Config):
     temperature: float | None = field(default=None, metadata=bounds(gt=0))
     strong_ops: int = field(default=3, metadata=bounds(ge=0, le=16))
     cutout: float = field(default=0.5, metadata=bounds(ge=0, le=1))
+    unlabeled_root: str | None = None
+
+    def validate(self) -> None:
+        if self.unlabeled_root == "":
+            raise FieldError("unlabeled_root", "is empty; give the folder of unlabeled images, or null.")
 
 
 @dataclass
@@ -119,22 +129,22 @@ def fixmatch_loss(
     return FixMatchLoss(supervised + lambda_u * unsupervised, supervised, unsupervised, mask)
 
 
+@register_task("fixmatch")
 class FixMatchTask(ClassifyTask):
     """FixMatch on :class:`~vitkit.data.unlabeled.SemiSupervisedStream` batches (see the module
-    docstring); evaluation as classification's.
+    docstring); evaluation, monitored metrics and ``summary.json`` as classification's.
 
     Args:
         views: the weak and strong views (:class:`~vitkit.data.unlabeled.FixMatchViews`), made on
             the training device in the step.
         unlabeled: returns the ``uint8 [N, H, W, C]`` unlabeled images (called once, when the
-            training stream is first built: a run that never trains never reads them).
+            training split is first read: a run that never trains never reads them).
         options: threshold, ``mu``, ``lambda_u`` and pseudo-label temperature
             (:class:`FixMatchOptions`; its strong-view options are the ``views``').
         tta, val_tta, fill: classification's test-time augmentation.
     """
 
-    name: ClassVar[str] = "fixmatch"
-    progress_metric: ClassVar[str] = "acc1"
+    Options = FixMatchOptions
 
     def __init__(
         self, views: FixMatchViews, unlabeled: Callable[[], np.ndarray], options: FixMatchOptions, *,
@@ -146,18 +156,58 @@ class FixMatchTask(ClassifyTask):
         self._read_unlabeled = unlabeled
         self._unlabeled: np.ndarray | None = None
 
-    def training_data(self, dataset: Dataset) -> Dataset:
-        """The labelled split with the unlabeled images, ``mu`` to a labelled one.
+    @classmethod
+    def check_recipe(cls, options: Config, recipe: Any) -> None:
+        """Unlabeled images to read, a labelled split in memory, views the device can make, and no
+        classification option FixMatch's loss would ignore.
+
+        Raises:
+            FieldError: keyed by the recipe key to change.
+        """
+        data = recipe.data.resolved()
+        if options.unlabeled_root is None and data.train_per_class is None:
+            raise FieldError("task.name", "is 'fixmatch', which reads unlabeled images beside the labelled ones, but every "
+                             "training image is labelled: set data.train_per_class (the training images it leaves out "
+                             "are the unlabeled ones) or task.fixmatch.unlabeled_root (a folder of images).")
+        if data.name == "imagefolder" and not data.in_memory:
+            raise FieldError("data.in_memory", "is false, but FixMatch draws its views of the labelled images on the "
+                             "device from memory: set data.in_memory=true.")
+        problem = batchable_problem(data.augment)
+        if problem is not None:
+            raise FieldError("task.name", f"is 'fixmatch', whose weak and strong views run on whole batches, but {problem}.")
+        optim = recipe.optim
+        found = [f"optim.{key}={getattr(optim, key):g}" for key in ("mixup", "cutmix", "label_smoothing")
+                 if getattr(optim, key) > 0]
+        found += [f"distill.type={recipe.distill.type}"] if recipe.distill.type != "none" else []
+        if found:
+            raise FieldError("task.name", f"is 'fixmatch', whose loss is FixMatch's cross-entropies, but the recipe sets "
+                             f"{', '.join(found)}: remove them.")
+
+    @classmethod
+    def from_recipe(cls, options: Config, setup: TaskSetup) -> FixMatchTask:
+        """The views from the data section's augmentation and the run's data, the unlabeled images
+        from ``options.unlabeled_root`` or the data section, and the test-time augmentation of the
+        recipe's ``trainer``."""
+        recipe, extra = setup.recipe, setup.extra
+        info = DataInfo.from_extra(extra)
+        views = FixMatchViews(recipe.data.resolved().augment, info, strong_ops=options.strong_ops, cutout=options.cutout)
+        read = partial(unlabeled_images, recipe.data, info, options.unlabeled_root)
+        return cls(views, read, options, tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta,
+                   fill=black_level(extra["mean"], extra["std"]))
+
+    def split_data(self, dataset: Dataset, split: Literal["train", "val", "test"]) -> Dataset:
+        """The training split with the unlabeled images, ``mu`` to a labelled one; the others as built.
 
         Raises:
             TypeError: a labelled split not held in memory (an image folder without ``data.in_memory``).
         """
+        if split != "train":
+            return dataset
         if not isinstance(dataset, ArrayDataset):
             raise TypeError(f"FixMatch reads the labelled split from memory, not a {type(dataset).__name__}.")
         if self._unlabeled is None:
             self._unlabeled = self._read_unlabeled()
         return SemiSupervisedStream(dataset, self._unlabeled, self.options.mu)
-
     def training_step(self, model: nn.Module, batch: Batch) -> StepOutput:
         labelled, labels, unlabeled = batch
         unlabeled = unlabeled.flatten(0, 1)

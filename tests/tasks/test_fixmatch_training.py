@@ -1,15 +1,19 @@
-"""FixMatch through a recipe (``task.name: fixmatch``): a short run trains on the labelled split and
-the unlabeled images together (an epoch is one pass over the unlabeled ones, ``mu`` to a labelled
-image), logs the unlabeled term and the mask rate, and tests as a classifier; a recipe FixMatch
-cannot train is one ``error:`` line before a run directory exists; the shipped recipe is the
-paper's defaults on 10 labels a class."""
+"""FixMatch through a recipe (``task.name: fixmatch``, registered in :mod:`vitkit.tasks.fixmatch`):
+a short run trains on the labelled split and the unlabeled images together (an epoch is one pass
+over the unlabeled ones, ``mu`` to a labelled image), logs the unlabeled term and the mask rate,
+tests as a classifier and resumes; ``task.fixmatch.unlabeled_root`` replaces the left-out training
+images; a recipe FixMatch cannot train is one ``error:`` line before a run directory exists; the
+shipped recipe is the paper's defaults on 10 labels a class."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 from tiny_runs import tiny_recipe, write_tiny_recipe
 
 from vitkit.cli.train import main as train_main
@@ -18,20 +22,25 @@ from vitkit.train import train
 from vitkit.train.config import load_recipe
 
 FIXMATCH = ["task.name=fixmatch", "data.train_per_class=5", "data.augment.enabled=true", "data.augment.padding=1"]
+BATCH = 8  # 50 labelled images give batches of 8 as they are (no clamp to a small split)
 
 
 def fixmatch_recipe(tmp_path: Path, **fixmatch: object) -> dict:
-    recipe = tiny_recipe(tmp_path / "runs", batch_size=16, limit_val_batches=2, limit_test_batches=2)
+    recipe = tiny_recipe(tmp_path / "runs", batch_size=BATCH, limit_val_batches=2, limit_test_batches=2)
     recipe["task"] = {"name": "fixmatch", "fixmatch": {"threshold": 0.6, **fixmatch}}
     recipe["data"].update({"train_per_class": 5, "augment": {"enabled": True, "crop": "pad", "padding": 1}})
     return recipe
 
 
-def test_an_epoch_passes_over_the_unlabeled_images_and_the_run_tests_as_a_classifier(tmp_path: Path) -> None:
+def left_out() -> int:
+    """The digits' training images that 5 labelled images a class leave out (the unlabeled ones)."""
+    return len(build_datasets(DataConfig(name="digits", img_size=8)).train) - 10 * 5
+
+
+def test_an_epoch_passes_over_the_unlabeled_images_tests_as_a_classifier_and_resumes(tmp_path: Path) -> None:
     result = train(fixmatch_recipe(tmp_path, mu=7))
-    every = build_datasets(DataConfig(name="digits", img_size=8)).train  # the run's split, every image labelled
-    unlabeled = len(every) - 10 * 5
-    assert result.summary["global_steps"] == unlabeled // 7 // 16  # one pass, mu = 7 unlabeled images per labelled one
+    steps = left_out() // 7 // BATCH  # one pass, mu = 7 unlabeled images per labelled one
+    assert result.summary["global_steps"] == steps
     assert result.summary["test_acc"] is not None and result.model.config.num_classes == 10
     with open(result.run_dir / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
@@ -39,11 +48,28 @@ def test_an_epoch_passes_over_the_unlabeled_images_and_the_run_tests_as_a_classi
     assert logged and all(0 <= float(row["train/mask_rate"]) <= 1 for row in logged)
     assert all(row["train/loss_unlabeled"] != "" for row in logged)
 
+    last = result.run_dir / "checkpoints" / "last.ckpt"
+    before = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
+    resumed = train(result.run_dir / "config.yaml", ["trainer.max_epochs=2"], resume=last)
+    assert resumed.run_dir == result.run_dir and resumed.summary["resumed_from"] is not None
+    assert resumed.summary["global_steps"] == 2 * steps
+    after = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
+    assert not torch.equal(after["model.head.weight"], before["model.head.weight"])  # it trained on
+
 
 def test_mu_sets_the_epochs_length(tmp_path: Path) -> None:
     result = train(fixmatch_recipe(tmp_path, mu=3), ["trainer.limit_test_batches=1"])
-    every = build_datasets(DataConfig(name="digits", img_size=8)).train
-    assert result.summary["global_steps"] == (len(every) - 50) // 3 // 16
+    assert result.summary["global_steps"] == left_out() // 3 // BATCH
+
+
+def test_an_unlabeled_folder_replaces_the_left_out_training_images(tmp_path: Path) -> None:
+    folder = tmp_path / "unlabeled"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(40):
+        Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(folder / f"{index}.png")
+    result = train(fixmatch_recipe(tmp_path, mu=2, unlabeled_root=str(folder)), ["trainer.limit_test_batches=1"])
+    assert result.summary["global_steps"] == 40 // 2 // BATCH  # not the ~1,500 left-out digits
 
 
 def refused(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str) -> str:
@@ -58,14 +84,15 @@ def refused(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str) -> s
 
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["task.name=fixmatch"], "set data.train_per_class"),
-    ([*FIXMATCH, "data.augment.crop=pad", "optim.mixup=0.8"], "optim.mixup=0.8"),
+    ([*FIXMATCH, "optim.mixup=0.8"], "optim.mixup=0.8"),
     ([*FIXMATCH, "optim.label_smoothing=0.1"], "optim.label_smoothing=0.1"),
     ([*FIXMATCH, "data.augment.crop=random_resized"], "data.augment.crop is 'random_resized'"),
     ([*FIXMATCH, "data.augment.color_jitter=0.4"], "data.augment.color_jitter"),
-    (["data.unlabeled_root=/tmp"], "data.unlabeled_root"),
     (["task.fixmatch.threshold=0.5"], "task.fixmatch"),
+    (["task.fixmatch.unlabeled_root=/tmp"], "task.fixmatch"),
     ([*FIXMATCH, "task.fixmatch.threshold=1.5"], "threshold"),
-    ([*FIXMATCH, "trainer.precision=bf16-true"], "bf16-true"),
+    ([*FIXMATCH, "task.fixmatch.mu=0"], "mu"),
+    ([*FIXMATCH, "task.fixmatch.unlabeled_root="], "empty; give the folder of unlabeled images"),
 ])
 def test_a_recipe_fixmatch_cannot_train_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                                overrides: list[str], expected: str) -> None:
@@ -74,10 +101,9 @@ def test_a_recipe_fixmatch_cannot_train_is_refused_in_one_line(tmp_path: Path, c
 
 def test_the_shipped_recipe_is_the_papers_defaults_on_ten_labels_a_class_from_an_mae_encoder() -> None:
     config = load_recipe("fixmatch_fashion_mnist")
-    options = config.task.fixmatch
+    options = config.task.options
     assert (config.task.name, options.threshold, options.mu, options.lambda_u, options.temperature) == \
         ("fixmatch", 0.95, 7, 1.0, None)
-    assert config.data.name == "fashion_mnist" and config.data.train_per_class == 10 and config.data.unlabeled_root is None
+    assert config.data.name == "fashion_mnist" and config.data.train_per_class == 10 and options.unlabeled_root is None
     assert config.model.pretrained == "runs/mae_fashion_mnist/latest/model.safetensors"
-    assert config.optim.ema and config.optim.ema_decay == 0.99
-    assert config.trainer.time_budget_minutes == 15
+    assert config.optim.ema and config.trainer.time_budget_minutes == 15
