@@ -128,3 +128,25 @@ def test_bad_folders_are_refused_in_one_line_before_a_run_directory(folders: tup
         train("mae_imagefolder", [f"data.root={unlabelled}", f"task.knn_root={tmp_path / 'one'}", f"output.dir={runs}",
                                   *TINY])
     assert not runs.exists()
+
+
+def test_dino_on_a_folder_decodes_each_image_once_and_trains_from_memory(
+    folders: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from collections import Counter
+
+    from vitkit.data import images
+
+    unlabelled, labelled = folders
+    opened: Counter[Path] = Counter()
+    original = images._open
+    monkeypatch.setattr(images, "_open", lambda path: opened.update([Path(path)]) or original(path))
+    result = train("dino_imagefolder", [
+        f"data.root={unlabelled}", f"task.knn_root={labelled}", f"output.dir={tmp_path}", "model.embed_dim=32",
+        "model.num_heads=2", "task.dino.out_dim=32", "task.dino.hidden_dim=32", "task.dino.bottleneck_dim=16",
+        *[option for option in TINY if not option.startswith("trainer.max_epochs")], "trainer.max_epochs=2"])
+    assert result.summary["global_steps"] == 4 and result.summary["knn_acc1"] is not None
+    config = load_recipe(result.run_dir / "config.yaml")
+    assert config.data.in_memory and config.data.resolved_crop_pct() == 1.0
+    read = {path: count for path, count in opened.items() if path.parent == unlabelled}
+    assert sorted(read) == sorted(unlabelled.glob("*.png")) and set(read.values()) == {1}  # two epochs, one read
