@@ -169,3 +169,16 @@ def test_a_folder_held_in_memory_decodes_each_file_once(tmp_path: Path, monkeypa
     for split in (bundle.train, bundle.val, bundle.test):
         [split[index] for index in range(len(split))]
     assert len(opened) == 10  # nothing read again
+
+
+def test_in_memory_needs_an_eval_crop_of_the_whole_image(tmp_path: Path) -> None:
+    from vitkit.train import load_recipe
+    from vitkit.train.schema import RecipeError
+
+    for augment in ({"crop": "pad"}, {"enabled": False}):  # whole images trained, or a task's own crops of them
+        with pytest.raises(RecipeError, match="in_memory.*data.crop_pct 1.0"):
+            load_recipe({"data": {"name": "imagefolder", "root": str(tmp_path), "in_memory": True, "crop_pct": 0.9,
+                                  "augment": augment}})
+        whole = load_recipe({"data": {"name": "imagefolder", "root": str(tmp_path), "in_memory": True,
+                                      "crop_pct": 1.0, "augment": augment}})
+        assert whole.data.in_memory
