@@ -130,7 +130,7 @@ def test_bad_folders_are_refused_in_one_line_before_a_run_directory(folders: tup
     assert not runs.exists()
 
 
-def test_dino_on_a_folder_decodes_each_image_once_and_trains_from_memory(
+def test_dino_on_a_folder_decodes_each_image_and_each_knn_image_once_and_trains_from_memory(
     folders: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from collections import Counter
@@ -150,3 +150,5 @@ def test_dino_on_a_folder_decodes_each_image_once_and_trains_from_memory(
     assert config.data.in_memory and config.data.resolved_crop_pct() == 1.0
     read = {path: count for path, count in opened.items() if path.parent == unlabelled}
     assert sorted(read) == sorted(unlabelled.glob("*.png")) and set(read.values()) == {1}  # two epochs, one read
+    knn = {path: count for path, count in opened.items() if labelled in path.parents}
+    assert sorted(knn) == sorted(labelled.rglob("*.png")) and set(knn.values()) == {1}  # checked at the start, measured at the end

@@ -310,11 +310,18 @@ class FolderDecoder:
             images[index] = self.images[path]
         return images, np.asarray(split.labels, dtype=np.int64)
 
+    def dataset(self, split: SplitFiles) -> ArrayDataset:
+        """The images of ``split`` as evaluation sees them: already resized and cropped, so only normalised."""
+        stored = dataclasses.replace(self.info, crop_pct=1.0, crop_mode="squash")
+        return ArrayDataset(*self.stack(split), build_eval_transform(stored),
+                            build_batch_transform(None, stored, stored.img_size))
+
 
 def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> tuple[Dataset, Dataset, int]:
     """A labelled image folder as a k-NN memory bank and its queries, through the evaluation
     transform of a run's data ``info`` (its size, channels and normalisation): ``train/`` and
     ``test/`` (else ``val/``) where the folder has them, else each class split in halves by ``seed``.
+    Each file is decoded once, by the scan's check, and held (:meth:`FolderDecoder.dataset`).
 
     Returns:
         ``(bank, queries, number of classes)``.
@@ -323,12 +330,11 @@ def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> t
         ImageFolderError, FileNotFoundError: fewer than two classes, or a class with fewer than two images.
     """
     root = Path(root)
-    transform = build_eval_transform(info)
+    decoder = FolderDecoder(info)
     if (root / "train").is_dir():
-        classes, scanned = scan_image_folder(root, skip_corrupt=True)
+        classes, scanned = scan_image_folder(root, skip_corrupt=True, check=decoder)
         bank, query = scanned["train"], scanned.get("test", scanned["val"])
-        return (*(ImageFolderDataset(part.files, part.labels, transform, info.in_chans) for part in (bank, query)),
-                len(classes))
+        return decoder.dataset(bank), decoder.dataset(query), len(classes)
     classes = find_classes(root) if root.is_dir() and any(p.is_dir() for p in root.iterdir()) else []
     if len(classes) < 2:
         raise ImageFolderError(
@@ -336,15 +342,14 @@ def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> t
             "labelled images of two or more classes, as <root>/<class>/<image>."
         )
     files, found = scan_split(root, classes)
-    files, found, _ = drop_unreadable(files, found, skip=True)
+    files, found, _ = drop_unreadable(files, found, skip=True, check=decoder)
     labels = np.asarray(found, dtype=np.int64)
     counts = np.bincount(labels, minlength=len(classes))
     if counts.min() < 2:
         raise ImageFolderError(f"{root}: class {classes[int(counts.argmin())]!r} has {counts.min()} image(s); the k-NN "
                                "measurement needs two or more of each class (one to look up, one to find).")
     halves = stratified_split(labels, (0.5,), seed)
-    bank, queries = (ImageFolderDataset([files[i] for i in half], labels[half].tolist(), transform, info.in_chans)
-                     for half in halves)
+    bank, queries = (decoder.dataset(SplitFiles([files[i] for i in half], labels[half].tolist(), [])) for half in halves)
     return bank, queries, len(classes)
 
 
