@@ -172,8 +172,8 @@ def test_a_folder_held_in_memory_decodes_each_file_once(tmp_path: Path, monkeypa
 
 
 def test_in_memory_needs_an_eval_crop_of_the_whole_image(tmp_path: Path) -> None:
-    from vitkit.train import load_recipe
     from vitkit.schema import RecipeError
+    from vitkit.train import load_recipe
 
     for augment in ({"crop": "pad"}, {"enabled": False}):  # whole images trained, or a task's own crops of them
         with pytest.raises(RecipeError, match="in_memory.*data.crop_pct 1.0"):
