@@ -216,3 +216,17 @@ def test_the_closing_lines_say_where_max_time_cut_the_schedule_or_what_the_budge
     assert load_tool("train").closing_lines(planned, Path("runs/r")).splitlines()[1].startswith(
         "time budget 12.5 min: 31 epochs planned")
     assert len(load_tool("train").closing_lines(summary, Path("runs/r")).splitlines()) == len(lines) - 1
+
+
+def test_max_epochs_on_the_command_line_switches_the_recipes_budget_off_with_a_note(caplog) -> None:
+    assert load_recipe("mae_imagefolder").trainer.time_budget_minutes == 15  # the recipe's budget
+    config = load_recipe("mae_imagefolder", ["trainer.max_epochs=3"])
+    assert (config.trainer.max_epochs, config.trainer.time_budget_minutes) == (3, None)  # the line's epochs run
+    assert "trainer.max_epochs=3 on the command line: the recipe's trainer.time_budget_minutes=15 is switched off" \
+        in caplog.text
+    caplog.clear()
+    budgeted = load_recipe("mae_imagefolder", ["trainer.time_budget_minutes=5"])
+    assert budgeted.trainer.time_budget_minutes == 5 and "switched off" not in caplog.text
+    with pytest.raises(RecipeError, match="max_epochs=3 and trainer.time_budget_minutes=5 both set the run's length"):
+        load_recipe("mae_imagefolder", ["trainer.max_epochs=3", "trainer.time_budget_minutes=5"])
+    assert load_recipe("mae_imagefolder", ["trainer.max_epochs=3", "trainer.time_budget_minutes=null"]).trainer.max_epochs == 3
