@@ -137,7 +137,7 @@ def test_an_unknown_task_name_is_refused_with_the_registered_names(tmp_path: Pat
     monkeypatch.setattr(registry, "_TASKS", {**shipped, "rotation": RotationTask})
     recipe = rotation_recipe(tmp_path)
     with pytest.raises(RecipeError, match=r"task\.name in a command-line override is 'rotaton', which is no registered "
-                                          r"task \(known: classify, dino, mae, rotation\)\. Did you mean 'rotation'\?"):
+                                          r"task \(known: classify, dino, fixmatch, mae, rotation\)\. Did you mean 'rotation'\?"):
         load_recipe(recipe, ["task.name=rotaton"])
     with pytest.raises(ValueError, match="already registered to RotationTask"):
         register_task("rotation")(type("Other", (Task,), {}))

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from ..errors import VitkitError
 from .arrays import ArrayDataset
 from .batch_transforms import BatchTransform, build_batch_transform
-from .build import build_datasets, decoded, per_class_draw
+from .build import FolderDecoder, build_datasets, per_class_draw
 from .config import AugmentConfig, DataConfig
 from .imagefolder import SplitFiles, drop_unreadable, image_files
 from .info import DataInfo
@@ -44,8 +44,8 @@ def unlabeled_images(config: DataConfig, info: DataInfo, root: str | None = None
 
     Args:
         config: the data section: with no ``root``, the training images of an in-memory dataset
-            that ``train_per_class`` does not keep (of the ``classes`` chosen); a folder's images
-            are checked as its ``verify_images`` and ``skip_corrupt`` say.
+            that ``train_per_class`` does not keep (of the ``classes`` chosen); each of a folder's
+            images is decoded once, an unreadable file skipped or refused as its ``skip_corrupt`` says.
         info: the run's data (the size, channels and resize of the labelled images).
         root: a folder of unlabeled images (every image under it), or ``None``.
 
@@ -56,10 +56,9 @@ def unlabeled_images(config: DataConfig, info: DataInfo, root: str | None = None
         files = image_files(Path(root))
         if not files:
             raise UnlabeledDataError(f"task.fixmatch.unlabeled_root={root} holds no images (searched recursively).")
-        skipped: list[Path] = []
-        if config.verify_images:
-            files, _, skipped = drop_unreadable(files, [0] * len(files), config.skip_corrupt)
-        return decoded(SplitFiles(files, [0] * len(files), skipped), info)[0]
+        decoder = FolderDecoder(info)
+        files, _, _ = drop_unreadable(files, [0] * len(files), config.skip_corrupt, check=decoder)
+        return decoder.stack(SplitFiles(files, [0] * len(files), []))[0]
     if config.train_per_class is None:
         raise UnlabeledDataError(
             "semi-supervised training needs unlabeled images, but every training image is labelled: set "
