@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 from tiny_runs import tiny_recipe, write_tiny_recipe
 
+import vitkit.train.run as run_module
 from vitkit.cli.train import main as train_main
 from vitkit.data import DataConfig, build_datasets
 from vitkit.train import train
@@ -70,6 +74,36 @@ def test_an_unlabeled_folder_replaces_the_left_out_training_images(tmp_path: Pat
         Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(folder / f"{index}.png")
     result = train(fixmatch_recipe(tmp_path, mu=2, unlabeled_root=str(folder)), ["trainer.limit_test_batches=1"])
     assert result.summary["global_steps"] == 40 // 2 // BATCH  # not the ~1,500 left-out digits
+
+
+class Clock(L.Callback):
+    """The run's clock (``time.perf_counter`` of :mod:`vitkit.train.run`), moved by the training
+    steps alone: the first two take 3 s, the others 0.5 s."""
+
+    def __init__(self) -> None:
+        self.now, self.taken = 0.0, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.now += 3.0 if self.taken < 2 else 0.5
+        self.taken += 1
+
+
+def test_a_time_budget_prices_evaluation_by_the_images_a_fixmatch_step_trains(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=clock))
+    recipe = fixmatch_recipe(tmp_path, mu=2)
+    recipe["trainer"].update(time_budget_minutes=0.5, limit_train_batches=4)
+    result = train(recipe, callbacks=[clock])
+    # a step trains 8 labelled images and 16 strong views and forwards 16 weak views (half each): 32 images,
+    # so an evaluated image costs 0.5 x 0.5 s / 32; validation and test read 2 batches of 16 each. The end:
+    # 64 x 0.0078125 + 10 = 10.5 s; planned after the first epoch (4 steps, 7 s): room 30 - 7 - 10.5 + 4 x 0.5
+    # = 14.5 s, an epoch 4 x 0.5 + 32 x 0.0078125 = 2.25 s: 6 epochs (per labelled image: 12 s kept, 4 epochs)
+    plan = result.summary["time_budget"]
+    assert plan["end_s"] == pytest.approx(10.5) and plan["epochs"] == 6 and result.summary["global_steps"] == 24
 
 
 def refused(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str) -> str:

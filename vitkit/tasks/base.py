@@ -153,6 +153,13 @@ class Task(nn.Module):
         """
         return cls(setup.model, options)
 
+    @classmethod
+    def step_images(cls, options: Config, batch_size: int) -> float:
+        """The work of one training step of ``batch_size`` samples, in images trained by a forward
+        and a backward pass (an image only forwarded counts half): a time budget
+        (:mod:`vitkit.train.time_budget`) prices an evaluated image from it. By default ``batch_size``."""
+        return float(batch_size)
+
     # ------------------------------------------------------------------------------- the hooks
     def prepare(self, model: nn.Module) -> None:
         """Called once with the model before training (e.g. switch on a distillation head). A task

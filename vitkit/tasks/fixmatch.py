@@ -184,6 +184,12 @@ class FixMatchTask(ClassifyTask):
                              f"{', '.join(found)}: remove them.")
 
     @classmethod
+    def step_images(cls, options: Config, batch_size: int) -> float:
+        """A step trains ``batch_size`` labelled images and ``mu`` times as many strong views, and
+        forwards as many weak views without a backward pass (each counted half)."""
+        return batch_size * (1 + 1.5 * options.mu)
+
+    @classmethod
     def from_recipe(cls, options: Config, setup: TaskSetup) -> FixMatchTask:
         """The views from the data section's augmentation and the run's data, the unlabeled images
         from ``options.unlabeled_root`` or the data section, and the test-time augmentation of the

@@ -179,7 +179,7 @@ class TimeBudget(Callback):
 
     Args:
         budget_minutes: ``trainer.time_budget_minutes``.
-        config: the run's recipe (its warm-up, epochs and batch size).
+        config: the run's recipe (its warm-up, epochs, batch size and task: the images a step trains).
         eval_images: :func:`evaluated_images`.
         started: when the run started, by ``clock``.
         clock: seconds (``time.perf_counter``).
@@ -191,7 +191,7 @@ class TimeBudget(Callback):
     ) -> None:
         self.budget_minutes = budget_minutes
         self.warmup_epochs, self.recipe_epochs = config.optim.warmup_epochs, config.trainer.max_epochs
-        self.batch_size = config.trainer.batch_size
+        self.step_images = config.task.task_class.step_images(config.task.options, config.trainer.batch_size)
         self.eval_images = eval_images
         self.started, self.clock = started, clock
         self.plan: Plan | None = None
@@ -223,7 +223,7 @@ class TimeBudget(Callback):
         step_s = statistics.median(b - a for a, b in zip(times[1:], times[2:])) if taken > 1 else times[1] - times[0]
         # every rank plans from rank 0's clock, so all stop at the same step
         step_s, elapsed_s = trainer.strategy.broadcast((step_s, times[-1] - self.started), src=0)
-        image_s = EVAL_SHARE * step_s / self.batch_size
+        image_s = EVAL_SHARE * step_s / self.step_images  # a trained image's time, from the task's step
         plan = plan_schedule(
             self.budget_minutes, elapsed_s=elapsed_s, steps_done=trainer.global_step, step_s=step_s,
             steps_per_epoch=int(trainer.num_training_batches), epoch_eval_s=self.eval_images[0] * image_s,
