@@ -1,6 +1,7 @@
 """A tiny training recipe (a 2-block ViT on 8x8 digits) and helpers to run the tools on it, for
-tests (imported by test modules): a short-run recipe, a snapshot of a folder's bytes, a
-callback that records what each training step saw, and a tiny image folder."""
+tests (imported by test modules): a short-run recipe, the one error line of a refused recipe, a
+snapshot of a folder's bytes, a callback that records what each training step saw, and a tiny
+image folder."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import pytest
 import torch
 import yaml
 from PIL import Image
+
+from vitkit.cli.train import main as train_main
 
 ROOT = Path(__file__).parents[2]
 #: Trainer limits that keep a run to a few steps.
@@ -41,6 +45,17 @@ def write_tiny_recipe(folder: Path, **trainer: object) -> Path:
     path = folder / "tiny.yaml"
     path.write_text(yaml.safe_dump(tiny_recipe(folder / "runs", **trainer)))
     return path
+
+
+def refused(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str) -> str:
+    """The one error line of ``vitkit train`` on :func:`write_tiny_recipe`'s recipe in ``tmp_path`` with
+    ``overrides``; no run directory."""
+    path = write_tiny_recipe(tmp_path)
+    assert train_main([str(path), *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+    return err
 
 
 #: What an in-process distributed run (Lightning's, torch's) leaves in ``os.environ``: a process that

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_runs import tiny_recipe, write_tiny_recipe
+from tiny_runs import refused, tiny_recipe
 
 import vitkit.train.run as run_module
-from vitkit.cli.train import main as train_main
 from vitkit.data import DataConfig, build_datasets
 from vitkit.train import train
 from vitkit.train.config import load_recipe
@@ -104,16 +103,6 @@ def test_a_time_budget_prices_evaluation_by_the_images_a_fixmatch_step_trains(tm
     # = 14.5 s, an epoch 4 x 0.5 + 32 x 0.0078125 = 2.25 s: 6 epochs (per labelled image: 12 s kept, 4 epochs)
     plan = result.summary["time_budget"]
     assert plan["end_s"] == pytest.approx(10.5) and plan["epochs"] == 6 and result.summary["global_steps"] == 24
-
-
-def refused(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str) -> str:
-    """The one error line of ``vitkit train`` on the tiny recipe with ``overrides``; no run directory."""
-    path = write_tiny_recipe(tmp_path)
-    assert train_main([str(path), *overrides]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert not (tmp_path / "runs").exists()
-    return err
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [

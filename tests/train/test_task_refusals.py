@@ -6,25 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_runs import short_recipe, tiny_recipe, write_tiny_recipe
+from tiny_runs import refused, short_recipe, tiny_recipe
 
-from vitkit.cli.train import main as train_main
 from vitkit.schema import RecipeError
 from vitkit.train import train
 from vitkit.train.config import load_recipe
 
 MAE_RUN = ["task.name=mae", "trainer.monitor=val/loss"]
 MAE = [*MAE_RUN, "task.mae.decoder_dim=16", "task.mae.decoder_heads=2", "task.mae.decoder_depth=1"]
-
-
-def refused(tmp_path: Path, capsys: pytest.CaptureFixture, *overrides: str) -> str:
-    """The one error line of ``vitkit train`` on the tiny recipe with ``overrides``; no run directory."""
-    path = write_tiny_recipe(tmp_path)
-    assert train_main([str(path), *overrides]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert not (tmp_path / "runs").exists()
-    return err
 
 
 @pytest.mark.parametrize(("override", "key"), [("model.shifted_patches=true", "model.shifted_patches"),
