@@ -65,6 +65,12 @@ def test_mu_sets_the_epochs_length(tmp_path: Path) -> None:
     assert result.summary["global_steps"] == left_out() // 3 // BATCH
 
 
+def test_pure_bfloat16_trains_both_views_on_its_copy(tmp_path: Path) -> None:
+    recipe = fixmatch_recipe(tmp_path, mu=2)
+    result = train(recipe, ["trainer.precision=bf16-true", "trainer.limit_train_batches=3", "trainer.limit_test_batches=1"])
+    assert result.summary["global_steps"] == 3 and result.summary["precision"] == "bf16-true"
+
+
 def test_an_unlabeled_folder_replaces_the_left_out_training_images(tmp_path: Path) -> None:
     folder = tmp_path / "unlabeled"
     folder.mkdir()

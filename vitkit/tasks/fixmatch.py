@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -144,7 +144,7 @@ class FixMatchTask(ClassifyTask):
         tta, val_tta, fill: classification's test-time augmentation.
     """
 
-    Options = FixMatchOptions
+    Options: ClassVar[type[Config]] = FixMatchOptions
 
     def __init__(
         self, views: FixMatchViews, unlabeled: Callable[[], np.ndarray], options: FixMatchOptions, *,
@@ -214,6 +214,7 @@ class FixMatchTask(ClassifyTask):
         if self._unlabeled is None:
             self._unlabeled = self._read_unlabeled()
         return SemiSupervisedStream(dataset, self._unlabeled, self.options.mu)
+
     def training_step(self, model: nn.Module, batch: Batch) -> StepOutput:
         labelled, labels, unlabeled = batch
         unlabeled = unlabeled.flatten(0, 1)
