@@ -70,6 +70,7 @@ TB_PLAN = "tests/train/test_time_budget.py::test_the_plan_is_the_most_whole_epoc
 TB_SHORT = "tests/train/test_time_budget.py::test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits"
 TB_RESUMED = "tests/train/test_time_budget.py::test_a_run_resumed_before_its_plan_must_finish_the_epoch_under_way"
 TB_WARMUP = "tests/train/test_time_budget.py::test_a_long_warmup_is_scaled_to_its_share_of_the_recipes_schedule_at_most_a_quarter"
+TB_SLOWER = "tests/train/test_time_budget.py::test_a_run_that_slows_down_shortens_its_plan_to_end_within_the_budget"
 TB_RUN = "tests/train/test_time_budget.py::test_the_schedule_ends_at_the_planned_step_where_lightning_stops"
 TB_RESUMED_RUN = "tests/train/test_time_budget.py::test_a_resumed_run_keeps_its_plan_though_its_steps_now_take_another_time"
 TB_DINO = "tests/train/test_time_budget.py::test_a_dino_budget_keeps_time_for_the_knn_pass_and_counts_the_planned_epochs"
@@ -405,6 +406,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/train/module.py", "with torch.autocast(self.device.type, enabled=False):",
              "with torch.autocast(self.device.type, enabled=torch.is_autocast_enabled(self.device.type)):",
              ("tests/train/test_train_options_effect.py",), "the backward and step run under the forward's autocast"),
+    Mutation("train", TB, "+ self.plan.end_s <= self.budget_minutes * 60 + 1e-6", "<= self.budget_minutes * 60 + 1e-6",
+             (TB_SLOWER,), "a run that slows down forgets the end of the run when it checks its plan still fits"),
+    Mutation("train", TB, "if self.plan is None or not self._planned_here:", "if True:",
+             (TB_SLOWER,), "a run that slows down keeps its first plan and ends past the budget"),
     Mutation("train", TB, "epoch_s = steps_per_epoch * step_s + epoch_eval_s", "epoch_s = steps_per_epoch * step_s",
              (TB_PLAN,), "a time budget's plan leaves out each epoch's validation"),
     Mutation("train", TB, "- elapsed_s - end_s +", "- elapsed_s +",
