@@ -99,7 +99,8 @@ def prepare_bias(
             f"attn_bias must be boolean (True = may attend) or a float bias, got dtype {attn_bias.dtype}."
         )
     _check_broadcast(attn_bias, shape, "attn_bias")
-    attn_bias = attn_bias.to(like.device)
+    if attn_bias.device != like.device:
+        attn_bias = attn_bias.to(like.device)
     # No branch on the data: reading it is a host sync on an accelerator, and no Python branch on the
     # data may run while a graph is recorded (torch.compile, torch.export / ONNX). The empty-row
     # guard is always applied (the same values, one multiply more).

@@ -164,13 +164,11 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, num_protected: int = 0
             torch.arange(2 * protected_b + 1, tokens, 2, device=device).expand(batch, -1),
         ], dim=1)
         into = best_index.gather(1, source) + (num_protected + unmerged.shape[1])  # the B tokens' output rows
-        image = torch.arange(batch, device=device)[:, None]
-    return TokenMerge(
-        kept=(kept + image * tokens).flatten(),
-        moved=(source * 2 + (2 * protected_a) + image * tokens).flatten(),
-        into=(into + image * kept.shape[1]).flatten(),
-        r=r,
-    )
+        moved = source * 2 + 2 * protected_a
+        if batch > 1:  # rows of the flattened batch: image i's tokens start at row i * tokens
+            image = torch.arange(batch, device=device)[:, None]
+            kept, moved, into = kept + image * tokens, moved + image * tokens, into + image * kept.shape[1]
+    return TokenMerge(kept=kept.flatten(), moved=moved.flatten(), into=into.flatten(), r=r)
 
 
 @dataclass
