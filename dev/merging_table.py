@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 import vitkit
-from vitkit.bench import interleaved_times
+from vitkit.data.model_data import data_config_for
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, vit_flops
-from vitkit.prune.evaluate import eval_loaders
-from vitkit.train.evaluate import data_config_for
+from vitkit.prune.measure import eval_loaders
+from vitkit.timing import interleaved_times
 
 
 def parse_schedule(text: str) -> int | list[int]:
