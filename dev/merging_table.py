@@ -7,10 +7,11 @@ model trained without and one trained with merging, each merged at the same sche
         trainer.max_epochs=3 trainer.limit_train_batches=80 trainer.num_threads=1 output.dir=merged
     python dev/merging_table.py --plain PLAIN.ckpt --merged MERGED.ckpt --schedules 0 16 20 32,16,0,0
 
-A schedule is one r for every block (``16``) or one per block (``32,16,0,0``). Speed: the plain
-model's weights merged at each schedule, timed in interleaved rounds on one thread, each call's
-time read from the thread's CPU clock (``time.thread_time``: the cores are shared with other jobs,
-whose time it leaves out), the minimum of ``--rounds``. Accuracy: top-1 of both models on the first
+A schedule is one r for every block (``16``), one per block (``32,16,0,0``) or ToMe's decreasing
+schedule from ``2r`` down to 0 (``12d``: 24, 16, 8, 0). Speed: the plain model's weights merged at
+each schedule, timed in interleaved rounds on one thread, each call's time read from the thread's
+CPU clock (``time.thread_time``: the cores are shared with other jobs, whose time it leaves out),
+the minimum of ``--rounds``. Accuracy: top-1 of both models on the first
 ``--max-test-images`` test images (one view), merged at each schedule.
 """
 
@@ -26,18 +27,22 @@ import torch
 import vitkit
 from vitkit.data.model_data import data_config_for
 from vitkit.io import load_model_and_extra
+from vitkit.layers.token_merging import merge_schedule
 from vitkit.models import VisionTransformer, vit_flops
 from vitkit.prune.measure import eval_loaders
 from vitkit.timing import interleaved_times
 
 
-def parse_schedule(text: str) -> int | list[int]:
-    """``"16"`` -> 16, ``"32,16,0,0"`` -> [32, 16, 0, 0]."""
+def parse_schedule(text: str, depth: int) -> list[int]:
+    """Tokens merged per block: ``"16"`` -> [16] * depth, ``"32,16,0,0"`` -> [32, 16, 0, 0],
+    ``"12d"`` -> ToMe's decreasing schedule for r = 12 ([24, 16, 8, 0] at depth 4)."""
+    if text.endswith("d"):
+        return merge_schedule(int(text[:-1]), depth, "decreasing")
     counts = [int(value) for value in text.split(",")]
-    return counts[0] if len(counts) == 1 else counts
+    return merge_schedule(counts[0] if len(counts) == 1 else counts, depth)
 
 
-def merged_copy(model: VisionTransformer, schedule: int | list[int]) -> VisionTransformer:
+def merged_copy(model: VisionTransformer, schedule: list[int]) -> VisionTransformer:
     """A copy of ``model`` merging at ``schedule`` (the weights copied, the original untouched)."""
     copy = VisionTransformer(model.config.replace(merge_tokens=0)).eval()
     copy.load_state_dict(model.state_dict())
@@ -59,7 +64,7 @@ def seconds_per_call(models: dict[str, VisionTransformer], batch: int, rounds: i
     return {name: min(seconds) for name, seconds in times.items()}
 
 
-def top1(model: VisionTransformer, extra: dict[str, Any], schedules: dict[str, int | list[int]],
+def top1(model: VisionTransformer, extra: dict[str, Any], schedules: dict[str, list[int]],
          max_images: int) -> dict[str, float]:
     """Top-1 (%) of ``model`` merged at each schedule on the first ``max_images`` test images."""
     splits = eval_loaders(data_config_for(extra, [], model), 250)
@@ -79,12 +84,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plain", type=Path, required=True, help="model file or checkpoint trained without merging")
     parser.add_argument("--merged", type=Path, help="the same recipe trained with model.merge_tokens")
-    parser.add_argument("--schedules", nargs="+", default=["0", "16", "20"], help="r, or r per block (comma-separated)")
+    parser.add_argument("--schedules", nargs="+", default=["0", "16", "20"],
+                        help="r, r per block (comma-separated), or r followed by d (ToMe's decreasing schedule)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--max-test-images", type=int, default=10_000)
     args = parser.parse_args(argv)
-    schedules = {text: parse_schedule(text) for text in args.schedules}
     plain, plain_extra = load_model_and_extra(args.plain)
+    schedules = {text: parse_schedule(text, plain.config.depth) for text in args.schedules}
     models = {name: merged_copy(plain, schedule) for name, schedule in schedules.items()}
     batch64 = seconds_per_call(models, 64, args.rounds)
     batch1 = seconds_per_call(models, 1, 4 * args.rounds)
@@ -93,11 +99,11 @@ def main(argv: list[str] | None = None) -> None:
         trained, trained_extra = load_model_and_extra(args.merged)
         accuracy["with"] = top1(trained, trained_extra, schedules, args.max_test_images)
     base = args.schedules[0]
-    print("| r | GFLOPs | b64 ms (speed-up) | b1 ms (speed-up) | top-1 trained without | top-1 trained with |")
-    print("|---|---|---|---|---|---|")
+    print("| schedule | r per block | GFLOPs | b64 ms (speed-up) | b1 ms (speed-up) | top-1 trained without | top-1 trained with |")
+    print("|---|---|---|---|---|---|---|")
     for name, model in models.items():
         trained_with = f"{accuracy['with'][name]:.2f}%" if "with" in accuracy else "n/a"
-        print(f"| {name} | {vit_flops(model.config) / 1e9:.3g} | {batch64[name] * 1e3:.1f} ({batch64[base] / batch64[name]:.2f}x) "
+        print(f"| {name} | {schedules[name]} | {vit_flops(model.config) / 1e9:.3g} | {batch64[name] * 1e3:.1f} ({batch64[base] / batch64[name]:.2f}x) "
               f"| {batch1[name] * 1e3:.2f} ({batch1[base] / batch1[name]:.2f}x) | {accuracy['without'][name]:.2f}% | {trained_with} |")
 
 
