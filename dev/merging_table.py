@@ -27,7 +27,7 @@ import torch
 import vitkit
 from vitkit.data.model_data import data_config_for
 from vitkit.io import load_model_and_extra
-from vitkit.layers.token_merging import merge_schedule
+from vitkit.layers.token_merging import merge_schedule, token_counts
 from vitkit.models import VisionTransformer, vit_flops
 from vitkit.prune.measure import eval_loaders
 from vitkit.timing import interleaved_times
@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|")
     for name, model in models.items():
         trained_with = f"{accuracy['with'][name]:.2f}%" if "with" in accuracy else "n/a"
-        print(f"| {name} | {schedules[name]} | {vit_flops(model.config) / 1e9:.3g} | {batch64[name] * 1e3:.1f} ({batch64[base] / batch64[name]:.2f}x) "
+        counts = token_counts(model.config.num_tokens, model.num_prefix_tokens, schedules[name])
+        merged = [before - after for before, after in zip(counts, counts[1:])]  # clamped as ToMe clamps
+        print(f"| {name} | {merged} | {vit_flops(model.config) / 1e9:.3g} | {batch64[name] * 1e3:.1f} ({batch64[base] / batch64[name]:.2f}x) "
               f"| {batch1[name] * 1e3:.2f} ({batch1[base] / batch1[name]:.2f}x) | {accuracy['without'][name]:.2f}% | {trained_with} |")
 
 
