@@ -57,6 +57,7 @@ PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leave
 DINO_SCHEDULE = "tests/tasks/test_dino.py::test_the_task_follows_dinos_temperature_schedule_and_frozen_last_layer_over_epochs"
 MAE_DECODER = "tests/tasks/test_mae.py::test_the_decoder_equals_maes_forward_decoder_in_image_order"
 MERGED_POSITIONS = "tests/models/test_token_merging.py::test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts"
+MERGE_CONTRACT = "tests/models/test_token_merging_contract.py::"
 MERGED_BIAS = "tests/models/test_token_merging.py::test_an_attention_bias_for_a_merging_model_is_refused_not_ignored"
 MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
                "test_gradient_maps_of_a_two_patch_merge_copy_the_gradient_and_halve_the_attention")
@@ -636,9 +637,34 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/tasks/mae.py", "filled = filled.gather(1, restore.unsqueeze(-1).expand(-1, -1, x.shape[-1]))",
              "filled = filled", (MAE_DECODER,), "MAE's decoder never puts the tokens back in image order"),
     Mutation("layers", "vitkit/layers/token_merging.py",
-             'centroids = merge(padded * size, "sum")[:, prefix:] / new_size[:, prefix:]',
-             'centroids = merge(padded, "mean")[:, prefix:]', (MERGED_POSITIONS,),
+             "parts.append(self._padded_xy(size) * size)",
+             "parts.append(self._padded_xy(size))", (MERGED_POSITIONS,),
              "merged tokens' RoPE positions not size-weighted"),
+    Mutation("layers", "vitkit/layers/token_merging.py", "        if batch > 1:  # rows of the flattened batch",
+             "        if batch > 3:  # rows of the flattened batch",
+             ("tests/models/test_token_merging.py::test_matching_merges_sizes_and_sources_equal_tomes",
+              MERGE_CONTRACT + "test_a_single_image_merges_as_tome_merges_it_and_as_it_does_in_a_batch"),
+             "the batch-1 shortcut (no per-image row offsets) taken for a batch of several images"),
+    Mutation("models", "vitkit/models/vision_transformer.py", "        if not self.merge_schedule:\n            return None",
+             "        if not self.merge_schedule or self.training:\n            return None",
+             ("tests/train/test_train_with_merging.py::test_a_recipes_merge_tokens_merges_in_every_training_step_and_every_weight_learns",),
+             "token merging only at inference: a recipe's model.merge_tokens trains the plain model"),
+    Mutation("layers", "vitkit/layers/token_merging.py", "x, self.after = self.before.merged(x, metric, self.r)",
+             "x, self.after = self.after.merged(x, metric, self.r)", (MERGE_CONTRACT + "test_checkpointed_blocks_recompute_the_same_merges_and_gradients",),
+             "a checkpointed block's recomputation merges the already merged tokens again"),
+    Mutation("layers", "vitkit/layers/token_merging.py", '    if "merge" not in inspect.signature(block.forward).parameters:',
+             "    if False:", (MERGE_CONTRACT + "test_a_block_or_an_attention_that_cannot_merge_is_refused_in_one_line",),
+             "a block that cannot merge is accepted, and merging silently does nothing"),
+    Mutation("layers", "vitkit/layers/attention.py", "                keys = k.mean(dim=1)", "                keys = v.mean(dim=1)",
+             (MERGE_CONTRACT + "test_the_attention_returns_its_normed_keys_averaged_over_the_heads_before_rope",),
+             "token merging matches tokens on the values instead of the keys"),
+    Mutation("layers", "vitkit/layers/block.py", "            x = merge(x + self.drop_path1(self.ls1(attended)), keys)",
+             "            x = x + self.drop_path1(self.ls1(attended))",
+             ("tests/models/test_token_merging.py::test_decreasing_schedule_matches_tome",),
+             "the encoder block ignores the merge it is handed"),
+    Mutation("layers", "vitkit/layers/attention_masks.py", "    torch._assert_async(finite_or_forbidden, ",
+             "    assert bool(finite_or_forbidden), (", ("tests/train/test_no_host_sync.py::test_a_merged_models_forward_and_backward_make_no_host_sync",),
+             "a float bias checked by a host read: a sync per block of a merged model"),
     Mutation("models", "vitkit/models/vision_transformer.py",
              '        if attn_bias is not None:\n            raise ValueError("attn_bias covers',
              '        if False:\n            raise ValueError("attn_bias covers', (MERGED_BIAS,),
