@@ -96,7 +96,7 @@ def test_gradients_under_fsdp_are_clipped_by_vitkit_as_shards(monkeypatch: pytes
     monkeypatch.setattr(module_lib, "clip_grad_norm", lambda params, norm, sharded: calls.append((norm, sharded)))
     model = torch.nn.Linear(2, 2)
     fake = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy=ShardedStrategy()),
-                           optim_config=SimpleNamespace(clip_grad=0.5))
+                           optim_config=SimpleNamespace(clip_grad=0.5, clip_mode="norm"))
     optimizer = torch.optim.AdamW(model.parameters())
     module_lib.ViTModule.on_before_optimizer_step(fake, optimizer)  # Lightning's FSDP plugin clips by value only
     assert calls == [(0.5, True)]
