@@ -71,6 +71,7 @@ TB_PLAN = "tests/train/test_time_budget.py::test_the_plan_is_the_most_whole_epoc
 TB_SHORT = "tests/train/test_time_budget.py::test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits"
 TB_RESUMED = "tests/train/test_time_budget.py::test_a_run_resumed_before_its_plan_must_finish_the_epoch_under_way"
 TB_WARMUP = "tests/train/test_time_budget.py::test_a_long_warmup_is_scaled_to_its_share_of_the_recipes_schedule_at_most_a_quarter"
+TB_SLOWER = "tests/train/test_time_budget.py::test_a_run_that_slows_down_shortens_its_plan_to_end_within_the_budget"
 TB_RUN = "tests/train/test_time_budget.py::test_the_schedule_ends_at_the_planned_step_where_lightning_stops"
 TB_RESUMED_RUN = "tests/train/test_time_budget.py::test_a_resumed_run_keeps_its_plan_though_its_steps_now_take_another_time"
 TB_DINO = "tests/train/test_time_budget.py::test_a_dino_budget_keeps_time_for_the_knn_pass_and_counts_the_planned_epochs"
@@ -369,6 +370,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("usability", "vitkit/data/build.py", "min_classes=2 if cfg.require_classes else 1)", "min_classes=2)",
              ("tests/data/test_imagefolder_layouts.py::test_a_flat_gray_folder_settles_its_channels_and_size_from_the_images",),
              "a flat folder refused by the channel scan"),
+    Mutation("usability", "vitkit/data/build.py", "check=decoder or check_images,", "check=check_images,",
+             ("tests/data/test_imagefolder_layouts.py::test_a_folder_held_in_memory_decodes_each_file_once",),
+             "a folder held in memory is decoded twice (a verify pass, then again)"),
+    Mutation("usability", "vitkit/data/config.py", "(self.trains_on_whole_images() or not self.augment.enabled)",
+             "self.trains_on_whole_images()",
+             ("tests/train/test_own_images.py::test_dino_on_a_folder_decodes_each_image_and_each_knn_image_once_and_trains_from_memory",),
+             "DINO on a folder reads every file every epoch"),
+    Mutation("usability", "vitkit/train/datamodule.py", "        if root not in self._labelled:\n", "        if True:\n",
+             ("tests/train/test_own_images.py::test_dino_on_a_folder_decodes_each_image_and_each_knn_image_once_and_trains_from_memory",),
+             "task.knn_root read at the start and again at the end"),
+    Mutation("usability", "vitkit/data/config.py", "return self.resolved_crop_pct() == 1.0 and (", "return (",
+             ("tests/data/test_imagefolder_layouts.py::test_in_memory_needs_an_eval_crop_of_the_whole_image",),
+             "a folder held in memory as centre crops, cropped again by evaluation"),
+    Mutation("train", "vitkit/train/config.py", '    if "trainer.max_epochs" not in override_keys or budget is None:\n',
+             "    if True:\n", ("tests/train/test_time_budget.py::test_max_epochs_on_the_command_line_switches_the_recipes_budget_off_with_a_note",),
+             "the recipe's budget silently replaces the command line's max_epochs"),
     Mutation("usability", "vitkit/train/sizing.py",
              "chosen = {key: value for key, value in tier.model.items() if getattr(config.model, key) is None}",
              "chosen = dict(tier.model)",
@@ -390,6 +407,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/train/module.py", "with torch.autocast(self.device.type, enabled=False):",
              "with torch.autocast(self.device.type, enabled=torch.is_autocast_enabled(self.device.type)):",
              ("tests/train/test_train_options_effect.py",), "the backward and step run under the forward's autocast"),
+    Mutation("train", TB, "+ self.plan.end_s <= self.budget_minutes * 60 + 1e-6", "<= self.budget_minutes * 60 + 1e-6",
+             (TB_SLOWER,), "a run that slows down forgets the end of the run when it checks its plan still fits"),
+    Mutation("train", TB, "if self.plan is None or not self._planned_here:", "if True:",
+             (TB_SLOWER,), "a run that slows down keeps its first plan and ends past the budget"),
     Mutation("train", TB, "epoch_s = steps_per_epoch * step_s + epoch_eval_s", "epoch_s = steps_per_epoch * step_s",
              (TB_PLAN,), "a time budget's plan leaves out each epoch's validation"),
     Mutation("train", TB, "- elapsed_s - end_s +", "- elapsed_s +",
