@@ -54,6 +54,7 @@ T_ATT = "tests/layers/test_attention.py"
 HOSTILE = "tests/cli/test_hostile_input.py::"
 PURE_BF16 = "tests/train/test_pure_bf16.py"
 PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leaves_a_training_model_as_it_was"
+DINO_OPT = "tests/train/test_dino_optimisation.py::"
 DINO_SCHEDULE = "tests/tasks/test_dino.py::test_the_task_follows_dinos_temperature_schedule_and_frozen_last_layer_over_epochs"
 MAE_DECODER = "tests/tasks/test_mae.py::test_the_decoder_equals_maes_forward_decoder_in_image_order"
 MERGED_POSITIONS = "tests/models/test_token_merging.py::test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts"
@@ -212,7 +213,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/train/compile_trial.py",
              "    on_validation_start = on_test_start = on_predict_start = _evaluate_eager", "",
              ("tests/train/test_compile_trial.py",), "a compiled run compiles graphs for validation and test"),
-    Mutation("train", "vitkit/train/distributed.py", "        dist.all_reduce(summed)", "        pass",
+    Mutation("train", "vitkit/train/distributed.py", "    _all_reduce(summed)\n    norm = ", "    norm = ",
              ("tests/train/test_sharded_training.py",), "sharded gradients clipped by a local norm"),
     Mutation("train", "vitkit/train/run.py", "precision=options.lightning_precision,", 'precision="32-true",',
              ("tests/train/test_train_options_effect.py",), "precision forced to 32-true"),
@@ -763,6 +764,36 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("registry", "vitkit/schema.py", "    fields = {f.name for f in dataclasses.fields(cls) if f.init} | set(_sections(cls))",
              "    fields = {f.name for f in dataclasses.fields(cls) if f.init}", (USER_TASK_RECIPE,),
              "a registered task's options section refused as an unknown key"),
+    Mutation("dinoopt", "vitkit/train/distributed.py", "        _all_reduce(summed)\n        squares = ",
+             "        squares = ", ("tests/train/test_sharded_training.py::"
+                                   "test_per_parameter_clipping_takes_each_gradients_norm_over_the_ranks_shards",),
+             "each sharded gradient clipped by its local shard's norm"),
+    Mutation("dinoopt", "vitkit/train/distributed.py", "scales = (max_norm / (norms + 1e-6)).clamp(max=1.0)",
+             "scales = max_norm / (norms + 1e-6)", (DINO_OPT + "test_per_param_clipping_equals_dinos_clip_gradients",),
+             "per-parameter clipping scales small gradients up to the bound"),
+    Mutation("dinoopt", "vitkit/train/module.py", '        if self.optim_config.clip_mode == "per_param":',
+             "        if False:", (DINO_OPT + "test_per_param_clipping_equals_dinos_clip_gradients",),
+             "optim.clip_mode=per_param ignored (global-norm clipping)"),
+    Mutation("dinoopt", "vitkit/train/module.py", "                self.decay_schedule.apply(scheduler.last_epoch)",
+             "                pass", (DINO_OPT + "test_a_dino_run_steps_the_decay_on_dinos_schedule_and_decays_the_position_embedding",),
+             "optim.weight_decay_end ignored by a run (constant decay)"),
+    Mutation("dinoopt", "vitkit/train/optim.py", "return half_cosine(min(1.0, step / max(1, self.horizon.total_steps))",
+             "return half_cosine(min(1.0, (step + 1) / max(1, self.horizon.total_steps))",
+             (DINO_OPT + "test_weight_decay_follows_dinos_cosine_scheduler_step_by_step",),
+             "the weight-decay schedule a step ahead of DINO's"),
+    Mutation("dinoopt", "vitkit/train/optim.py", 'self.decayed = [group["weight_decay"] > 0',
+             'self.decayed = [group["weight_decay"] >= 0',
+             (DINO_OPT + "test_weight_decay_follows_dinos_cosine_scheduler_step_by_step",),
+             "the weight-decay schedule decays norms and biases"),
+    Mutation("dinoopt", "vitkit/train/optim.py", "skip = set() if decay_embeddings else getattr(",
+             "skip = getattr(", (DINO_OPT + "test_decay_embeddings_groups_equal_dinos_get_params_groups",),
+             "optim.decay_embeddings ignored (pos_embed and cls_token exempt)"),
+    Mutation("dinoopt", "vitkit/train/optim.py", "        if self.weight_decay_end is not None and self.weight_decay == 0:",
+             "        if False:", (DINO_OPT + "test_a_weight_decay_schedule_from_no_decay_is_refused_in_one_line",),
+             "a weight-decay schedule with no decayed group accepted and ignored"),
+    Mutation("dinoopt", "vitkit/tasks/dino.py", '    monitor: ClassVar[str] = "last"\n', "",
+             (DINO_OPT + "test_a_dino_recipe_without_a_monitor_releases_the_last_teacher",),
+             "a DINO recipe without trainer.monitor releases the lowest-validation-loss teacher"),
 )
 
 
