@@ -65,6 +65,9 @@ MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
 DEVICE_LOADER = "tests/train/test_data_on_device.py::test_the_device_loader_drops_the_last_incomplete_training_batch_only"
 MULTICROP_PIXELS = "tests/tasks/test_dino.py::test_global_crops_with_the_draws_forced_are_pils_solarised_pixels_normalised"
 TB = "vitkit/train/time_budget.py"
+COMPAT = "vitkit/train/lightning_compat.py"
+PRUNE_PLAN = "tests/prune/test_prune_one_shot.py::test_prepare_pruning_resolves_the_target_and_plans_each_order_without_any_work"
+COMPAT_TESTS = "tests/train/test_lightning_compat.py"
 TB_PLAN = "tests/train/test_time_budget.py::test_the_plan_is_the_most_whole_epochs_that_fit_with_the_steps_taken_counted"
 TB_SHORT = "tests/train/test_time_budget.py::test_a_budget_without_room_for_one_epoch_is_refused_with_the_budget_that_fits"
 TB_RESUMED = "tests/train/test_time_budget.py::test_a_run_resumed_before_its_plan_must_finish_the_epoch_under_way"
@@ -82,6 +85,9 @@ BENCH_ONNX = ("tests/test_export.py::"
               "test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does")
 EXPORT_COMMAND = "tests/test_export.py::test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_force"
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
+USER_TASK = "tests/train/test_user_task.py::test_a_task_registered_in_a_script_trains_resumes_and_exports_its_encoder"
+USER_TASK_RECIPE = "tests/train/test_user_task.py"
+DENSE_TASK = "tests/train/test_dense_task.py"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -110,7 +116,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("prune", "vitkit/prune/iterative.py", "for layer, head in least_scored(scorer(model, gates), gates, heads_to_prune):",
              "for layer, head in least_scored(-scorer(model, gates), gates, heads_to_prune):",
              ("tests/prune/test_prune_one_shot.py",), "one shot removes the most important heads"),
-    Mutation("prune", "vitkit/cli/prune_heads.py", '        if "importance-l2" in plan:', "        if True:",
+    Mutation("prune", "vitkit/prune/model_file.py", '            if "importance-l2" in plan:', "            if True:",
              ("tests/prune/test_prune_one_shot.py",), "an order left out of --orders is still computed"),
     Mutation("data", "vitkit/data/images.py", "upright = ImageOps.exif_transpose(image)", "upright = image",
              ("tests/data/test_bad_data.py",), "EXIF orientation ignored"),
@@ -144,6 +150,28 @@ MUTATIONS: tuple[Mutation, ...] = (
              "attention residual dropped"),
     Mutation("layers", "vitkit/layers/init_rules.py", "layer.weight.data.mul_(scale)", "layer.weight.data.mul_(1.0)",
              ("tests/layers/test_init_schemes.py", "tests/layers/test_attention.py"), "W_o init not scaled down"),
+    Mutation("models", "vitkit/models/init.py", '"jax": 1e-6, "mae": 0.02}', '"jax": 1e-6, "mae": 1e-6}',
+             ("tests/layers/test_init_schemes.py",), "MAE's class token drawn as timm's"),
+    Mutation("models", "vitkit/models/init.py", '"mlp": xavier, "head": tiny_normal}', '"mlp": xavier, "head": trunc_normal}',
+             ("tests/layers/test_init_schemes.py",), "MAE's new classifier drawn at 0.02, not 2e-5"),
+    Mutation("train", "vitkit/train/model_builder.py", 'WEIGHTS_DEFAULT_FIELDS = ("init", "global_pool", "fc_norm")',
+             'WEIGHTS_DEFAULT_FIELDS = ("global_pool", "fc_norm")',
+             ("tests/train/test_mae_pretraining.py::test_maes_own_init_and_fixed_positions_carry_into_finetuning",),
+             "a variant's default init replaces the encoder's MAE init in fine-tuning"),
+    Mutation("train", "vitkit/train/model_builder.py", 'WEIGHTS_DEFAULT_FIELDS = ("init", "global_pool", "fc_norm")',
+             'WEIGHTS_DEFAULT_FIELDS = ("init", "fc_norm")',
+             ("tests/train/test_finetune.py::test_a_variants_default_pooling_keeps_the_weights_own",),
+             "a variant's default pooling replaces the weights' average pooling"),
+    Mutation("train", "vitkit/pretrained.py", '        fresh += ("norm.", "fc_norm.")', '        fresh += ("fc_norm.",)',
+             ("tests/train/test_finetune.py::test_maes_finetuning_pools_the_patch_tokens_under_a_new_norm",),
+             "MAE's fine-tuning loads the encoder's last norm into a model without it"),
+    Mutation("train", "vitkit/pretrained.py", "    reset = (other_classes or moved_norm) if reset_head is None else reset_head",
+             "    reset = other_classes if reset_head is None else reset_head",
+             ("tests/train/test_finetune.py::test_keeping_a_classifier_with_the_final_norm_moved_is_refused",),
+             "a classifier trained on token features kept under average pooling"),
+    Mutation("train", "vitkit/tasks/mae.py", "    if config.use_fc_norm:", "    if False:",
+             ("tests/train/test_task_refusals.py::test_mae_refuses_an_encoder_whose_final_norm_comes_after_pooling",),
+             "MAE pre-trains an encoder whose tokens reach the decoder unnormalised"),
     Mutation("models", "vitkit/models/init.py", '"qkv": xavier_per_projection', '"qkv": xavier',
              ("tests/layers/test_init_schemes.py",), "qkv Xavier over the fused matrix"),
     Mutation("data", "vitkit/data/batch_transforms.py", "flip = torch.rand(batch.shape[0], device=batch.device) < self.hflip",
@@ -194,7 +222,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "grad checkpointing switch ignored"),
     Mutation("train", "vitkit/pretrained.py", "        model.load_weights(state, source_grid=source.grid_size)",
              "        pass", ("tests/train/test_finetune.py", "tests/test_pretrained.py"), "pretrained weights never loaded"),
-    Mutation("train", "vitkit/pretrained.py", "    reset = other_classes if reset_head is None else reset_head",
+    Mutation("train", "vitkit/pretrained.py", "    reset = (other_classes or moved_norm) if reset_head is None else reset_head",
              "    reset = True", ("tests/test_pretrained.py",), "a classifier of the same classes re-initialised"),
     Mutation("train", "vitkit/pretrained.py", "    state = _adapt_channels(dict(weights.state), source, target.in_chans)",
              "    state = dict(weights.state)", ("tests/test_pretrained.py",), "channels never adapted"),
@@ -381,8 +409,26 @@ MUTATIONS: tuple[Mutation, ...] = (
              "a step that compiles counts in the measured step time"),
     Mutation("train", TB, "    return per_epoch, test + val + knn\n", "    return per_epoch, test + val\n", (TB_DINO,),
              "a pre-training run's time budget keeps no time for its k-NN pass"),
-    Mutation("train", TB, "    trainer.fit_loop.max_epochs = plan.epochs  #", "    trainer.fit_loop.max_epochs = plan.epochs + 1  #",
+    Mutation("train", TB, "    set_max_epochs(trainer, plan.epochs)  #", "    set_max_epochs(trainer, plan.epochs + 1)  #",
              (TB_RUN,), "Lightning trains past the planned schedule"),
+    Mutation("house", "vitkit/cli/explain_io.py", "from ..data import DataInfo, DatasetBundle,",
+             "import lightning  # noqa\nfrom ..data import DataInfo, DatasetBundle,",
+             ("tests/layers/test_import_layers.py::test_the_commands_that_train_nothing_load_no_lightning",),
+             "vitkit maps imports Lightning again"),
+    Mutation("prune", "vitkit/prune/model_file.py",
+             "max_drop = DEFAULT_MAX_DROP if options.max_drop is None and target is None else options.max_drop",
+             "max_drop = options.max_drop", (PRUNE_PLAN,), "an iterative run without max_drop has no budget"),
+    Mutation("prune", "vitkit/prune/model_file.py", "plan[order] = steps * (options.random_seeds if order == \"random\" else 1)",
+             "plan[order] = steps", (PRUNE_PLAN,), "the plan counts one random order whatever random_seeds says"),
+    # Lightning's internals, all in one module, checked against the installed Lightning
+    Mutation("train", COMPAT, 'CHECKED_RANGE = ("2.6", "2.7")', 'CHECKED_RANGE = ("2.5", "2.6")', (COMPAT_TESTS,),
+             "a Lightning outside the checked range passes unnoticed"),
+    Mutation("train", COMPAT, "    return trainer._logger_connector.should_update_logs\n", "    return True\n",
+             (COMPAT_TESTS,), "every training step counted as one the loggers write"),
+    Mutation("train", COMPAT, "    trainer.fit_loop.max_epochs = epochs\n", "    trainer.fit_loop.max_epochs = epochs + 1\n",
+             (COMPAT_TESTS,), "a running fit's epoch limit not the one set"),
+    Mutation("train", COMPAT, "    strategy._tensor_parallel_size = tensor_parallel\n", "",
+             (COMPAT_TESTS,), "the FSDP mesh's tensor-parallel size left to Lightning's guess"),
     Mutation("train", "vitkit/train/module.py", "        refresh_lr(self.lr_schedulers())\n", "", (TB_RUN,),
              "the step after the plan runs at the rate of the old horizon"),
     Mutation("train", "vitkit/train/module.py", "        self.task.set_epochs(epochs)\n", "", (TB_DINO,),
@@ -647,9 +693,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("evaluate", "vitkit/class_folders.py", "present = set(self.labels)",
              "present = set(range(len(self.class_names)))", (EVAL_FOLDER,),
              "a test folder with a subset of the model's classes not said so"),
-    Mutation("evaluate", "vitkit/train/evaluate.py", "round(scores.top5, 3) if info.num_classes >= 5 else None",
+    Mutation("evaluate", "vitkit/train/eval_report.py", "round(scores.top5, 3) if info.num_classes >= 5 else None",
              "round(scores.top5, 3)", (EVAL_TOP5,), "top-5 reported (always 100%) with fewer than 5 classes"),
-    Mutation("evaluate", "vitkit/train/evaluate.py", 'atomic_write(out_dir / "confusion_matrix.csv", write_csv)',
+    Mutation("evaluate", "vitkit/train/eval_report.py", 'atomic_write(out_dir / "confusion_matrix.csv", write_csv)',
              "None", (EVAL_FOLDER,), "the confusion matrix's CSV not written"),
     Mutation("evaluate", "vitkit/evaluation.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
              (EVAL_LOOP,), "the evaluation's images/s not timed"),
@@ -662,10 +708,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "images outside class folders scored as if labelled"),
     Mutation("evaluate", "vitkit/cli/predict.py", "seconds += time.perf_counter() - start", "seconds += 0.0",
              (PREDICT_TIME,), "predict's images/s not timed"),
-    Mutation("evaluate", "vitkit/cli/benchmark.py", "evaluate_model(run, loader, tta=tta, fill",
+    Mutation("evaluate", "vitkit/bench/onnx_runtime.py", "evaluate_model(run, loader, tta=tta, fill",
              'evaluate_model(run, loader, tta="none", fill', (BENCH_ONNX,),
              "the onnx benchmark's top-1 scores one view where vitkit evaluate averages the recorded views"),
-    Mutation("evaluate", "vitkit/cli/benchmark.py", 'models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]',
+    Mutation("evaluate", "vitkit/bench/onnx_runtime.py", 'models_built = [(f"{Path(model_file).name} ({shape})", (model, extra))]',
              'models_built = [("Fashion-MNIST fast", (model, extra))]', (BENCH_ONNX,),
              "the onnx benchmark labels a model file as the Fashion-MNIST fast model"),
     Mutation("evaluate", "vitkit/cli/benchmark.py", 'if args.onnx_model and "onnx" not in args.sections:', "if False:",
@@ -673,6 +719,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("evaluate", "vitkit/cli/export.py", 'print(f"next: vitkit predict {path} IMAGE_OR_FOLDER',
              'print(f"next: python -c {path} IMAGE_OR_FOLDER', (EXPORT_COMMAND,),
              "export's closing line does not suggest vitkit predict on the .onnx file"),
+    # tasks as registered parts: the trainer reads each task's capabilities
+    Mutation("registry", "vitkit/train/run.py", "    datamodule.task_data = module.task.split_data", "    pass",
+             (DENSE_TASK,), "a task's own view of the data (its targets, DINO's crops) ignored"),
+    Mutation("registry", "vitkit/train/run.py", "for name, part in module.task.released_parts().items():",
+             "for name, part in {}.items():", (DENSE_TASK,), "the parts a task releases never written"),
+    Mutation("registry", "vitkit/tasks/base.py", "for key, name in self.summary_metrics.items()}",
+             'for key, name in {"test_acc": "test/acc1"}.items()}', (DENSE_TASK,),
+             "summary.json's metrics classification's whatever the task"),
+    Mutation("registry", "vitkit/train/config.py", "monitor=task.monitor)", 'monitor="val/loss")',
+             (USER_TASK_RECIPE,), "a recipe without trainer.monitor selects by the loss, not the task's metric"),
+    Mutation("registry", "vitkit/train/model_builder.py",
+             "num_classes = 0 if config.task.task_class.releases_encoder else info.num_classes",
+             "num_classes = info.num_classes", (USER_TASK,), "a task that releases an encoder exports a classifier"),
+    Mutation("registry", "vitkit/train/pretraining.py", "    if task.releases_encoder:\n", "    if False:\n",
+             (USER_TASK,), "an encoder released without its k-NN accuracy"),
+    Mutation("registry", "vitkit/train/task_config.py", "        if self.name not in task_names():", "        if False:",
+             (USER_TASK_RECIPE,), "an unknown task name refused without the registered names"),
+    Mutation("registry", "vitkit/schema.py", "    fields = {f.name for f in dataclasses.fields(cls) if f.init} | set(_sections(cls))",
+             "    fields = {f.name for f in dataclasses.fields(cls) if f.init}", (USER_TASK_RECIPE,),
+             "a registered task's options section refused as an unknown key"),
 )
 
 

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import Dataset
 
 from ..models import ViTConfig
 from ..schema import Config
+
+if TYPE_CHECKING:  # the trainer loads Lightning; a task only names its callback type
+    from lightning.pytorch.callbacks import Callback
 
 
 @dataclass

@@ -11,7 +11,7 @@ logits again for a model without one, as DeiT does) learn the teacher:
 - ``soft``: ``(1 - alpha) CE(cls, y) + alpha tau^2 KL(p_t || p_s)`` with ``p = softmax(logits / tau)``,
   DeiT's ``kl_div(log p_s, log p_t, reduction='sum', log_target=True) / numel``: summed over the
   batch and the classes and divided by ``B x C`` (PyTorch's legacy mean, which DeiT keeps; see
-  its issue 61), i.e. the per-image KL divided by the number of classes too.
+  facebookresearch/deit issue 61), i.e. the per-image KL divided by the number of classes too.
 """
 
 from __future__ import annotations

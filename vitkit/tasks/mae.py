@@ -51,7 +51,9 @@ def kept_count(num_patches: int, mask_ratio: float) -> int:
 def check_encoder(config: ViTConfig, norm_pix_loss: bool = False) -> None:
     """Refuse an encoder MAE cannot train: one through which a hidden patch's pixels would reach a
     visible token (a tokenizer that mixes neighbouring patches before MAE drops the hidden ones),
-    one that merges tokens (the decoder puts each visible token back in its own place), and
+    one that merges tokens (the decoder puts each visible token back in its own place), one whose
+    final norm comes after pooling (``fc_norm``: the decoder would read unnormalised tokens; MAE
+    pre-trains with the norm on every token and moves it after average pooling to fine-tune), and
     ``norm_pix_loss`` on patches of one value (its variance is 0).
 
     Raises:
@@ -77,6 +79,13 @@ def check_encoder(config: ViTConfig, norm_pix_loss: bool = False) -> None:
         raise FieldError(
             "shifted_patches", "is true, which gives each token half of its neighbouring patches before MAE hides "
             "patches, so the hidden pixels reach the visible tokens: pre-train with shifted_patches=false."
+        )
+    if config.use_fc_norm:
+        key, value = ("fc_norm", "true") if config.fc_norm else ("global_pool", repr(config.global_pool))
+        raise FieldError(
+            key, f"is {value}, which puts the final norm after pooling, so MAE's decoder would read unnormalised "
+            "tokens: pre-train with the norm on every token (global_pool=token, fc_norm unset), then fine-tune with "
+            "model.global_pool=avg, as MAE does.",
         )
 
 

@@ -11,7 +11,7 @@ from ..schema import RecipeError
 from .checkpoint import AtomicCheckpointIO
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
-from .evaluate import evaluate, write_evaluation
+from .eval_report import evaluate, write_evaluation
 from .kernel_trial import KernelTrial, TrainingKernelChooser
 from .module import NonFiniteLossError, ViTModule
 from .run import RunInterruptedError, RunResult, RunStoppedError, train

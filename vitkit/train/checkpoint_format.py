@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..io import EMA_PREFIX
+from .lightning_compat import AUTOMATIC_STEPS, MANUAL_STEPS, fit_loop_state
 
 
 def adopt_automatic_steps(checkpoint: dict[str, Any]) -> None:
@@ -25,21 +26,16 @@ def adopt_automatic_steps(checkpoint: dict[str, Any]) -> None:
     run goes on from the step it stopped at, not from 0. In place; other checkpoints unchanged."""
     automatic, manual = step_records(checkpoint)
     if (completed_steps(automatic) or 0) > (completed_steps(manual) or 0):
-        checkpoint["loops"]["fit_loop"][MANUAL_STEPS] = copy.deepcopy(automatic)
-
-
-#: Where a fit loop's state has the manual loop's step count.
-MANUAL_STEPS = "epoch_loop.manual_optimization.optim_step_progress"
+        fit_loop_state(checkpoint)[MANUAL_STEPS] = copy.deepcopy(automatic)
 
 
 def step_records(checkpoint: dict[str, Any]) -> tuple[Any, Any]:
     """The automatic and the manual loop's step-progress records in ``checkpoint``'s fit-loop
     state (``None`` where absent; not checked, see :func:`completed_steps`)."""
-    loops = checkpoint.get("loops")
-    fit = loops.get("fit_loop") if isinstance(loops, dict) else None
-    if not isinstance(fit, dict):
+    fit = fit_loop_state(checkpoint)
+    if fit is None:
         return None, None
-    automatic = fit.get("epoch_loop.automatic_optimization.optim_progress")
+    automatic = fit.get(AUTOMATIC_STEPS)
     optimizer = automatic.get("optimizer") if isinstance(automatic, dict) else None
     return (optimizer.get("step") if isinstance(optimizer, dict) else None), fit.get(MANUAL_STEPS)
 

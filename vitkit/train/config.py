@@ -373,8 +373,9 @@ def load_recipe(
         raise RecipeError(f"{key} in {origin} {error.problem}") from None
     except ValueError as error:
         raise RecipeError(f"invalid model section in {source}: {error}") from None
-    try:
-        config.task.task_class.check_model(config.task.options, vit_config)
+    try:  # a model sized from the images is checked by its task, built once the grid is known
+        if not config.model.fit_to_images:
+            config.task.task_class.check_model(config.task.options, vit_config)
     except FieldError as error:
         origin = "a command-line override" if error.key in override_keys else source
         raise RecipeError(f"{error.key} in {origin} {error.problem}") from None

@@ -24,6 +24,7 @@ from ..tasks import Task, TaskSetup
 from .checkpoint_format import adopt_automatic_steps, load_ema, non_finite_tensors, save_ema
 from .config import RecipeConfig
 from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
+from .lightning_compat import HOOK_NAME_ATTRIBUTE, attached_trainer, batches_started, loggers_write_this_step
 from .optim import Horizon, OptimConfig, build_optimizer, refresh_lr, warmup_cosine
 from .pure_bf16 import PureBf16
 
@@ -108,10 +109,10 @@ class ViTModule(L.LightningModule):
         self.__dict__["skeleton"] = None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Lightning sets ``_current_fx_name`` (a hook's name, or None) before and after each of
+        # Lightning sets HOOK_NAME_ATTRIBUTE (a hook's name, or None) before and after each of
         # the ~40 hook calls of a training step; nn.Module's ``__setattr__`` looks for parameters,
         # buffers and submodules first, about 1 us a call, a plain store a tenth of that.
-        if name == "_current_fx_name":
+        if name == HOOK_NAME_ATTRIBUTE:
             object.__setattr__(self, name, value)
             return
         super().__setattr__(name, value)
@@ -324,12 +325,12 @@ class ViTModule(L.LightningModule):
         """Whether Lightning writes this training step's metrics to the loggers: by its own rule
         (every ``log_every_n_steps`` optimiser steps, and the step on which the run stops), and at
         the end of an epoch or of ``max_steps``, where it writes the latest logged values again."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None:  # called outside a Trainer (a bare module): every step
             return True
-        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= trainer.num_training_batches
+        last_of_epoch = batches_started(trainer) >= trainer.num_training_batches
         last_step = trainer.max_steps != -1 and self.global_step + 1 >= trainer.max_steps
-        return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run) or last_of_epoch or last_step
+        return loggers_write_this_step(trainer) or bool(trainer.fast_dev_run) or last_of_epoch or last_step
 
     def raise_if_diverged(self) -> None:
         """Raise :class:`NonFiniteLossError` if a training loss so far was NaN or infinite (the

@@ -1,5 +1,5 @@
 """What a pre-training run measures, draws and suggests besides its loss: the weighted k-NN
-accuracy of the encoder's features (:func:`vitkit.tasks.knn.knn_accuracy`, DINO's ``eval_knn``),
+accuracy of the encoder's features (:func:`vitkit.train.knn.knn_accuracy`, DINO's ``eval_knn``),
 for MAE its reconstructions of a few test images (the paper's Figure 2), and the command that
 fine-tunes the encoder (:func:`finetune_command`).
 
@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import DataInfo, display_image, labelled_folder_halves, unaugmented
-from ..tasks.knn import knn_accuracy, linear_probe_accuracy, pooled_features
 from .config import RecipeConfig, load_recipe
+from .knn import knn_accuracy, linear_probe_accuracy, pooled_features
 from .plots import plot_reconstructions
 
 #: Test images in ``reconstructions.png``.
@@ -43,11 +43,11 @@ class KnnEvaluation(Callback):
     the whole splits (no sampler), so all ranks agree.
 
     With ``linear_probe``, the end of the run also fits a linear classifier on the same features
-    (:func:`~vitkit.tasks.knn.linear_probe_accuracy`): :attr:`probe_result`, ``linear_probe_acc1``.
+    (:func:`~vitkit.train.knn.linear_probe_accuracy`): :attr:`probe_result`, ``linear_probe_acc1``.
 
     Args:
         every: epochs between measurements during training, or ``None``.
-        k, temperature: :func:`~vitkit.tasks.knn.knn_accuracy`'s (DINO's 20 and 0.07).
+        k, temperature: :func:`~vitkit.train.knn.knn_accuracy`'s (DINO's 20 and 0.07).
         linear_probe: also measure the linear probe at the end.
         root: a labelled folder to measure on (:func:`~vitkit.data.labelled_folder_halves`), or ``None``.
     """

@@ -67,7 +67,7 @@ class TaskConfig(Config):
         if self.name not in task_names():
             close = difflib.get_close_matches(self.name, task_names(), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise FieldError("name", f"is {describe(self.name)}, which is no registered task (known: "
+            raise FieldError("name", f"is {describe(self.name, with_type=False)}, which is no registered task (known: "
                              f"{', '.join(task_names())}).{hint}")
         sections = self.sections()
         unknown = [key for key in self._given if key not in sections]

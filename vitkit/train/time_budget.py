@@ -40,6 +40,7 @@ from ..errors import VitkitError
 from ..schema import MAX_EPOCHS
 from .config import RecipeConfig
 from .datamodule import ViTDataModule
+from .lightning_compat import set_max_epochs
 
 #: Training steps timed, after the first, before the plan is made (fewer if the first epoch is shorter).
 MEASURED_STEPS = 9
@@ -237,7 +238,7 @@ class TimeBudget(Callback):
 
 def _apply(plan: Plan, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
     """Training stops, and the schedules end, where ``plan`` says."""
-    trainer.fit_loop.max_epochs = plan.epochs  # whole epochs: the last step is the plan's, validated and saved
+    set_max_epochs(trainer, plan.epochs)  # whole epochs: the last step is the plan's, validated and saved
     pl_module.set_schedule(plan.warmup_steps, plan.steps, plan.epochs)
 
 
