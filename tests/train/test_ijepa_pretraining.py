@@ -61,7 +61,7 @@ def test_a_run_resumes_with_its_predictor_target_encoder_and_steps(tmp_path: Pat
     ("trainer.monitor=val/acc1", "trainer.monitor=val/acc1 (use val/loss or last)"),
     ("model.impl=timm", "model.impl=timm (I-JEPA encodes the context through vitkit's forward_features(keep=))"),
     ("optim.ema=true", "optim.ema=true (the target encoder is the average I-JEPA keeps and releases)"),
-    ("task.ijepa.min_keep=1", "task.ijepa.min_keep is 1, but target blocks of 1 patches"),
+    ("task.ijepa.min_keep=1", "task.ijepa.min_keep in a command-line override is 1, but target blocks of 1 patches"),
     ("model.shifted_patches=true", "model.shifted_patches "),
 ])
 def test_options_ijepa_cannot_take_are_refused_in_one_line(tmp_path: Path, override: str, message: str) -> None:
@@ -72,7 +72,11 @@ def test_options_ijepa_cannot_take_are_refused_in_one_line(tmp_path: Path, overr
 
 def test_the_recipe_pretrains_the_fast_recipes_encoder_and_its_command_fine_tunes_it() -> None:
     ijepa, mae = load_recipe(RECIPES / "ijepa_fashion_mnist.yaml"), load_recipe(RECIPES / "mae_fashion_mnist.yaml")
-    assert ijepa.task.name == "ijepa" and ijepa.model == mae.model and ijepa.data.img_size == 32
-    assert ijepa.trainer.max_time_minutes is not None and ijepa.trainer.max_time_minutes < 15
+    shape = ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "patch_embed", "shifted_patches")
+    assert ijepa.task.name == "ijepa" and ijepa.data.img_size == 32
+    assert all(getattr(ijepa.model, key) == getattr(mae.model, key) for key in shape)
+    # the reference encoder's fixed sin-cos positions, and its patch tokens (normed, then averaged) as the features
+    assert (ijepa.model.pos_embed, ijepa.model.global_pool, ijepa.model.fc_norm) == ("sincos", "avg", False)
+    assert ijepa.trainer.time_budget_minutes == 15 and ijepa.trainer.max_time_minutes is None
     words = finetune_command(ijepa, Path("enc.safetensors"), depth=4).split()
     assert words[:3] == ["vitkit", "train", "fashion_mnist_fast"] and "model.patch_embed=linear" in words
