@@ -57,6 +57,8 @@ PREDICT_MODE = "tests/cli/test_predict.py::test_predict_uses_eval_mode_and_leave
 DINO_OPT = "tests/train/test_dino_optimisation.py::"
 DINO_SCHEDULE = "tests/tasks/test_dino.py::test_the_task_follows_dinos_temperature_schedule_and_frozen_last_layer_over_epochs"
 MAE_DECODER = "tests/tasks/test_mae.py::test_the_decoder_equals_maes_forward_decoder_in_image_order"
+IJEPA = "tests/tasks/test_ijepa.py"
+IJEPA_RUN = "tests/train/test_ijepa_pretraining.py::test_pretraining_releases_the_target_encoder_which_fine_tunes"
 MERGED_POSITIONS = "tests/models/test_token_merging.py::test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts"
 MERGE_CONTRACT = "tests/models/test_token_merging_contract.py::"
 MERGED_BIAS = "tests/models/test_token_merging.py::test_an_attention_bias_for_a_merging_model_is_refused_not_ignored"
@@ -637,6 +639,27 @@ MUTATIONS: tuple[Mutation, ...] = (
              "return crops.sub_(self.mean).contiguous()", (MULTICROP_PIXELS,), "multi-crop views not divided by the std"),
     Mutation("train", "vitkit/tasks/mae.py", "filled = filled.gather(1, restore.unsqueeze(-1).expand(-1, -1, x.shape[-1]))",
              "filled = filled", (MAE_DECODER,), "MAE's decoder never puts the tokens back in image order"),
+    Mutation("train", "vitkit/tasks/ijepa_masks.py", "top = int(torch.randint(0, height - h + 1, (1,), generator=generator))",
+             "top = int(torch.randint(0, height - h, (1,), generator=generator))", (IJEPA,),
+             "I-JEPA's blocks never reach the grid's last row (the reference's exclusive upper end)"),
+    Mutation("train", "vitkit/tasks/ijepa_masks.py", "for region in allowed[: max(len(allowed) - tries, 0)]:",
+             "for region in allowed[:0]:", (IJEPA,), "I-JEPA's context not kept off the targets"),
+    Mutation("train", "vitkit/tasks/ijepa_masks.py", "            if len(indices) > self.min_keep:",
+             "            if len(indices) >= self.min_keep:", (IJEPA,), "an I-JEPA block of min_keep patches accepted"),
+    Mutation("train", "vitkit/tasks/ijepa_masks.py", "            if patches <= self.min_keep:", "            if False:",
+             (IJEPA,), "I-JEPA blocks that can never keep min_keep patches sampled forever"),
+    Mutation("train", "vitkit/tasks/ijepa.py", "return gather_tokens(F.layer_norm(features, features.shape[-1:]), targets)",
+             "return gather_tokens(features, targets)", (IJEPA,), "I-JEPA's targets not layer-normalised"),
+    Mutation("train", "vitkit/tasks/ijepa.py", 'table = rearrange(sincos_2d_pos_embed(dim, grid[::-1]), "(w h) d -> (h w) d", w=grid[1])',
+             'table = sincos_2d_pos_embed(dim, grid)', (IJEPA,), "I-JEPA's predictor positions with row and column swapped"),
+    Mutation("train", "vitkit/tasks/ijepa.py", "target_momentum(step - 1, total_steps, *self.momentum)",
+             "target_momentum(step, total_steps, *self.momentum)", (IJEPA,), "I-JEPA's momentum a step ahead"),
+    Mutation("train", "vitkit/tasks/ijepa.py", "        self.steps.fill_(step)", "        self.steps.fill_(0)",
+             (IJEPA,), "I-JEPA's block sizes seeded alike every step"),
+    Mutation("train", "vitkit/tasks/ijepa.py", "            self.target_encoder.eval()\n",
+             "            self.target_encoder.train(mode)\n", (IJEPA,), "I-JEPA's targets computed with dropout"),
+    Mutation("train", "vitkit/tasks/ijepa.py", "        return self.target_encoder\n", "        return model\n",
+             (IJEPA, IJEPA_RUN), "I-JEPA releases the context encoder, not the target encoder the paper evaluates"),
     Mutation("layers", "vitkit/layers/token_merging.py",
              "parts.append(self._padded_xy(size) * size)",
              "parts.append(self._padded_xy(size))", (MERGED_POSITIONS,),
