@@ -653,7 +653,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
-def _ignored(folder: str, names: list[str]) -> set[str]:
+def ignored(folder: str, names: list[str]) -> set[str]:
     """What the copy leaves out: caches everywhere; the venv, runs and datasets at the top."""
     top = Path(folder).resolve() == ROOT
     return {n for n in names if n == "__pycache__" or (top and n in (".git", ".venv", "runs", "data"))}
@@ -728,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="vitkit-mutants-") as tmp:
         work = Path(tmp) / "repo"
-        shutil.copytree(ROOT, work, ignore=_ignored)
+        shutil.copytree(ROOT, work, ignore=ignored)
         if not imports_the_copy(work):
             print("error: 'import vitkit' in the copy does not load the copy; run from the repository's venv.",
                   file=sys.stderr)
