@@ -80,6 +80,8 @@ BENCH_ONNX = ("tests/test_export.py::"
               "test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does")
 EXPORT_COMMAND = "tests/test_export.py::test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_force"
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
+MC = "tests/data/test_multicrop.py::"
+RECOVER_FAST = "tests/prune/test_prune_recover.py::"
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -650,6 +652,59 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("evaluate", "vitkit/cli/export.py", 'print(f"next: vitkit predict {path} IMAGE_OR_FOLDER',
              'print(f"next: python -c {path} IMAGE_OR_FOLDER', (EXPORT_COMMAND,),
              "export's closing line does not suggest vitkit predict on the .onnx file"),
+    # Survivors of the generated mutants (dev/mutmut_run.py) that a new test kills: kept as regressions.
+    Mutation("data", "vitkit/data/multicrop.py", "crops = ((crops - gray) * factor(SATURATION) + gray)",
+             "crops = ((crops - gray) * factor(CONTRAST) + gray)",
+             (MC + "test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_grayscale",),
+             "DINO's saturation jitter drawn with the contrast's strength"),
+    Mutation("data", "vitkit/data/multicrop.py", "weights = torch.tensor(LUMA, dtype=crops.dtype)",
+             "weights = torch.tensor(LUMA[::-1], dtype=crops.dtype)",
+             (MC + "test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_grayscale",),
+             "grayscale weighs the channels as BGR"),
+    Mutation("data", "vitkit/data/multicrop.py", "sigma = torch.empty(batch, 1).uniform_(*BLUR_SIGMA)",
+             "sigma = torch.empty(1, 1).uniform_(*BLUR_SIGMA)",
+             (MC + "test_gaussian_blur_is_torchvisions_at_each_images_sigma_and_leaves_the_others",),
+             "one blur sigma for the whole batch"),
+    Mutation("data", "vitkit/data/multicrop.py", "radius = min(math.ceil(3 * BLUR_SIGMA[1])",
+             "radius = min(math.ceil(2 * BLUR_SIGMA[1])", (MC + "test_the_blur_reaches_three_sigmas_of_the_largest_sigma",),
+             "the blur's kernel cut at two sigmas"),
+    Mutation("data", "vitkit/data/multicrop.py", "first = fits.int().argmax(dim=1, keepdim=True)",
+             "first = fits.int().argmax(dim=1, keepdim=True)[:1]",
+             (MC + "test_crop_boxes_follow_torchvisions_random_resized_crop_distribution",),
+             "one crop box for the whole batch"),
+    Mutation("data", "vitkit/data/multicrop.py", "(widths <= width) & (heights <= height)",
+             "(widths < width) & (heights < height)",
+             (MC + "test_crop_boxes_follow_torchvisions_random_resized_crop_distribution",),
+             "full-width and full-height crops refused"),
+    Mutation("data", "vitkit/data/multicrop.py", "theta[:, 0, 0], theta[:, 0, 2] = mirror * w / width, (2 * left + w)",
+             "theta[:, 0, 0], theta[:, 0, 2] = mirror * w / width, (2 * left + 0 * w)",
+             (MC + "test_each_crop_is_its_box_read_bilinearly_at_the_output_pixel_centres",),
+             "crops shifted half a box left of their boxes"),
+    Mutation("data", "vitkit/data/multicrop.py", 'mode="bilinear", padding_mode="border"',
+             'mode="bilinear", padding_mode="zeros"',
+             (MC + "test_a_whole_image_crop_is_the_image_mirrored_at_the_rate_asked_and_resized_as_torchvision",),
+             "crops darkened at the image's edge (zeros read past it)"),
+    Mutation("data", "vitkit/data/multicrop.py", "BLUR_PROBABILITY[0], 0.0),", "BLUR_PROBABILITY[1], 0.0),",
+             (MC + "test_each_crop_is_blurred_with_dinos_probability_for_it",), "the first global crop blurred rarely"),
+    Mutation("data", "vitkit/data/multicrop.py", "BLUR_PROBABILITY[2], 0.0)]", "BLUR_PROBABILITY[2], SOLARIZE_PROBABILITY)]",
+             (MC + "test_only_the_second_global_crop_is_solarised_and_mirroring_defaults_to_half",),
+             "local crops solarised"),
+    Mutation("data", "vitkit/data/multicrop.py", "crops.one, dataset.in_chans)", "crops.one)",
+             (MC + "test_an_image_folder_gives_each_file_its_crops_and_other_datasets_are_refused",),
+             "a grayscale image folder multi-cropped in colour"),
+    Mutation("recovery", "vitkit/prune/recovery.py",
+             "val_after = evaluate_accuracy(recovered, val_loader, max_batches=max_batches)",
+             "val_after = evaluate_accuracy(recovered, val_loader)",
+             (RECOVER_FAST + "test_each_evaluation_stops_after_max_batches",), "recovery's evaluation ignores max_batches"),
+    Mutation("recovery", "vitkit/prune/recovery.py", '"model.reset_head=false"', '"model.reset_head=true"',
+             (RECOVER_FAST + "test_the_recovery_run_trains_the_pruned_weights_as_they_are_with_the_recipes_data_changes",),
+             "recovery replaces the pruned model's classifier"),
+    Mutation("recovery", "vitkit/prune/recovery.py", "        self.runs[step.step] = result.run_dir\n", "",
+             (RECOVER_FAST + "test_a_recipe_recovery_saves_each_steps_model_with_its_record_and_keeps_each_runs_folder",),
+             "recovery forgets each step's run folder"),
+    Mutation("recovery", "vitkit/prune/recovery.py", '"heads_pruned": {str(layer): indices', '"heads_pruned": {str(layer): []',
+             (RECOVER_FAST + "test_a_pruning_record_names_the_source_the_heads_pruned_and_the_heads_left",),
+             "a pruned file's record lists no pruned heads"),
 )
 
 

@@ -83,6 +83,14 @@ def reference_boxes(count: int, height: int, width: int) -> torch.Tensor:
     return torch.tensor(boxes, dtype=torch.float32)[:, [1, 0, 3, 2]]  # from (top, left, h, w)
 
 
+def test_the_blur_reaches_three_sigmas_of_the_largest_sigma(monkeypatch) -> None:
+    """A sigma of 2 pixels: torchvision's kernel of 13 taps (3 sigmas each side), no fewer, no more."""
+    force(monkeypatch, BLUR_SIGMA=(2.0, 2.0))
+    crops = images01(2, 1, 16, 16)
+    expected = TF.gaussian_blur(crops, [13, 13], [2.0, 2.0])
+    torch.testing.assert_close(gaussian_blur(crops, torch.ones(2, dtype=torch.bool)), expected, rtol=0, atol=1e-6)
+
+
 def test_crop_boxes_follow_torchvisions_random_resized_crop_distribution() -> None:
     """8,000 boxes of one batch against 8,000 of ``RandomResizedCrop.get_params`` (scale 0.08-1,
     ratio 3/4-4/3) on a 24 x 32 image: the same means and spreads of width, height and position
@@ -122,6 +130,35 @@ def test_a_whole_image_crop_is_the_image_mirrored_at_the_rate_asked_and_resized_
     many = images01(400, 1, 8, 8)
     mirrored = (resized_crops(many, 8, (1.0, 1.0), 0.25) - many.flip(-1)).abs().amax(dim=(1, 2, 3)) < 1e-6
     assert 70 <= int(mirrored.sum()) <= 130  # 100 expected of 400 (sd 8.7)
+
+
+def bilinear(image: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """``image [C, H, W]`` read at pixel coordinates ``ys [h] x xs [w]`` (pixel centres at integers),
+    bilinearly, coordinates past the outer centres clamped to them (a border that repeats)."""
+    height, width = image.shape[1:]
+    xs, ys = xs.clamp(0, width - 1), ys.clamp(0, height - 1)
+    x0, y0 = xs.floor().long().clamp(max=width - 2), ys.floor().long().clamp(max=height - 2)
+    fx, fy = xs - x0, ys - y0
+    top = image[:, y0][:, :, x0] * (1 - fx) + image[:, y0][:, :, x0 + 1] * fx
+    bottom = image[:, y0 + 1][:, :, x0] * (1 - fx) + image[:, y0 + 1][:, :, x0 + 1] * fx
+    return top * (1 - fy)[:, None] + bottom * fy[:, None]
+
+
+@pytest.mark.parametrize("hflip", [0.0, 1.0])
+def test_each_crop_is_its_box_read_bilinearly_at_the_output_pixel_centres(hflip: float) -> None:
+    """The crop of box (left, top, w, h) at ``size``: output pixel j's centre is at
+    ``left + (j + 0.5) * w / size - 0.5`` in the input's pixels (counted from the right of the box
+    when mirrored), and likewise down; the boxes are replayed from the same seed."""
+    pixels, size = images01(6, 2, 12, 16), 5
+    torch.manual_seed(5)
+    crops = resized_crops(pixels, size, (0.1, 0.6), hflip)
+    torch.manual_seed(5)
+    boxes = crop_boxes(6, 12, 16, (0.1, 0.6))
+    assert (boxes[:, :2] > 0).any(dim=0).all()  # boxes off the top-left corner, both ways
+    steps = (torch.arange(size) + 0.5) / size
+    for crop, image, (left, top, w, h) in zip(crops, pixels, boxes):
+        xs = left + (1 - steps if hflip else steps) * w - 0.5
+        torch.testing.assert_close(crop, bilinear(image, xs, top + steps * h - 0.5), rtol=0, atol=1e-5)
 
 
 def plain_crops(monkeypatch, **values) -> MultiCrop:
@@ -165,19 +202,19 @@ def test_a_grayscale_array_is_cropped_as_its_one_channel_image(monkeypatch) -> N
 
 def test_an_image_folder_gives_each_file_its_crops_and_other_datasets_are_refused(tmp_path, monkeypatch) -> None:
     crops = plain_crops(monkeypatch)
-    arrays = [(images01(8, 8, 3, seed=s) * 255).numpy().astype(np.uint8) for s in range(3)]
     files = []
-    for index, array in enumerate(arrays):
-        Image.fromarray(array).save(tmp_path / f"{index}.png")
+    for index in range(3):  # colour files read as grayscale, as the folder's in_chans says
+        Image.fromarray((images01(8, 8, 3, seed=index) * 255).numpy().astype(np.uint8)).save(tmp_path / f"{index}.png")
         files.append(tmp_path / f"{index}.png")
-    folder = ImageFolderDataset(files, [2, 0, 1], transform=lambda image: torch.zeros(1), in_chans=3)
-    dataset = multi_crop_dataset(folder, MultiCrop((0.0,) * 3, (1.0,) * 3, global_size=8, local_size=4,
-                                                   local_crops=1, global_scale=(1.0, 1.0), hflip=0.0))
-    assert [dataset[i][1] for i in range(3)] == [2, 0, 1] and dataset.in_chans == 3
+    folder = ImageFolderDataset(files, [2, 0, 1], transform=lambda image: torch.zeros(1), in_chans=1)
+    dataset = multi_crop_dataset(folder, MultiCrop((0.0,), (1.0,), global_size=8, local_size=4, local_crops=1,
+                                                   global_scale=(1.0, 1.0), hflip=0.0))
+    assert [dataset[i][1] for i in range(3)] == [2, 0, 1]
     views, _ = dataset[1]
-    assert [tuple(v.shape) for v in views] == [(3, 8, 8)] * 2 + [(3, 4, 4)]
-    torch.testing.assert_close(views[0], torch.from_numpy(arrays[1]).permute(2, 0, 1).float() / 255)
+    assert [tuple(v.shape) for v in views] == [(1, 8, 8)] * 2 + [(1, 4, 4)]
+    gray = np.asarray(Image.open(files[1]).convert("L"))
+    torch.testing.assert_close(views[0][0], torch.from_numpy(gray.copy()).float() / 255)
     batch, labels = next(iter(DataLoader(dataset, batch_size=3)))
-    assert labels.tolist() == [2, 0, 1] and tuple(batch[0].shape) == (3, 3, 8, 8)
+    assert labels.tolist() == [2, 0, 1] and tuple(batch[0].shape) == (3, 1, 8, 8)
     with pytest.raises(TypeError, match="multi-crop needs images in memory or in a folder, not a TensorDataset"):
         multi_crop_dataset(TensorDataset(torch.zeros(2, 3)), crops)

@@ -162,10 +162,10 @@ def test_recover_steps_measures_each_steps_pruned_model_and_what_recover_returns
     model = tiny_model()
     batches = toy_batches(count=2, batch=8)
     records = iterative_pruning(model, batches, step_fraction=0.5, eval_loader=batches, progress=False)
-    seen: list[list[int]] = []
+    seen: list[tuple[list[int], PruningStep]] = []
 
     def recover(pruned, step: PruningStep):
-        seen.append(pruned.heads_per_layer())
+        seen.append((pruned.heads_per_layer(), step))
         recovered = copy.deepcopy(pruned)  # a new model, as a training run returns: the pruned one is unchanged
         with torch.no_grad():  # always class 2
             recovered.head.weight.zero_()
@@ -173,7 +173,7 @@ def test_recover_steps_measures_each_steps_pruned_model_and_what_recover_returns
         return recovered
 
     results = recover_steps(model, records[1:3], recover, val_loader=batches, test_loader=batches[:1])
-    assert seen == [r.heads_per_layer for r in records[1:3]]
+    assert seen == [(r.heads_per_layer, r) for r in records[1:3]]
     labels = torch.cat([y for _, y in batches])
     for result, record in zip(results, records[1:3]):
         assert result.val_acc == (record.accuracy, pytest.approx(100.0 * float((labels == 2).float().mean())))
@@ -266,10 +266,12 @@ def test_each_evaluation_stops_after_max_batches() -> None:
     step = PruningStep(1, 7, 1 / 8, 100.0, 0, 0, None, pruned.heads_per_layer(), heads)
     (result,) = recover_steps(model, [step], lambda given, step: copy.deepcopy(given), val_loader=loader,
                               test_loader=loader, max_batches=1)
-    assert result.val_acc == (100.0, 100.0) and result.test_acc == (100.0, 100.0)
+    assert result.val_acc == (100.0, 100.0) and result.test_acc == (100.0, 100.0) and result.step is step
     (result,) = recover_steps(model, [step], lambda given, step: copy.deepcopy(given), val_loader=loader,
                               test_loader=loader)
     assert result.val_acc == (100.0, 50.0) and result.test_acc == (50.0, 50.0)
+    (result,) = recover_steps(model, [step], lambda given, step: copy.deepcopy(given), val_loader=loader)
+    assert result.test_acc is None  # no test loader, no test accuracy
 
 
 def test_a_pruning_record_names_the_source_the_heads_pruned_and_the_heads_left() -> None:
@@ -283,6 +285,7 @@ def test_the_recovery_run_trains_the_pruned_weights_as_they_are_with_the_recipes
     the classifier kept, vitkit's implementation, the schedule, the run's folder, the data changes."""
     recipe = short_recipe(tmp_path / "runs")
     plan = RecipeRecovery.from_recipe(recipe, epochs=3, out=tmp_path, lr=2e-4, data=["seed=7"])
+    assert plan.source == ""  # no source named: the pruning records say none
     folder = tmp_path / "odd #: [folder]"
     config = load_recipe(recipe, plan.overrides(folder / "pruned.safetensors", folder))
     assert config.model.pretrained == str(folder / "pruned.safetensors") and config.model.pretrained_file is None
@@ -320,4 +323,6 @@ def test_a_recipe_recovery_saves_each_steps_model_with_its_record_and_keeps_each
     assert result.model is trained and (tmp_path / "alone" / "pruned.safetensors").is_file()
     overrides = calls[-1][1]
     assert f"optim.lr={RECIPE_LR * 0.1!r}" in overrides and "trainer.max_epochs=2" in overrides
+    recover_model(pruned, recipe, epochs=1, out=tmp_path / "lr", lr=3e-4, data=["seed=5"])
+    assert {"optim.lr=0.0003", "data.seed=5"} <= set(calls[-1][1])
     assert load_model_and_extra(tmp_path / "alone" / "pruned.safetensors")[1]["std"] == [0.2] * 3
