@@ -45,6 +45,7 @@ SUBJECTS: dict[str, tuple[str, tuple[str, ...]]] = {
         "-k", "not converted_model and not explore and not faithfulness and not refuse_a_class_in_one_line")),
     "recovery": ("vitkit/prune/recovery.py", ("-m", "not slow", "tests/prune/test_prune_recover.py")),
     "multicrop": ("vitkit/data/multicrop.py", ("tests/data/test_multicrop.py", "tests/tasks/test_dino.py")),
+    "knn": ("vitkit/tasks/knn.py", ("tests/tasks/test_knn.py",)),
 }
 
 

@@ -20,7 +20,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import RandomResizedCrop
 
-from vitkit.data import multicrop
+from vitkit.data import ArrayDataset, multicrop
 from vitkit.data.imagefolder import ImageFolderDataset
 from vitkit.data.multicrop import MultiCrop, color_jitter, crop_boxes, gaussian_blur, multi_crop_dataset, resized_crops
 
@@ -39,14 +39,14 @@ def force(monkeypatch, **values) -> None:
 
 @pytest.mark.parametrize("chans", [3, 1])
 def test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_grayscale(chans: int) -> None:
-    crops = images01(16, chans, 5, 6)
+    crops = images01(32, chans, 5, 6)  # enough images that a strong jitter pushes pixels past 0 and 1
     torch.manual_seed(3)
     jittered = color_jitter(crops.clone())
     torch.manual_seed(3)  # the draws again, in the batched code's order
-    jitter = torch.rand(16) < 0.8
-    brightness, contrast = torch.empty(16).uniform_(0.6, 1.4), torch.empty(16).uniform_(0.6, 1.4)
-    saturation = torch.empty(16).uniform_(0.8, 1.2) if chans == 3 else None
-    gray = torch.rand(16) < 0.2 if chans == 3 else torch.zeros(16, dtype=torch.bool)
+    jitter = torch.rand(32) < 0.8
+    brightness, contrast = torch.empty(32).uniform_(0.6, 1.4), torch.empty(32).uniform_(0.6, 1.4)
+    saturation = torch.empty(32).uniform_(0.8, 1.2) if chans == 3 else None
+    gray = torch.rand(32) < 0.2 if chans == 3 else torch.zeros(32, dtype=torch.bool)
     assert jitter.any() and not jitter.all() and (gray.any() or chans == 1)
     for i, image in enumerate(crops):
         expected = image
@@ -92,26 +92,26 @@ def test_the_blur_reaches_three_sigmas_of_the_largest_sigma(monkeypatch) -> None
 
 
 def test_crop_boxes_follow_torchvisions_random_resized_crop_distribution() -> None:
-    """8,000 boxes of one batch against 8,000 of ``RandomResizedCrop.get_params`` (scale 0.08-1,
+    """4,000 boxes of one batch against 4,000 of ``RandomResizedCrop.get_params`` (scale 0.08-1,
     ratio 3/4-4/3) on a 24 x 32 image: the same means and spreads of width, height and position
     (4 standard errors), positions spread alike over their room, the same share of full-height crops
     (and of full-width ones on a 32 x 16 image); every box inside the image, each image its own box."""
-    height, width, count = 24, 32, 8000
+    height, width, count = 24, 32, 4000
     ours, theirs = crop_boxes(count, height, width, (0.08, 1.0)), reference_boxes(count, height, width)
     left, top, w, h = ours.unbind(1)
     assert (left >= 0).all() and (top >= 0).all() and (left + w <= width).all() and (top + h <= height).all()
     assert (w >= 1).all() and (h >= 1).all() and (ours == ours.round()).all()
     for column in range(4):
-        assert abs(ours[:, column].mean() - theirs[:, column].mean()) < 0.4, column
-        assert abs(ours[:, column].std() - theirs[:, column].std()) < 0.4, column
-    for boxes, column, side in (((ours, theirs), 3, height), ((crop_boxes(4000, 32, 16, (0.08, 1.0)),
-                                                               reference_boxes(4000, 32, 16)), 2, 16)):
+        assert abs(ours[:, column].mean() - theirs[:, column].mean()) < 0.55, column
+        assert abs(ours[:, column].std() - theirs[:, column].std()) < 0.55, column
+    for boxes, column, side in (((ours, theirs), 3, height), ((crop_boxes(2000, 32, 16, (0.08, 1.0)),
+                                                               reference_boxes(2000, 32, 16)), 2, 16)):
         share, reference = ((found[:, column] == side).float().mean() for found in boxes)
-        assert reference > 0.05 and abs(share - reference) < 0.03, column
+        assert reference > 0.05 and abs(share - reference) < 0.04, column
     for column, side in ((0, width), (1, height)):  # a position uniform over 0 .. side - size, both ends reached
         room = [side - boxes[:, column + 2] for boxes in (ours, theirs)]
         spread = [boxes[:, column][r > 0] / r[r > 0] for boxes, r in zip((ours, theirs), room)]
-        assert spread[0].min() == 0 and spread[0].max() == 1 and abs(spread[0].mean() - spread[1].mean()) < 0.02
+        assert spread[0].min() == 0 and spread[0].max() == 1 and abs(spread[0].mean() - spread[1].mean()) < 0.03
 
 
 def test_a_crop_too_large_for_every_attempt_falls_back_to_the_whole_image() -> None:
@@ -218,3 +218,19 @@ def test_an_image_folder_gives_each_file_its_crops_and_other_datasets_are_refuse
     assert labels.tolist() == [2, 0, 1] and tuple(batch[0].shape) == (3, 1, 8, 8)
     with pytest.raises(TypeError, match="multi-crop needs images in memory or in a folder, not a TensorDataset"):
         multi_crop_dataset(TensorDataset(torch.zeros(2, 3)), crops)
+
+
+def test_an_in_memory_dataset_crops_each_loader_batch_in_one_call() -> None:
+    """The module's promise: a batch of images is cut and resized at once, not image by image."""
+    sizes: list[int] = []
+
+    class Counted(MultiCrop):
+        def __call__(self, images: torch.Tensor) -> list[torch.Tensor]:
+            sizes.append(len(images))
+            return super().__call__(images)
+
+    images = (images01(6, 8, 8, 1) * 255).to(torch.uint8).numpy()
+    dataset = multi_crop_dataset(ArrayDataset(images, np.arange(6), transform=lambda image: torch.zeros(1)),
+                                 Counted(MEAN, STD, global_size=8, local_size=4, local_crops=1))
+    views, labels = next(iter(DataLoader(dataset, batch_size=4)))
+    assert sizes == [4] and labels.tolist() == [0, 1, 2, 3] and tuple(views[2].shape) == (4, 1, 4, 4)
