@@ -18,7 +18,7 @@ the combinations: prune + ToMe, ToMe + int8, prune + ToMe + int8 (ToMe at ``--co
 middle r by default, on the 50% pruned model).
 Columns: top-1 (Fashion-MNIST), GFLOPs per image (``vit_flops``; int8 rows as their float
 graph), images/s at batch 64 on 1 and 2 threads (median of interleaved rounds,
-:func:`vitkit.bench.interleaved_times`) and latency at batch 1 (ms, 1 thread).
+:func:`vitkit.timing.interleaved_times`) and latency at batch 1 (ms, 1 thread).
 
 Writes ``--out``/results.json and ``--out``/results.md (each model's rows as they finish) and
 prints the Markdown table; ``--figure`` draws top-1 against images/s (2 threads).
@@ -39,11 +39,11 @@ import torch
 from matplotlib.figure import Figure
 
 import vitkit
-from vitkit.bench import interleaved_times
 from vitkit.export import OnnxClassifier, export_onnx, quantize_dynamic
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, vit_flops
 from vitkit.prune import prune_heads
+from vitkit.timing import interleaved_times
 
 Runner = Callable[[torch.Tensor], torch.Tensor]
 
@@ -94,8 +94,8 @@ def images_per_second(runners: dict[str, Runner], images: torch.Tensor, threads:
 def test_accuracy(runners: dict[str, Runner], model: VisionTransformer, extra: dict[str, Any],
                   max_images: int | None) -> dict[str, float]:
     """Top-1 (%) of every runner on the test split the model file records."""
-    from vitkit.prune.evaluate import eval_loaders
-    from vitkit.train.evaluate import data_config_for
+    from vitkit.data import data_config_for
+    from vitkit.prune.measure import eval_loaders
 
     splits = eval_loaders(data_config_for(extra, [], model), 256)
     loader = splits.test if splits.test is not None else splits.val

@@ -109,7 +109,7 @@ def first_images(
     """The first ``count`` images and labels of ``split`` (docs/results.md's tables; the datasets
     measured there store their test images in mixed class order). The lrp sweep tunes on ``val``,
     so that tuning never sees the table's test images."""
-    from vitkit.train.evaluate import datasets_for
+    from vitkit.data import datasets_for
 
     dataset = getattr(datasets_for(model, extra), split)
     pairs = [dataset[index] for index in range(min(count, len(dataset)))]

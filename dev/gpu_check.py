@@ -51,7 +51,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import vitkit
-from vitkit.cli.benchmark import gemm_calls, gemm_shapes, round_peaks, step_flops
+from vitkit.bench.gemm import gemm_calls, gemm_shapes, round_peaks
+from vitkit.bench.steps import step_flops
 from vitkit.io import load_model_and_extra
 from vitkit.models import to_timm
 from vitkit.train import train

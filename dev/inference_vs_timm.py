@@ -4,7 +4,7 @@
 
 ViT-S/16 at 224 px, batch 32 (and any ``--models NAME:BATCH[:overrides]``), random weights shared
 by both libraries (``vitkit.models.to_timm``), float32 and bfloat16 autocast, in inference mode.
-Four callers run interleaved in each round (:func:`vitkit.bench.interleaved_times`, the order
+Four callers run interleaved in each round (:func:`vitkit.timing.interleaved_times`, the order
 alternating), so drift and the other jobs weigh on all alike:
 
 * **timm**: timm's ``VisionTransformer`` forward;
@@ -42,12 +42,12 @@ from multiprocessing.connection import Connection
 import torch
 
 import vitkit
-from vitkit.bench import interleaved_times, median_ratio
-from vitkit.cli.benchmark import make_step
-from vitkit.cli.parsers import parse_model_spec
+from vitkit.bench.specs import parse_model_spec
+from vitkit.bench.steps import make_step
 from vitkit.evaluation import inference_context, predict
 from vitkit.kernels import autotune_report, format_autotune_report, linear_gelu
 from vitkit.models import to_timm
+from vitkit.timing import interleaved_times, median_ratio
 
 PRECISIONS = ("fp32", "bf16")
 

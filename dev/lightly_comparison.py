@@ -43,8 +43,8 @@ initial weights (the recipe's seed).
 
 Differences lightly does not let go (or that are its examples' way):
   * MAE: ``MaskedVisionTransformerTIMM`` re-initialises the encoder as MAE does (Xavier-uniform
-    linears, a fixed 2-D sin-cos position embedding); vitkit's encoder keeps its own init and learns
-    its position embedding.
+    linears, a fixed 2-D sin-cos position embedding); vitkit's recipe asks for the same
+    (``model.init=mae``, ``model.pos_embed=sincos``), drawn by its own code.
   * Augmentation: lightly's transforms work per PIL image in the loader (MAE: torchvision's
     ``RandomCrop(padding=1)`` and flip, the recipe's; DINO: ``DINOTransform``, bicubic crops, PIL
     blur); vitkit transforms whole uint8 batches in torch (bilinear crops). Both count in s/epoch.
@@ -55,8 +55,8 @@ Differences lightly does not let go (or that are its examples' way):
 
 Measures: s/epoch is the mean over epochs of the time from an epoch's start to its last step's end
 (loading, augmentation, forward, backward, optimiser, teacher update). k-NN top-1 is ONE
-evaluation for all four encoders: :func:`vitkit.tasks.knn.pooled_features` (the final norm's class
-token: what vitkit's task measures and exports) and :func:`~vitkit.tasks.knn.knn_accuracy` (DINO's
+evaluation for all four encoders: :func:`vitkit.train.knn.pooled_features` (the final norm's class
+token: what vitkit's task measures and exports) and :func:`~vitkit.train.knn.knn_accuracy` (DINO's
 weighted k-NN, k=20, T=0.07), the training images unaugmented as the memory bank, the 10,000 test
 images as queries, on each encoder as the last step left it (DINO: the teacher's backbone).
 """
@@ -87,11 +87,10 @@ from torchvision import transforms as T
 
 from vitkit.data import DataInfo, settle_unset, unaugmented
 from vitkit.data.multicrop import BLUR_SIGMA
-from vitkit.files import markdown_table
+from vitkit.files import markdown_table, write_json
 from vitkit.models import to_timm
-from vitkit.tasks.knn import knn_accuracy, pooled_features
 from vitkit.train import RecipeConfig, ViTDataModule, load_recipe, train
-from vitkit.train.artifacts import write_json
+from vitkit.train.knn import knn_accuracy, pooled_features
 from vitkit.train.model_builder import build_model
 from vitkit.train.optim import build_optimizer, warmup_cosine
 
@@ -303,7 +302,7 @@ def lightly_mae(config: RecipeConfig, info: DataInfo, vit: nn.Module) -> tuple[L
     """The MAE, its encoder, its other trainable parts, and the per-image transform (the recipe's
     pad-and-crop and flip)."""
     augment = config.data.augment
-    model = LightlyMae(vit, config.task.mae)
+    model = LightlyMae(vit, config.task.options)
     transform = T.Compose([
         T.RandomCrop(info.img_size[0], padding=augment.padding), T.RandomHorizontalFlip(augment.hflip or 0.0),
         T.ToTensor(), T.Normalize(info.mean, info.std),
@@ -315,7 +314,7 @@ def lightly_dino(config: RecipeConfig, info: DataInfo, vit: nn.Module) -> tuple[
     """The DINO, its student backbone (the teacher's is evaluated), its head, and ``DINOTransform``."""
     from lightly.transforms import DINOTransform
 
-    options = config.task.dino
+    options = config.task.options
     model = LightlyDino(vit, options)
     transform = DINOTransform(
         global_crop_size=options.global_size or info.img_size[0], global_crop_scale=options.global_scale,

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from vitkit.cli.explain_io import draw_images
+from vitkit.data import datasets_for
 from vitkit.explain import LRP_PRESETS, choose_lrp_rules, faithfulness, map_method
 from vitkit.io import load_model_and_extra
-from vitkit.train.evaluate import datasets_for
 
 
 def measure(path: Path, images: int, choice_images: int, seed: int) -> dict[str, object]:

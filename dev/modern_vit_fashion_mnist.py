@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from vitkit.data import datasets_for
 from vitkit.explain.head_stats import HeadStats, attention_statistics
 from vitkit.train import evaluate
 from vitkit.train.checkpoint import load_for_inference
-from vitkit.train.evaluate import datasets_for
 
 
 def resolution_accuracy(model_path: Path, sizes: list[int]) -> dict[str, float]:

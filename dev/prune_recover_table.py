@@ -49,7 +49,9 @@ import torch_pruning as tp
 from matplotlib.figure import Figure
 from torch import nn
 
+from vitkit.data import data_config_for
 from vitkit.evaluation import Batch
+from vitkit.files import write_json
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, count_parameters, to_timm, vit_flops
 from vitkit.prune import (
@@ -63,9 +65,8 @@ from vitkit.prune import (
     recover_steps,
     time_forward,
 )
-from vitkit.prune.evaluate import eval_loaders
-from vitkit.train.artifacts import CONFIG_FILE, write_json
-from vitkit.train.evaluate import data_config_for
+from vitkit.prune.measure import eval_loaders
+from vitkit.train.artifacts import CONFIG_FILE
 
 
 def first_batches(loader: Iterable[Batch], count: int) -> list[Batch]:

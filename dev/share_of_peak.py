@@ -34,7 +34,8 @@ import lightning as L
 import torch
 
 from vitkit import keep_freed_memory
-from vitkit.cli.benchmark import batch_for, gemm_peak, gemm_shapes, step_flops
+from vitkit.bench.gemm import gemm_peak, gemm_shapes
+from vitkit.bench.steps import batch_for, step_flops
 from vitkit.data import build_datasets
 from vitkit.train import load_recipe, train
 from vitkit.train.model_builder import build_model

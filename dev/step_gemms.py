@@ -23,16 +23,16 @@ from typing import Any
 import torch
 
 import vitkit
-from vitkit.bench import OpClock, interleaved_times
-from vitkit.cli.benchmark import batch_for, make_step
-from vitkit.cli.parsers import parse_model_spec
+from vitkit.bench.specs import parse_model_spec
+from vitkit.bench.steps import batch_for, make_step
+from vitkit.timing import OpClock, interleaved_times
 
 GEMMS = ("mm", "addmm", "bmm")
 Layout = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
 def gemm_layouts(func: Any, args: tuple) -> tuple[str, tuple[Layout, ...]] | None:
-    """An :class:`~vitkit.bench.OpClock` key: a GEMM call's operator and operand layouts; other calls: ``None``."""
+    """An :class:`~vitkit.timing.OpClock` key: a GEMM call's operator and operand layouts; other calls: ``None``."""
     name = func.overloadpacket.__name__
     if name not in GEMMS:
         return None

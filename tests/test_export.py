@@ -193,7 +193,7 @@ def test_export_quantize_dynamic_writes_int8_linear_layers_close_to_float32(tmp_
 
 
 def test_the_onnx_benchmark_section_times_four_runtimes_and_scores_a_model_file(tmp_path: Path) -> None:
-    from vitkit.cli.benchmark import bench_onnx
+    from vitkit.bench.onnx_runtime import bench_onnx
 
     tiny = {"tiny": dict(name="vit_cifar_tiny", **TINY)}
     rows = bench_onnx(1, batches=(1, 2), models=tiny)
@@ -207,7 +207,7 @@ def test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it
 ) -> None:
     """Given a model file, the section times that model alone, named by its file and shape, and its
     top-1 is vitkit evaluate's: the same test images, the same recorded test-time views (hflip)."""
-    from vitkit.cli.benchmark import bench_onnx
+    from vitkit.bench.onnx_runtime import bench_onnx
     from vitkit.train import evaluate
 
     torch.manual_seed(0)

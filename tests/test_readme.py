@@ -1,14 +1,18 @@
 """The README opens with its two commands, and every Python snippet in the README and in docs/*.md
-runs as written (in a scratch folder, on the CPU)."""
+runs as written (in a scratch folder, on the CPU). A snippet whose first line is the comment
+``# continued`` runs after the page's snippets above it, in their namespace, as one script would."""
 
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from vitkit.kernels import AUTOTUNER
+from vitkit.tasks import registry
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
@@ -39,5 +43,16 @@ def test_readme_snippet_runs_as_written(page: Path, code: str, tmp_path: Path, m
     monkeypatch.chdir(tmp_path)
     for state in ("_cache_path", "_cache_path_set", "_disk"):  # a snippet points the autotuner at a cache file
         monkeypatch.setattr(AUTOTUNER, state, getattr(AUTOTUNER, state))
+    # the snippet's tasks register into a registry of the shipped tasks only, dropped afterwards
+    monkeypatch.setattr(registry, "_TASKS", {n: t for n, t in registry._TASKS.items() if t.__module__.startswith("vitkit.")})
+    module = types.ModuleType("readme_snippet")  # a dataclass in a snippet looks its module up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
     name = page.relative_to(ROOT)
-    exec(compile(code, f"{name} snippet\n{code[:60]}", "exec"), {"__name__": "readme_snippet"})
+    index = SNIPPETS.index((page, code))
+    script = [code]
+    while script[0].startswith("# continued\n"):
+        index -= 1
+        assert SNIPPETS[index][0] == page, f"the first snippet of {name} continues nothing"
+        script.insert(0, SNIPPETS[index][1])
+    for part in script:
+        exec(compile(part, f"{name} snippet\n{part[:60]}", "exec"), module.__dict__)

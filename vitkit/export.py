@@ -27,8 +27,9 @@ import torch
 
 from .errors import VitkitError, require
 from .files import path_kind
-from .io import ModelFileError, check_extra, first_line, metadata_object
+from .io import ModelFileError, first_line, metadata_object
 from .layers import AttentionBase
+from .model_extra import check_extra
 from .models import VisionTransformer, ViTConfig
 from .output_dirs import check_output_file, write_output_file
 from .schema import ConfigError
@@ -173,7 +174,7 @@ class OnnxClassifier:
     images to ``[B, num_classes]`` logits; a graph of fixed batch 1 is run image by image.
 
     The file is checked as a model file is before anything runs: one input ``[B, C, H, W]`` of a
-    size vitkit takes, one output, and metadata that passes :func:`~vitkit.io.check_extra` against
+    size vitkit takes, one output, and metadata that passes :func:`~vitkit.model_extra.check_extra` against
     them (one class name per output, one mean/std per channel, the graph's own image size).
 
     Attributes:
@@ -218,7 +219,7 @@ class OnnxClassifier:
 
     def _config(self, image_dims: list[Any], output: Any) -> ViTConfig:
         """A stand-in config of the graph's input and output (one patch the image's size), for
-        :func:`~vitkit.io.check_extra`: bounds the image size before any image is resized."""
+        :func:`~vitkit.model_extra.check_extra`: bounds the image size before any image is resized."""
         classes = 0 if output.name == FEATURES_NAME else output.shape[-1] if output.shape else None
         if not all(isinstance(dim, int) for dim in (*image_dims, classes)):
             raise OnnxFileError(f"{self.path}: its input {image_dims} or output {output.shape} has symbolic sizes "

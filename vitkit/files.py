@@ -1,12 +1,14 @@
 """File helpers every floor of vitkit uses (no vitkit imports): atomic writes of files (a full disk
 named as such, whatever library wrote) and of directories (a symlink swapped atomically), result
-tables as CSV and Markdown, and reads that refuse anything but a regular file (a FIFO or device
+tables as CSV, JSON and Markdown, and reads that refuse anything but a regular file (a FIFO or device
 named by mistake must not block or be replaced) and say what the path is instead."""
 
 from __future__ import annotations
 
 import csv
 import errno
+import json
+import math
 import os
 import secrets
 import shutil
@@ -178,6 +180,23 @@ def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Pat
             writer.writerows(rows)
 
     return atomic_write(path, write)
+
+
+def write_json(path: Path, values: dict[str, Any]) -> Path:
+    """``values`` as indented JSON, atomically; NaN and infinities (a diverged loss) become ``null``,
+    which JSON can hold."""
+    text = json.dumps(_finite(values), indent=2, allow_nan=False)
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:

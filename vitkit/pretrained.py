@@ -235,14 +235,18 @@ def load_pretrained(
     """Load ``weights`` into ``model`` (any :class:`VisionTransformer` of their architecture), fitted
     to it: the learned position embedding resampled to its grid (bicubic), the first layer's filters
     adapted to its channels (timm's ``adapt_input_conv``: 1 channel sums the RGB filters), and the
-    classifier kept or left as the model's own (re-initialised).
+    classifier kept or left as the model's own (re-initialised). A model whose final norm comes after
+    pooling where the weights' came before it, or the reverse (``fc_norm``, as ``global_pool='avg'``
+    sets it), keeps its own fresh norm and drops theirs: MAE's fine-tuning of an encoder pre-trained
+    with the norm on every token (He et al. 2021, arXiv 2111.06377; its ``models_vit.py``).
 
     Args:
         model: the model to fill, built once (:func:`fit_config` gives its architecture).
         weights: :class:`PretrainedWeights`, or a source for :func:`read_pretrained`.
         reset_head: keep the weights' classifier (``False``), or leave the model's fresh one
             (``True``); ``None``: reset when the classes differ (their count, or their names where
-            both ``class_names`` and the weights record them), as timm's ``num_classes=``.
+            both ``class_names`` and the weights record them), as timm's ``num_classes=``, or
+            the final norm moved.
         class_names: the classes the model will be trained on, if known.
 
     Returns:
@@ -250,7 +254,8 @@ def load_pretrained(
 
     Raises:
         PretrainedError: the model's architecture differs from the weights' beyond image size,
-            channels, classes and the free fields, or ``reset_head=False`` with other classes.
+            channels, classes and the free fields, or ``reset_head=False`` with other classes or
+            with the final norm moved.
     """
     if not isinstance(weights, PretrainedWeights):
         weights = read_pretrained(weights)
@@ -258,17 +263,26 @@ def load_pretrained(
     other_classes = target.num_classes != source.num_classes or (
         weights.class_names is not None and class_names is not None and tuple(weights.class_names) != tuple(class_names)
     )
-    reset = other_classes if reset_head is None else reset_head
+    moved_norm = source.use_fc_norm != target.use_fc_norm  # its classifier read other features
+    reset = (other_classes or moved_norm) if reset_head is None else reset_head
     if not reset and target.num_classes != source.num_classes:
         raise PretrainedError(
             f"keeping the classifier of {weights.description}, which has {source.num_classes} classes, in a model of "
             f"{target.num_classes}: reset the head (reset_head=True, or leave it unset)."
         )
+    if moved_norm and not reset:
+        raise PretrainedError(
+            f"keeping the classifier of {weights.description} with the final norm moved "
+            f"({'after' if target.use_fc_norm else 'before'} pooling): it was trained on other features; reset the "
+            "head (reset_head=True, or leave it unset), or keep the weights' global_pool and fc_norm."
+        )
     state = _adapt_channels(dict(weights.state), source, target.in_chans)
-    if reset:  # the model's own classifier, as its init scheme drew it, in place of the weights'
-        heads = ("head.", "head_dist.")
-        state = {key: value for key, value in state.items() if not key.startswith(heads)}
-        state.update({key: value for key, value in model.state_dict().items() if key.startswith(heads)})
+    fresh = ("head.", "head_dist.") if reset else ()  # the model's own classifier, as its init scheme drew it
+    if moved_norm:  # MAE's fine-tuning: a new norm after average pooling, the encoder's last norm dropped
+        fresh += ("norm.", "fc_norm.")
+    if fresh:
+        state = {key: value for key, value in state.items() if not key.startswith(fresh)}
+        state.update({key: value for key, value in model.state_dict().items() if key.startswith(fresh)})
     try:
         model.load_weights(state, source_grid=source.grid_size)
     except RuntimeError as problem:

@@ -37,6 +37,10 @@ Channels = Literal[1, 3]
 #: The largest image side (and patch side, crop padding) any config accepts: generous but finite,
 #: checked before anything is allocated.
 MAX_IMG_SIDE = 4096
+#: The most epochs any schedule counts (a run's, a task's warm-up): generous but finite.
+MAX_EPOCHS = 1_000_000
+#: The largest batch any config accepts (a run's, a distillation teacher's).
+MAX_BATCH_SIZE = 1 << 20
 
 #: A YAML document may expand (aliases counted at every use) to at most this many nodes.
 MAX_YAML_NODES = 100_000
@@ -62,6 +66,10 @@ class FieldError(ConfigError):
         self.problem = problem
 
 
+class RecipeError(ConfigError):
+    """A training recipe (or an override) is invalid; the message says which key, where, and how to fix it."""
+
+
 def bounds(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None):
     """Field metadata declaring the allowed numeric range (of a number, or of each number of a list)."""
     return {key: value for key, value in dict(ge=ge, gt=gt, le=le, lt=lt).items() if value is not None}
@@ -81,6 +89,17 @@ class Config:
     def validate(self) -> None:
         """Cross-field checks; raise :class:`FieldError` for one field, ``ValueError`` otherwise."""
 
+    def section_values(self) -> dict[str, Config]:
+        """The :meth:`sections` this config holds, by key (written out beside its fields)."""
+        return {}
+
+    @classmethod
+    def sections(cls) -> dict[str, type[Config]]:
+        """Sections this config takes beside its fields, by key, each built as a nested section and
+        passed to the constructor by its key: the options of parts registered by name (the
+        training tasks'), which no field can list. None by default."""
+        return {}
+
     @classmethod
     def from_dict(
         cls: type[C], values: Any, *, source: str = "the given dict", error: type[ConfigError] = ConfigError
@@ -94,7 +113,7 @@ class Config:
 
     def replace(self: C, **changes: Any) -> C:
         """A validated copy with ``changes`` applied (unknown names get the closest valid one)."""
-        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        current = {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}, **self.section_values()}
         return build(type(self), {**current, **changes}, source="the arguments")
 
 
@@ -155,12 +174,13 @@ def build(
         cls, values, source=source, path=path, all_keys=all_keys, override_keys=override_keys, error=error
     )
     kwargs = {}
+    sections = _sections(cls)
     for key, value in values.items():
         dotted = f"{path}{key}"
-        section = _unwrap_optional(hints[key])
+        section = sections[key] if key in sections else _unwrap_optional(hints[key])
         # A nested section; an empty one (``optim:`` with nothing under it) keeps its defaults.
         if dataclasses.is_dataclass(section) and (
-            isinstance(value, Mapping) or (value is None and section is hints[key])
+            isinstance(value, Mapping) or (value is None and (key in sections or section is hints[key]))
         ):
             kwargs[key] = build(
                 section,
@@ -202,7 +222,7 @@ def reject_unknown_keys(
 ) -> None:
     """Raise ``error`` for the first of ``keys`` that is no field of dataclass ``cls``, naming the
     closest valid dotted key (arguments as in :func:`build`)."""
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name for f in dataclasses.fields(cls) if f.init} | set(_sections(cls))
     for key in keys:
         if key not in fields:
             dotted = f"{path}{key}"
@@ -223,6 +243,9 @@ def dotted_keys(cls: type, prefix: str = "") -> list[str]:
         hint = _unwrap_optional(_type_hints(cls)[f.name])
         if dataclasses.is_dataclass(hint):
             keys.extend(dotted_keys(hint, prefix=f"{key}."))
+    for name, section in _sections(cls).items():
+        keys.append(f"{prefix}{name}")
+        keys.extend(dotted_keys(section, prefix=f"{prefix}{name}."))
     return keys
 
 
@@ -362,7 +385,8 @@ def merge(base: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]
 def to_plain(value: Any) -> Any:
     """Dataclasses, tuples and mappings to plain dicts/lists (YAML, JSON and ``weights_only`` safe)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        sections = value.section_values() if isinstance(value, Config) else {}
+        return {**{f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}, **to_plain(sections)}
     if isinstance(value, Mapping):
         return {str(key): to_plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -459,6 +483,11 @@ def _number(value: float) -> str:
 @functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def _sections(cls: type) -> dict[str, type[Config]]:
+    """:meth:`Config.sections` of ``cls`` (none for a dataclass that is no :class:`Config`)."""
+    return cls.sections() if isinstance(cls, type) and issubclass(cls, Config) else {}
 
 
 def _coerce(value: Any, hint: Any) -> Any:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.cli.benchmark import GPU_FEED, bench_folder_loaders, folder_loaders, write_jpeg_folder
+from vitkit.bench.data import GPU_FEED, bench_folder_loaders, folder_loaders, write_jpeg_folder
 from vitkit.data import DataConfig, build_datasets
 
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-import vitkit.cli.benchmark as benchmark
+import vitkit.bench.models as benchmark
 
 # one ViT-S block on 16 + 1 tokens: GEMMs big enough that GFLOP/s and shares print as more than rounding
 SMALL = "vit_small_patch16_224:16:img_size=32,patch_size=8,num_classes=10,depth=1"
@@ -35,9 +35,17 @@ def test_each_lever_has_a_row_whose_share_is_its_gflops_over_the_peak_timed_in_t
         "bf16 weights and AdamW state, no master weights (Lightning's bf16-true)", "baseline again (last in each round)"]
     for row in levers:
         gflops, share = row.split(" | ")[2:4]
-        # share, GFLOP/s and peak are all printed rounded
-        assert float(share.rstrip("%")) == pytest.approx(100 * float(gflops.replace(",", "")) / peak, abs=0.5 + 100 / peak)
+        assert share_of_peak_agrees(float(share.rstrip("%")), float(gflops.replace(",", "")), peak)
     assert any(row.startswith("| aten.mm |") or row.startswith("| aten.addmm |") for row in table)  # the operator table
+
+
+def share_of_peak_agrees(share: float, gflops: float, peak: float) -> bool:
+    """Whether a printed share (%) is ``100 * gflops / peak`` for some true values that print as
+    these three (each rounded to a whole number: off by at most 0.5; a slow CPU's peak of a few
+    GFLOP/s makes the peak's rounding the largest term)."""
+    low = 100 * max(gflops - 0.5, 0.0) / (peak + 0.5) - 0.5
+    high = 100 * (gflops + 0.5) / (peak - 0.5) + 0.5 if peak > 0.5 else float("inf")
+    return low <= share <= high
 
 
 def test_a_models_cell_shares_its_rounds_with_the_peak_it_is_divided_by(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,4 +67,4 @@ def test_a_models_cell_shares_its_rounds_with_the_peak_it_is_divided_by(monkeypa
     for cell in cells:
         mode, precision, gflops, share = cell[2], cell[3], float(cell[8].replace(",", "")), float(cell[9].rstrip("% |"))
         peak = peaks[precision][("forward", "train").index(mode)]
-        assert share == pytest.approx(100 * gflops / peak, abs=0.5 + 100 / peak)  # share, GFLOP/s and peak all printed rounded
+        assert share_of_peak_agrees(share, gflops, peak)

@@ -89,7 +89,11 @@ def test_the_written_out_library_constants_equal_the_librarys() -> None:
     from vitkit.evaluation import TestTimeAugmentation
     from vitkit.explain import DEFAULT_MAX_BYTES, HEAD_FUSIONS, LRP_PRESETS, HeadThresholds
     from vitkit.explain.lrp import ATTENTION_RULES
+    from vitkit.prune import PRUNE_ORDERS, PruneOptions
 
+    prune_defaults = {key: value for key, value in dataclasses.asdict(PruneOptions()).items()
+                      if value not in (None, ()) and key != "orders"}
+    assert PruneOptions().orders == PRUNE_ORDERS
     assert parsers.LIBRARY_CONSTANTS == {
         "vitkit.explain.lrp.ATTENTION_RULES": ATTENTION_RULES,
         "vitkit.explain.LRP_PRESETS": tuple(LRP_PRESETS),
@@ -97,6 +101,8 @@ def test_the_written_out_library_constants_equal_the_librarys() -> None:
         "vitkit.explain.HeadThresholds()": dataclasses.asdict(HeadThresholds()),
         "vitkit.explain.DEFAULT_MAX_BYTES": DEFAULT_MAX_BYTES,
         "vitkit.evaluation.TestTimeAugmentation": typing.get_args(TestTimeAugmentation),
+        "vitkit.prune.PRUNE_ORDERS": PRUNE_ORDERS,
+        "vitkit.prune.PruneOptions()": prune_defaults,
     }
 
 
@@ -182,7 +188,7 @@ def test_every_model_command_takes_the_model_positionally_and_as_checkpoint(
 
 
 def test_a_model_spec_takes_words_numbers_and_switches_and_refuses_an_item_without_a_value() -> None:
-    from vitkit.cli.parsers import parse_model_spec
+    from vitkit.bench.specs import parse_model_spec
 
     assert parse_model_spec("vit_cifar_tiny:128:patch_embed=conv,mlp_ratio=2.0,depth=4,locality=true") == (
         "vit_cifar_tiny", 128, {"patch_embed": "conv", "mlp_ratio": 2.0, "depth": 4, "locality": True})

@@ -34,14 +34,14 @@ from vitkit.data import CifarFileError, DataConfig, build_datasets
 from vitkit.data.arrays import ResizeMemoryError, resize_images
 from vitkit.data.cifar import read_pickle
 from vitkit.data.mnist import IMAGES_MAGIC, IdxFileError, read_idx
+from vitkit.files import write_json
 from vitkit.io import CONFIG_KEY, EXTRA_KEY, FORMAT_KEY, ModelFileError, load_model_and_extra
 from vitkit.output_dirs import MARKER, OutputDirError, claim_output_dir, hold, mark, release_output_dirs
 from vitkit.pretrained import PretrainedError, read_pretrained
 from vitkit.prune import prune_heads
+from vitkit.schema import RecipeError
 from vitkit.train import CheckpointError, RunResult, load_checkpoint, load_recipe, train
-from vitkit.train.artifacts import write_json
 from vitkit.train.checkpoint import AtomicCheckpointIO
-from vitkit.train.schema import RecipeError
 
 
 @pytest.fixture(scope="module")

@@ -125,8 +125,8 @@ def test_a_folder_held_in_memory_gives_the_files_pixels_and_splits(tmp_path: Pat
 
 
 def test_in_memory_needs_whole_image_training(tmp_path: Path) -> None:
+    from vitkit.schema import RecipeError
     from vitkit.train import load_recipe
-    from vitkit.train.schema import RecipeError
 
     with pytest.raises(RecipeError, match="in_memory.*augment.crop pad or resize"):
         load_recipe({"data": {"name": "imagefolder", "root": str(tmp_path), "in_memory": True,

@@ -20,18 +20,19 @@ PACKAGE = Path(__file__).parents[2] / "vitkit"
 #: package; the packages of one layer are independent of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("schema", "files", "bench", "recipe_files", "method_names", "preprocessing", "allocator"),  # leaf utilities
+    ("schema", "files", "timing", "recipe_files", "method_names", "preprocessing", "allocator"),  # leaf utilities
     ("output_dirs",),  # claims output folders and files, through files' atomic writes
     ("kernels",),
     ("layers",),
     ("models",),
+    ("model_extra",),  # the metadata beside a model file's weights, checked against its config
     ("io",),
     ("pretrained",),  # reads weights through io, loads them into any model
     ("data", "evaluation"),
     ("export", "class_folders"),  # ONNX export and the onnxruntime runner; a test folder scored by class
     ("tasks",),  # training objectives: above the data and evaluation they use, below the trainer
     ("train", "explain", "inference"),
-    ("prune",),  # recovery fine-tunes through train
+    ("prune", "bench"),  # recovery fine-tunes through train; the benchmarks time models, kernels, data, exports
     ("",),  # vitkit/__init__.py: the public names, imported lazily
     ("cli",),
     ("__main__",),  # ``python -m vitkit`` runs the command line
@@ -191,11 +192,28 @@ def test_the_graph_sees_in_function_and_relative_imports() -> None:
 
 
 @pytest.mark.parametrize(("module", "loads"), [
-    ("vitkit.explain", False), ("vitkit.io", False), ("vitkit.inference", False), ("vitkit.prune", False),
-    ("vitkit.train", True),
+    ("vitkit.data", False), ("vitkit.explain", False), ("vitkit.io", False), ("vitkit.inference", False),
+    ("vitkit.prune", False), ("vitkit.bench.models", False), ("vitkit.train", True),
 ])
 def test_only_train_loads_lightning(module: str, loads: bool) -> None:
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(PACKAGE.parent), "PATH": ""}, check=True)
     assert (done.stdout.strip() != "[]") == loads
+
+
+def test_the_commands_that_train_nothing_load_no_lightning() -> None:
+    # Each command's module imported and its --help run, in a fresh process: the data a model was
+    # trained on comes from vitkit.data, not from the trainer's package.
+    commands = {"maps": "attention_maps", "report": "attention_report", "faithfulness": "faithfulness", "explore": "explore"}
+    code = (
+        "import importlib, sys\nfrom vitkit.cli.main import main\n"
+        f"for command, module in {commands!r}.items():\n"
+        "    importlib.import_module('vitkit.cli.' + module)\n"
+        "    try:\n        main([command, '--help'])\n    except SystemExit as done:\n        assert done.code == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "", "NO_ALBUMENTATIONS_UPDATE": "1"}, check=True)
+    assert "usage: vitkit maps" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"

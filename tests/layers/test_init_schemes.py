@@ -59,6 +59,10 @@ EXPECTED = {
     # LeCun normal truncated at 2 std: timm rescales so the std is exactly sqrt(1 / fan_in).
     "jax": {"patch": math.sqrt(1 / PATCH_IN), "qkv": xavier_std(DIM, 3 * DIM), "proj": xavier_std(DIM, DIM),
             "fc1": xavier_std(DIM, 4 * DIM), "fc2": xavier_std(4 * DIM, DIM), "head": 0.0},
+    # facebookresearch/mae: models_mae.py's _init_weights (Xavier-uniform on every Linear, the fused qkv
+    # included, and on the patch projection seen as a matrix), main_finetune.py's head (trunc. normal 2e-5).
+    "mae": {"patch": xavier_std(PATCH_IN, DIM), "qkv": xavier_std(DIM, 3 * DIM), "proj": xavier_std(DIM, DIM),
+            "fc1": xavier_std(DIM, 4 * DIM), "fc2": xavier_std(4 * DIM, DIM), "head": 2e-5},
 }
 
 
@@ -80,11 +84,16 @@ def test_biases_follow_the_scheme(init: str) -> None:
     assert patch_bias.abs().max() == 0 if init != "timm" else patch_bias.abs().max() > 0
 
 
-def test_position_embedding_and_class_token_are_timms_in_every_scheme() -> None:
+def test_position_embedding_is_timms_and_tokens_follow_the_scheme() -> None:
     for init in INIT_SCHEMES:
-        model = model_with(init)
+        model = VisionTransformer(img_size=32, patch_size=PATCH, num_classes=CLASSES, embed_dim=768, depth=1,
+                                  num_heads=4, reg_tokens=4, init=init)
         assert model.pos_embed.std().item() == pytest.approx(0.02, rel=0.1)
-        assert model.cls_token.abs().max().item() < 1e-5
+        tokens = torch.cat([model.cls_token.flatten(), model.reg_token.flatten()])
+        if init == "mae":  # models_mae.py: torch.nn.init.normal_(self.cls_token, std=.02)
+            assert tokens.std().item() == pytest.approx(0.02, rel=0.1)
+        else:  # timm: nn.init.normal_(self.cls_token, std=1e-6)
+            assert tokens.abs().max().item() < 1e-5
 
 
 def test_init_parts_swaps_only_the_named_part() -> None:

@@ -12,7 +12,8 @@ from tiny_models import tiny_model, toy_batches
 
 import vitkit
 from vitkit.data import DataConfig, build_datasets
-from vitkit.prune import head_importance, one_shot_pruning
+from vitkit.errors import UsageError
+from vitkit.prune import PruneOptions, head_importance, one_shot_pruning, prepare_pruning
 from vitkit.prune.plan import BatchCost, estimate, iterative_steps
 
 TINY_DATA = {"name": "digits", "img_size": 8, "num_workers": 0, "val_fraction": 0.1, "test_fraction": 0.1}
@@ -118,3 +119,27 @@ def test_heads_and_max_drop_are_exclusive(tmp_path: Path, load_tool, capsys: pyt
     with pytest.raises(SystemExit) as exit_:
         load_tool("prune_heads").main(["--checkpoint", "m", "--out", "o", "--heads", "2", "--max-drop", "1"])
     assert exit_.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_prepare_pruning_resolves_the_target_and_plans_each_order_without_any_work(tmp_path: Path) -> None:
+    model_file = saved_tiny(tmp_path)  # 2 blocks x 2 heads
+    one_shot = prepare_pruning(model_file, tmp_path / "p", PruneOptions(ratio=0.5, orders=("importance",)))
+    assert (one_shot.target_pruned, one_shot.max_drop, one_shot.plan()) == (2, None, {"one-shot": 1})
+    iterative = prepare_pruning(model_file, tmp_path / "p", PruneOptions(
+        orders=("importance", "random"), step_fraction=0.5, random_seeds=2))
+    # 4 heads at half a step: 4 -> 2 -> 1 -> 0, three steps; random: three steps per seed; the default budget 1 pt
+    assert (iterative.target_pruned, iterative.max_drop, iterative.plan()) == (None, 1.0, {"importance": 3, "random": 6})
+    assert not (tmp_path / "p").exists()  # nothing written before run()
+    with pytest.raises(UsageError, match="--recipe only applies to recovery"):
+        prepare_pruning(model_file, tmp_path / "p", PruneOptions(recipe="r.yaml"))
+
+
+@pytest.mark.slow
+def test_the_library_run_writes_the_summary_it_returns_and_notifies_the_plan_first(tmp_path: Path) -> None:
+    job = prepare_pruning(saved_tiny(tmp_path), tmp_path / "p", PruneOptions(heads=3, orders=("importance",), rounds=2))
+    lines: list[str] = []
+    result = job.run(tmp_path / "p", notify=lines.append)
+    assert result.summary == json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert result.summary["heads"] == [4, 3] and result.summary["one_shot"]
+    assert [line.split(":")[0] for line in lines] == ["plan"]
+    assert vitkit.load_model(tmp_path / "p" / "pruned.safetensors").heads_per_layer() in ([1, 2], [2, 1])

@@ -18,6 +18,7 @@ from tiny_models import hand_accuracy, tiny_model, toy_batches
 from tiny_runs import short_recipe, tiny_recipe
 
 from vitkit import load_model, save_model
+from vitkit.data import datasets_for
 from vitkit.io import load_model_and_extra
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.prune import (
@@ -32,7 +33,6 @@ from vitkit.prune import (
 )
 from vitkit.prune.report import pruning_curves_figure
 from vitkit.train import load_recipe, train
-from vitkit.train.evaluate import datasets_for
 
 #: The tiny recipe's peak learning rate; recovery's default is a tenth of it.
 RECIPE_LR = tiny_recipe(Path("."))["optim"]["lr"]

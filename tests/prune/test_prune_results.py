@@ -11,7 +11,7 @@ from torch import nn
 
 from vitkit.prune import head_importance, iterative_pruning, redundancy_test
 from vitkit.prune import redundancy as redundancy_module
-from vitkit.prune.evaluate import evaluate_accuracy
+from vitkit.prune.measure import evaluate_accuracy
 
 
 def per_example_gradients(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

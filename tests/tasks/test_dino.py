@@ -25,11 +25,11 @@ from vitkit.tasks.dino import (
     DinoHead,
     DinoTask,
     dino_loss,
-    head_weights,
     teacher_momentum,
     teacher_temperature,
     updated_center,
 )
+from vitkit.tasks.dino_options import DinoOptions, head_weights
 
 MEAN, STD = (0.5,), (0.25,)
 
@@ -83,7 +83,7 @@ def tiny_model(dynamic: bool = True) -> VisionTransformer:
 
 def tiny_task(epochs: int = 3, **options) -> DinoTask:
     crops = MultiCrop(MEAN, STD, global_size=8, local_size=4, local_crops=2)
-    task = DinoTask(16, crops, epochs=epochs, out_dim=32, hidden_dim=24, bottleneck_dim=8, **options)
+    task = DinoTask(16, crops, epochs=epochs, options=DinoOptions(out_dim=32, hidden_dim=24, bottleneck_dim=8, **options))
     return task
 
 

@@ -17,10 +17,10 @@ from tiny_runs import tiny_recipe
 from torch import nn
 
 import vitkit
+from vitkit.schema import RecipeError
 from vitkit.train import compile_trial, train
 from vitkit.train.compile_trial import COMPILE_MARGIN, CompileChooser
 from vitkit.train.kernel_trial import MIN_PAIRS, STEPS_TO_CHOOSE, TrainingKernelChooser
-from vitkit.train.schema import RecipeError
 
 
 class Holder(nn.Module):

@@ -14,8 +14,8 @@ from tiny_runs import dino_recipe, run_tool, short_recipe, tiny_recipe
 
 from vitkit import load_model
 from vitkit.pretrained import read_pretrained
+from vitkit.schema import RecipeError
 from vitkit.train import load_recipe, train
-from vitkit.train.schema import RecipeError
 
 
 def test_dino_pretrain_exports_teacher_that_finetunes(tmp_path: Path) -> None:

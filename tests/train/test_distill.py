@@ -20,8 +20,7 @@ from vitkit.io import save_model
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.tasks import DistillationLoss
 from vitkit.train import RecipeError, load_recipe, train
-from vitkit.train.config import TeacherConfig
-from vitkit.train.distill import TEACHER_FILE, build_teacher, freeze
+from vitkit.train.distill import TEACHER_FILE, TeacherConfig, build_teacher, freeze
 from vitkit.train.module import ViTModule
 
 CLASS_LOGITS = [[2.0, 0.0, 0.0], [0.0, 1.0, -1.0]]

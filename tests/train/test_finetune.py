@@ -190,6 +190,37 @@ def test_free_fields_apply_on_top_of_the_weights(tmp_path: Path) -> None:
     assert module.model.blocks[1].drop_path1.drop_prob == pytest.approx(0.2)
 
 
+def test_maes_finetuning_pools_the_patch_tokens_under_a_new_norm(tmp_path: Path) -> None:
+    """``model.global_pool=avg`` on an encoder pre-trained with the norm on every token: MAE's
+    fine-tuning (facebookresearch/mae ``models_vit.py``: ``fc_norm(x[:, 1:].mean(1))``, ``self.norm``
+    deleted), the blocks kept, the new norm as LayerNorm's own init."""
+    path = tiny_weights(tmp_path, num_classes=0)
+    encoder = load_model(path)
+    model = built(finetune_recipe(tmp_path, str(path), global_pool="avg")).model
+    assert isinstance(model.norm, torch.nn.Identity) and model.config.use_fc_norm
+    for key, value in encoder.state_dict().items():
+        if not key.startswith("norm."):
+            assert torch.equal(model.state_dict()[key], value), key
+    images = torch.randn(3, 1, 8, 8)
+    encoder.norm = torch.nn.Identity()  # the blocks' output, before the encoder's own last norm
+    tokens = encoder.forward_features(images)[:, 1:]
+    expected = torch.nn.functional.layer_norm(tokens.mean(dim=1), (32,), eps=model.config.norm_eps)
+    torch.testing.assert_close(model.eval().forward_head(model.forward_features(images), pre_logits=True), expected)
+
+
+def test_keeping_a_classifier_with_the_final_norm_moved_is_refused(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path)  # 10 classes, as the digits: the classifier would be kept
+    with pytest.raises(RecipeError, match=r"final norm moved \(after pooling\).*reset the head"):
+        built(finetune_recipe(tmp_path, str(path), global_pool="avg", reset_head=False))
+    assert built(finetune_recipe(tmp_path, str(path), global_pool="avg")).model.config.global_pool == "avg"
+
+
+def test_a_variants_default_pooling_keeps_the_weights_own(tmp_path: Path) -> None:
+    path = tiny_weights(tmp_path, global_pool="avg")
+    module = built(finetune_recipe(tmp_path, str(path), name="vit_cifar_tiny", **TINY))  # its default: token
+    assert module.model.config.global_pool == "avg" and module.model.config.use_fc_norm
+
+
 def test_a_model_saved_with_token_merging_fine_tunes_without_it(tmp_path: Path) -> None:
     path = tiny_weights(tmp_path, merge_tokens=2)  # merging is an inference option, not architecture
     assert read_model(path)[0].merge_tokens == 2

@@ -19,7 +19,7 @@ from vitkit.models.timm_interop import timm_twin
 from vitkit.schema import FieldError
 from vitkit.train import CheckpointError, train
 from vitkit.train.config import OptimConfig
-from vitkit.train.finetune import freeze
+from vitkit.train.freezing import freeze
 from vitkit.train.optim import Horizon, build_optimizer, param_groups, warmup_cosine
 
 #: A 2-block model on 8x8 RGB images (4 patches), 3 classes.

@@ -13,9 +13,9 @@ from PIL import Image
 
 from vitkit.data import DataInfo
 from vitkit.io import read_model
+from vitkit.schema import RecipeError
 from vitkit.train import load_recipe, train
 from vitkit.train.model_builder import build_model, load_starting_weights
-from vitkit.train.schema import RecipeError
 from vitkit.train.sizing import SIZE_TIERS, tier_for
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
@@ -124,6 +124,8 @@ def test_bad_folders_are_refused_in_one_line_before_a_run_directory(folders: tup
     runs = tmp_path / "runs"
     with pytest.raises(RecipeError, match=r"cannot take the data's 4x4 images: .*divisible by patch_size 8\. Set data"):
         train("mae_imagefolder", [f"data.root={unlabelled}", "data.img_size=4", f"output.dir={runs}", *TINY])
+    with pytest.raises(RecipeError, match=r"task\.mae\.mask_ratio is 0\.97, which leaves no visible patch of the 16 "):
+        train("mae_imagefolder", [f"data.root={unlabelled}", "task.mae.mask_ratio=0.97", f"output.dir={runs}", *TINY])
     with pytest.raises(ImageFolderError, match="k-NN measurement"):
         train("mae_imagefolder", [f"data.root={unlabelled}", f"task.knn_root={tmp_path / 'one'}", f"output.dir={runs}",
                                   *TINY])

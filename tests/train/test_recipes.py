@@ -76,11 +76,13 @@ def test_fashion_mnist_distilled_recipe_is_the_long_recipe_with_a_resnet10_teach
 
 def test_mae_fashion_mnist_pretrains_the_fast_recipes_encoder() -> None:
     """Same model keys as fashion_mnist_fast but linear patches (its conv stem would see hidden
-    pixels), which the printed fine-tuning command sets, so fine-tuning reads the encoder."""
+    pixels), which the printed fine-tuning command sets, so fine-tuning reads the encoder; and MAE's
+    own init and fixed sin-cos positions, which the encoder file carries into fine-tuning."""
     mae, fast = load_recipe(RECIPES / "mae_fashion_mnist.yaml"), load_recipe(RECIPES / "fashion_mnist_fast.yaml")
     assert (fast.model.patch_embed, mae.model.patch_embed) == ("conv", "linear")
-    assert mae.model == fast.model.replace(patch_embed="linear") and mae.data.name == fast.data.name and mae.data.img_size == fast.data.img_size
-    assert (mae.task.name, mae.task.mae.mask_ratio, mae.trainer.monitor) == ("mae", 0.75, "val/loss")
+    assert mae.model == fast.model.replace(patch_embed="linear", init="mae", pos_embed="sincos")
+    assert mae.data.name == fast.data.name and mae.data.img_size == fast.data.img_size
+    assert (mae.task.name, mae.task.options.mask_ratio, mae.trainer.monitor) == ("mae", 0.75, "val/loss")
     assert mae.trainer.max_time_minutes is not None and mae.trainer.max_time_minutes < 15
 
 
@@ -94,4 +96,7 @@ def test_mae_fashion_mnists_finetuning_command_loads_with_the_encoders_tokenizer
     words = finetune_command(mae, Path("enc.safetensors"), depth=4).split()
     assert words[:3] == ["vitkit", "train", "fashion_mnist_fast"] and "model.patch_embed=linear" in words
     overrides = [word for word in words[3:] if not word.startswith("model.pretrained=")]
-    assert load_recipe(RECIPES / "fashion_mnist_fast.yaml", overrides).model == mae.model  # no key contradicts
+    finetuning = load_recipe(RECIPES / "fashion_mnist_fast.yaml", overrides).model.vit_overrides()
+    encoder = mae.model.vit_overrides()
+    assert {key: encoder[key] for key in finetuning} == finetuning  # no key contradicts the encoder's
+    assert {"init", "pos_embed"} <= set(encoder) - set(finetuning)  # the weights give them

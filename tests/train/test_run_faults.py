@@ -353,8 +353,8 @@ def test_an_output_folder_that_is_a_file_is_one_error_line(finished: RunResult, 
 
 @pytest.mark.slow
 def test_resuming_with_an_edited_recipe_is_refused_naming_the_change_and_writes_nothing(tmp_path: Path) -> None:
+    from vitkit.schema import RecipeError
     from vitkit.train import train as train_run
-    from vitkit.train.schema import RecipeError
 
     first = train_run(short_recipe(tmp_path / "runs"))
     last = first.run_dir / "checkpoints" / "last.ckpt"

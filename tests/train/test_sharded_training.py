@@ -15,13 +15,13 @@ import pytest
 import torch
 from tiny_runs import ROOT, run_tool, tiny_recipe
 
+from vitkit.schema import RecipeError
 from vitkit.train import load_recipe
 from vitkit.train import module as module_lib
 from vitkit.train.datamodule import ViTDataModule
 from vitkit.train.distributed import ShardedStrategy
 from vitkit.train.model_builder import build_model
 from vitkit.train.run import training_strategy
-from vitkit.train.schema import RecipeError
 
 WORKER = ROOT / "tests" / "helpers" / "sharded_worker.py"
 

@@ -9,9 +9,9 @@ import pytest
 from tiny_runs import short_recipe, tiny_recipe, write_tiny_recipe
 
 from vitkit.cli.train import main as train_main
+from vitkit.schema import RecipeError
 from vitkit.train import train
 from vitkit.train.config import load_recipe
-from vitkit.train.schema import RecipeError
 
 MAE_RUN = ["task.name=mae", "trainer.monitor=val/loss"]
 MAE = [*MAE_RUN, "task.mae.decoder_dim=16", "task.mae.decoder_heads=2", "task.mae.decoder_depth=1"]
@@ -33,6 +33,17 @@ def test_mae_refuses_a_tokenizer_that_mixes_patches(tmp_path: Path, capsys: pyte
                                                     key: str) -> None:
     err = refused(tmp_path, capsys, *MAE, override)
     assert f"{key} in a command-line override" in err and "hidden pixels reach the visible tokens" in err
+
+
+@pytest.mark.parametrize(("overrides", "key"), [(["model.global_pool=avg"], "model.global_pool"),
+                                                (["model.fc_norm=true"], "model.fc_norm")])
+def test_mae_refuses_an_encoder_whose_final_norm_comes_after_pooling(
+    tmp_path: Path, capsys: pytest.CaptureFixture, overrides: list[str], key: str
+) -> None:
+    """The decoder reads every token: with the norm after pooling they would leave the encoder unnormalised."""
+    err = refused(tmp_path, capsys, *MAE, *overrides)
+    assert f"{key} in a command-line override" in err and "fine-tune with model.global_pool=avg" in err
+    load_recipe(tiny_recipe(tmp_path), [*MAE, "model.global_pool=avg", "model.fc_norm=false"])  # norm on every token
 
 
 def test_mae_refuses_token_merging(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -16,11 +16,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tiny_runs import Recorder, dino_recipe, run_tool, short_recipe, write_tiny_recipe
 
 import vitkit.train.run as run_module
+from vitkit.schema import RecipeError
 from vitkit.train import train
 from vitkit.train.checkpoint import load_checkpoint
 from vitkit.train.config import load_recipe
 from vitkit.train.run import RunStoppedError
-from vitkit.train.schema import RecipeError
 from vitkit.train.time_budget import TimeBudgetError, plan_schedule
 
 # --- the planner, by hand ---------------------------------------------------------------------

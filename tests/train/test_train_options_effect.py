@@ -18,14 +18,13 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from tiny_runs import SHORT, Recorder, tiny_recipe
 
-from vitkit.data import AugmentConfig, build_train_transform
+from vitkit.data import AugmentConfig, build_train_transform, datasets_for
 from vitkit.data.info import DataInfo
 from vitkit.io import load_model_and_extra
 from vitkit.models import vision_transformer as vit_module
 from vitkit.tasks import build_criterion
 from vitkit.train import evaluate, load_recipe, train
 from vitkit.train.datamodule import ViTDataModule
-from vitkit.train.evaluate import datasets_for
 from vitkit.train.run import build_module
 
 pytestmark = pytest.mark.slow

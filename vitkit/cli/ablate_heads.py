@@ -27,8 +27,8 @@ from tqdm import tqdm
 from vitkit.files import markdown_table, write_csv
 from vitkit.output_dirs import claim_output_dir
 from vitkit.prune import redundancy_test
-from vitkit.prune.evaluate import eval_loaders
 from vitkit.prune.head_sweep import SweepRun, loss_oscillation, summarise
+from vitkit.prune.measure import eval_loaders
 from vitkit.prune.report import plot_sweep
 from vitkit.train import load_recipe, train
 

@@ -19,17 +19,15 @@ import argparse
 
 from torch.utils.data import DataLoader
 
+from vitkit.data import datasets_for
 from vitkit.errors import UsageError
 from vitkit.explain import HeadThresholds, head_warnings, model_head_stats
 from vitkit.explain.render import head_grid_figure
 from vitkit.files import write_csv
 from vitkit.output_dirs import claim_output_dir
-from vitkit.train.evaluate import datasets_for
 
 from .commands import run_command
 from .explain_io import load_model_from_arguments
-
-DEFAULTS = HeadThresholds()
 
 
 def main(argv: list[str] | None = None) -> int:

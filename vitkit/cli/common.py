@@ -26,8 +26,6 @@ from ..errors import VitkitError
 DONE = 0
 USAGE_ERROR = 2
 SKIPPED_INPUTS = 3
-#: 128 + SIGTERM, as a shell reports a process that SIGTERM ended.
-STOPPED_BY_SIGTERM = 143
 
 
 def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..data import DataInfo, DatasetBundle, ImageReadError, build_eval_transform, load_image
+from ..data import DataInfo, DatasetBundle, ImageReadError, build_eval_transform, datasets_for, load_image
 from ..data.arrays import spread_over_classes
 from ..data.images import convert_channels, describe_conversion, files_under
 from ..errors import UnsupportedModelError, UsageError, VitkitError
@@ -27,7 +27,6 @@ from ..files import path_kind
 from ..io import MODEL_SUFFIX, load_model_and_extra, read_weights_file
 from ..models import VisionTransformer, from_timm, merge_tokens
 from ..models.timm_interop import pretrained_preprocessing
-from ..train.evaluate import datasets_for
 
 
 class FigureNameError(VitkitError, ValueError):
@@ -266,7 +265,7 @@ def load_test_images(
     """``count`` preprocessed test images of the dataset the model was trained on
     (``extra["data_config"]`` changed by ``overrides``, see :func:`load_explained_model`), as
     :func:`draw_images` draws them. Data that no longer fits ``model`` is refused
-    (:func:`~vitkit.train.evaluate.datasets_for`)."""
+    (:func:`~vitkit.data.datasets_for`)."""
     return draw_images(datasets_for(model, extra, list(overrides), features_only=True), "test", count, seed)
 
 

@@ -39,13 +39,13 @@ from pathlib import Path
 
 import torch
 
+from vitkit.data import datasets_for
 from vitkit.errors import UsageError
 from vitkit.explain import LRP_PRESETS, FaithfulnessReport, choose_lrp_rules, faithfulness
 from vitkit.explain.render import faithfulness_figure
 from vitkit.files import atomic_write, markdown_table, write_csv
 from vitkit.method_names import MAP_METHODS
 from vitkit.output_dirs import claim_output_dir
-from vitkit.train.evaluate import datasets_for
 
 from .commands import run_command
 from .explain_io import draw_images, load_model_from_arguments

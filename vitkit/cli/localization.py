@@ -21,6 +21,7 @@ import argparse
 import torch
 
 from vitkit import VisionTransformer
+from vitkit.data import datasets_for
 from vitkit.errors import UsageError
 from vitkit.explain import evaluate_localization
 from vitkit.explain.localization import pointing_tolerance
@@ -29,7 +30,6 @@ from vitkit.io import load_model_and_extra
 from vitkit.method_names import GRADIENT_METHODS
 from vitkit.output_dirs import claim_output_dir
 from vitkit.train import train
-from vitkit.train.evaluate import datasets_for
 
 from .commands import run_command
 

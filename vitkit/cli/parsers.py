@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from ..bench.specs import parse_model_spec
 from ..method_names import BUILTIN_METHODS, METHODS
 from .common import int_at_least, number_in, positive_int, seed_int
 
@@ -28,13 +29,16 @@ EXIT_STATUS_HELP = """exit status (every command):
   1    a bug in vitkit (a traceback)"""
 
 #: Written out from the library (they live beside torch code): explain's rollout head fusions,
-#: HeadThresholds' defaults, the explorer's size cap, the test-time augmentations.
+#: HeadThresholds' defaults, the explorer's size cap, the test-time augmentations, pruning's orders
+#: and the defaults of its options.
 LRP_ATTENTION_RULES = ("cp", "attnlrp")
 LRP_PRESET_NAMES = ("attnlrp", "cp", "cp-gamma")
 HEAD_FUSIONS = ("mean", "max", "min")
 HEAD_THRESHOLDS = {"uniform_entropy": 0.9, "self_attention": 0.5, "cls_sink": 0.5, "collapse_similarity": 0.9}
 EXPLORER_MAX_BYTES = 50_000_000
 TTA_CHOICES = ("none", "hflip", "hflip_shift")
+PRUNE_ORDERS = ("importance", "importance-l2", "random", "entropy")
+PRUNE_DEFAULTS = {"step_fraction": 0.1, "random_seeds": 5, "entropy_order": "high", "batch_size": 256, "rounds": 50}
 LIBRARY_CONSTANTS = {
     "vitkit.explain.lrp.ATTENTION_RULES": LRP_ATTENTION_RULES,
     "vitkit.explain.LRP_PRESETS": LRP_PRESET_NAMES,
@@ -42,6 +46,8 @@ LIBRARY_CONSTANTS = {
     "vitkit.explain.HeadThresholds()": HEAD_THRESHOLDS,
     "vitkit.explain.DEFAULT_MAX_BYTES": EXPLORER_MAX_BYTES,
     "vitkit.evaluation.TestTimeAugmentation": TTA_CHOICES,
+    "vitkit.prune.PRUNE_ORDERS": PRUNE_ORDERS,
+    "vitkit.prune.PruneOptions()": PRUNE_DEFAULTS,
 }
 
 #: ``vitkit benchmark``'s default models (NAME:BATCH).
@@ -224,36 +230,8 @@ def merge_tokens_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_model_spec(spec: str) -> tuple[str, int, dict[str, int | float | bool | str]]:
-    """``"NAME:BATCH"`` or ``"NAME:BATCH:key=value,..."``: ``ViTConfig`` overrides, each an integer,
-    a number, true/false or a word (``vit_small_patch16_224:128:img_size=32,patch_size=4`` or
-    ``vit_cifar_tiny:128:patch_embed=conv,mlp_ratio=2.0``); :class:`~vitkit.models.ViTConfig`
-    checks them when the model is built.
-
-    Raises:
-        ValueError: no ``NAME:BATCH``, a batch that is no whole number, or an item without ``=``.
-    """
-    name, batch_size, *rest = spec.split(":")
-    pairs = [item.split("=") for item in rest[0].split(",")] if rest else []
-    if len(rest) > 1 or any(len(pair) != 2 or not pair[0] for pair in pairs):
-        raise ValueError(f"expected key=value items after NAME:BATCH:, got {spec!r}")
-    return name, int(batch_size), {key: _spec_value(value) for key, value in pairs}
-
-
-def _spec_value(text: str) -> int | float | bool | str:
-    """A model spec's value: true/false, an integer, a number, else the word itself."""
-    if text in ("true", "false"):
-        return text == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def model_spec(spec: str) -> str:
-    """``argparse`` type of ``--models`` / ``--memory-model``: ``spec`` if :func:`parse_model_spec`
+    """``argparse`` type of ``--models`` / ``--memory-model``: ``spec`` if :func:`~vitkit.bench.specs.parse_model_spec`
     reads it, with a batch of at least 1."""
     try:
         _, batch_size, _ = parse_model_spec(spec)
@@ -440,8 +418,6 @@ def localization(parser: argparse.ArgumentParser) -> None:
 
 
 #: ``vitkit prune --orders`` (vitkit.prune.plan.ORDERS, kept here so --help needs no torch).
-PRUNE_ORDERS = ("importance", "importance-l2", "random", "entropy")
-
 
 def prune_heads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_file", nargs="?", metavar="MODEL", help="model.safetensors or a training .ckpt")
@@ -458,14 +434,18 @@ def prune_heads(parser: argparse.ArgumentParser) -> None:
                         help="one shot: prune this share of the heads, the least important")
     target.add_argument("--max-drop", type=number_in(0),
                         help="iterative: accuracy budget in percentage points (default 1)")
-    parser.add_argument("--step-fraction", type=number_in(0, 1, low_open=True), default=0.1,
+    parser.add_argument("--step-fraction", type=number_in(0, 1, low_open=True), default=PRUNE_DEFAULTS["step_fraction"],
                         help="share of remaining heads pruned per step")
-    parser.add_argument("--random-seeds", type=positive_int, default=5, help="random orders to average")
-    parser.add_argument("--entropy-order", choices=("high", "low"), default="high", help="entropy heads pruned first")
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size of scoring, evaluation and timing")
+    parser.add_argument("--random-seeds", type=positive_int, default=PRUNE_DEFAULTS["random_seeds"],
+                        help="random orders to average")
+    parser.add_argument("--entropy-order", choices=("high", "low"), default=PRUNE_DEFAULTS["entropy_order"],
+                        help="entropy heads pruned first")
+    parser.add_argument("--batch-size", type=positive_int, default=PRUNE_DEFAULTS["batch_size"],
+                        help="batch size of scoring, evaluation and timing")
     parser.add_argument("--max-batches", type=positive_int,
                         help="cap on the batches of every pass, the test pass too (quick runs; None: all)")
-    parser.add_argument("--rounds", type=positive_int, default=50, help="interleaved timing rounds for the speed-up")
+    parser.add_argument("--rounds", type=positive_int, default=PRUNE_DEFAULTS["rounds"],
+                        help="interleaved timing rounds for the speed-up")
     parser.add_argument("--num-threads", type=positive_int, help="torch CPU threads (None: torch's); 1 on a busy machine")
     recover = parser.add_argument_group("recovery (fine-tune the pruned model with its recipe)")
     recover.add_argument("--recover-epochs", type=positive_int, metavar="N",
@@ -536,7 +516,6 @@ def benchmark(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (None: torch's choice)")
     parser.add_argument("--onnx-model", help="onnx section: a trained model file, timed alone, with the top-1 of each "
                         "runtime on what vitkit evaluate MODEL scores (None: speed only, of two models of random weights)")
-    parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     merge_tokens_argument(parser)
 
 

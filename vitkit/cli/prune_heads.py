@@ -47,265 +47,44 @@ summary.json "recovery" (recipe, lr, and per recovered step: speed-up, val_acc a
 curves.csv columns recovered_val_acc and recovered_test_acc (importance rows of recovered steps),
 and a second panel of curves.png: validation accuracy before -> after recovery against the
 measured speed-up.
+
+The run is :func:`vitkit.prune.prepare_pruning` and :meth:`~vitkit.prune.PruningJob.run`; this
+module reads the options, claims --out and prints the outcome.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
-from tqdm import tqdm
 
-from vitkit import save_model
-from vitkit.data import build_datasets
-from vitkit.errors import UsageError
-from vitkit.evaluation import evaluate_model
-from vitkit.files import write_csv
-from vitkit.io import load_model_and_extra
-from vitkit.models import VisionTransformer, count_parameters, vit_flops
 from vitkit.output_dirs import check_output_dir, claim_output_dir
-from vitkit.prune import (
-    PruningStep,
-    RecipeRecovery,
-    RecoveredStep,
-    entropy_scorer,
-    importance_scorer,
-    iterative_pruning,
-    one_shot_pruning,
-    prune_heads,
-    pruning_record,
-    random_scorer,
-    recover_steps,
-    time_forward,
-    within_budget,
-)
-from vitkit.prune.evaluate import eval_loaders
-from vitkit.prune.plan import BatchCost, estimate, format_duration, iterative_steps, measure_batch_cost
-from vitkit.prune.report import curve_rows, plot_pruning_curves
-from vitkit.train import load_recipe
-from vitkit.train.artifacts import CONFIG_FILE, write_json
-from vitkit.train.evaluate import check_model_fits, data_config_for
-from vitkit.train.model_builder import build_model, load_starting_weights, pretrained_data
+from vitkit.prune import PruneOptions, prepare_pruning
 
 from .commands import run_command
 
-#: ``--max-drop`` of an iterative run that gives none (percentage points).
-DEFAULT_MAX_DROP = 1.0
 
-
-def recovery_recipe(args: argparse.Namespace) -> Path | None:
-    """The recipe to recover with: ``--recipe``, else the ``config.yaml`` of the model's run
-    directory (beside the model file, or beside its ``checkpoints/``); None without
-    ``--recover-epochs``, whose companions are refused alone."""
-    if args.recover_epochs is None:
-        given = [flag for flag, value in (("--recover-at", args.recover_at), ("--recipe", args.recipe),
-                                          ("--recover-lr", args.recover_lr)) if value is not None]
-        if given:
-            raise UsageError(f"{given[0]} only applies to recovery; add --recover-epochs N, or leave {given[0]} out.")
-        return None
-    if args.recipe is not None:
-        return Path(args.recipe)
-    checkpoint = Path(args.checkpoint)
-    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise UsageError(
-            f"--recover-epochs fine-tunes with the model's recipe, but {run_dir} holds no {CONFIG_FILE} (the model "
-            "is not in a training run directory); give the recipe with --recipe FILE."
-        )
-    return run_dir / CONFIG_FILE
-
-
-def plan_recovery(args: argparse.Namespace, out: Path, extra: dict[str, Any]) -> RecipeRecovery | None:
-    """The recovery of ``args`` (the model's metadata ``extra`` go into each pruned file), its
-    recipe read and checked before any pruning work."""
-    recipe = recovery_recipe(args)
-    if recipe is None:
-        return None
-    plan = RecipeRecovery.from_recipe(recipe, epochs=args.recover_epochs, out=out, lr=args.recover_lr,
-                                      data=args.data, extra=extra, source=str(args.checkpoint))
-    # The recipe against the unpruned weights, as train() will check each pruned model: a bad --data
-    # or lr, another architecture or class count is one line now, not after the pruning.
-    config = load_recipe(recipe, plan.overrides(Path(args.checkpoint), out / "recover"))
-    weights = load_starting_weights(config.model)
-    if weights is not None:  # always: the overrides name the checkpoint
-        data, _ = pretrained_data(config.data, weights)
-        build_model(config, build_datasets(data).info, weights)
-    return plan
-
-
-def resolve_target(args: argparse.Namespace, model: VisionTransformer) -> None:
-    """Check the pruning target against the model and the orders, before any work: sets
-    ``args.target_pruned`` (heads a one-shot run removes, else ``None``) and the default ``--max-drop``."""
-    if "importance" not in args.orders:
-        raise UsageError("--orders must include importance: the pruned model follows the importance order; "
-                         "the other orders only feed the plot.")
-    total = sum(model.heads_per_layer())
-    if args.heads is not None and args.heads > total:
-        raise UsageError(f"--heads {args.heads} keeps more heads than the model has ({total}); give 0 to {total}.")
-    args.target_pruned = (total - args.heads if args.heads is not None
-                          else round(args.ratio * total) if args.ratio is not None else None)
-    if args.max_drop is None and args.target_pruned is None:
-        args.max_drop = DEFAULT_MAX_DROP
-
-
-def run_plan(args: argparse.Namespace, model: VisionTransformer) -> dict[str, int]:
-    """Scoring steps per order this run makes (``one-shot`` for ``--heads`` / ``--ratio``)."""
-    total = sum(model.heads_per_layer())
-    steps = iterative_steps(total, args.step_fraction)
-    plan = {"one-shot": 1} if args.target_pruned is not None else {"importance": steps}
-    for order in args.orders:
-        if order != "importance":
-            plan[order] = steps * (args.random_seeds if order == "random" else 1)
-    return plan
-
-
-def describe_plan(plan: dict[str, int], cost: BatchCost) -> str:
-    """One line: what the run does and its estimated length, from one timed batch."""
-    orders = ", ".join(f"{order} ({steps} step{'s' * (steps != 1)})" for order, steps in plan.items())
-    faster = "" if list(plan) == ["one-shot"] else "; --orders importance --heads N is the fastest path"
-    return (f"plan: {orders}; {cost.train_batches} scoring and {cost.eval_batches} evaluation batches per step; "
-            f"estimated {format_duration(estimate(plan, cost))} ({cost.train_s:.2f} s per scoring batch here){faster}")
+def prune_options(args: argparse.Namespace) -> PruneOptions:
+    """The :class:`~vitkit.prune.PruneOptions` of ``vitkit prune``'s arguments."""
+    return PruneOptions(
+        orders=tuple(args.orders), heads=args.heads, ratio=args.ratio, max_drop=args.max_drop,
+        step_fraction=args.step_fraction, random_seeds=args.random_seeds, entropy_order=args.entropy_order,
+        batch_size=args.batch_size, max_batches=args.max_batches, rounds=args.rounds, data=tuple(args.data),
+        recover_epochs=args.recover_epochs, recover_at=args.recover_at, recipe=args.recipe, recover_lr=args.recover_lr,
+    )
 
 
 def prune(args: argparse.Namespace) -> dict:
+    """Prune ``args.checkpoint`` into ``--out``; the summary written there."""
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     check_output_dir(args.out, "prune_heads", inputs=[args.checkpoint])  # before the model is read
-    model, extra = load_model_and_extra(args.checkpoint)
-    model.eval()
-    resolve_target(args, model)
-    recovery = plan_recovery(args, Path(args.out), extra)
+    job = prepare_pruning(args.checkpoint, args.out, prune_options(args))  # every option checked, no work yet
     out = claim_output_dir(args.out, "prune_heads", inputs=[args.checkpoint])
-    splits = eval_loaders(data_config_for(extra, args.data, model), args.batch_size)
-    train_loader, val, info = splits.train, splits.val, splits.info
-    check_model_fits(model, info)
-    if splits.test is None:
-        print(f"note: {info.name!r} has no held-out test split; test accuracy is not reported (null), "
-              "since the validation split already chose the pruning depth.", file=sys.stderr)
-    timing_batch = next(iter(val))[0]
-    common = dict(eval_loader=val, max_batches=args.max_batches)
-    plan = run_plan(args, model)
-    cost = measure_batch_cost(model, train_loader, val, args.max_batches)
-    print(describe_plan(plan, cost), file=sys.stderr)
-    curves: dict[str, list[list[PruningStep]]] = {}
-    total_heads = sum(model.heads_per_layer())
-    bar_total = sum(args.target_pruned if order == "one-shot" else total_heads * (args.random_seeds if order == "random"
-                    else 1) for order in plan)  # heads each order removes: one bar over the whole run
-    with tqdm(total=bar_total, desc="prune", unit="head") as bar:
-        common["progress"] = bar
-        raw = importance_scorer(train_loader, normalize_layers=False, max_batches=args.max_batches)
-        if "one-shot" in plan:
-            importance = one_shot_pruning(model, train_loader, args.target_pruned, scorer=raw, speed_batch=timing_batch,
-                                          desc="importance, one shot", **common)
-        else:
-            importance = iterative_pruning(model, train_loader, args.step_fraction, scorer=raw,
-                                           speed_batch=timing_batch, desc="importance", **common)
-        curves["importance"] = [importance]
-        iterative = dict(step_fraction=args.step_fraction, **common)
-        if "importance-l2" in plan:
-            michel = importance_scorer(train_loader, normalize_layers=True, max_batches=args.max_batches)
-            curves["importance, per-layer L2"] = [
-                iterative_pruning(model, train_loader, scorer=michel, desc="per-layer L2", **iterative)
-            ]
-        if "random" in plan:
-            curves["random"] = [
-                iterative_pruning(model, train_loader, scorer=random_scorer(seed), desc=f"random, seed {seed}",
-                                  **iterative)
-                for seed in range(args.random_seeds)
-            ]
-        if "entropy" in plan:
-            entropy = entropy_scorer(train_loader, highest_first=args.entropy_order == "high",
-                                     max_batches=args.max_batches)
-            label = f"entropy ({args.entropy_order}est first)"
-            curves[label] = [iterative_pruning(model, train_loader, scorer=entropy, desc=label, **iterative)]
-    chosen = importance[-1] if "one-shot" in plan else within_budget(importance, args.max_drop)
-
-    recovered: list[RecoveredStep] | None = None
-    if recovery is not None:  # after every curve: training reseeds the random generators
-        each = args.recover_at == "each"
-        steps = [r for r in importance if r is chosen or (each and r.step > 0)]
-        recovered = recover_steps(model, steps, recovery, val_loader=val, test_loader=splits.test,
-                                  max_batches=args.max_batches)
-
-    unrecovered = None if recovered is None else []  # the recovery columns in every row, or in none
-    rows = [row for label, runs in curves.items() for seed, records in enumerate(runs)
-            for row in curve_rows(label, seed if label == "random" else None, records,
-                                  recovered if label == "importance" else unrecovered)]
-    write_csv(out / "curves.csv", rows)
-    recipe = extra.get("recipe", "model")
-    name = recipe if recipe == info.name else f"{recipe} ({info.name})"  # not "digits on digits"
-    title = f"{name}: pruning {sum(model.heads_per_layer())} heads"
-    figure = {}
-    if recovery is not None:
-        figure = dict(recovery=recovered, speed_curve=importance,
-                      recovery_label=f"after {recovery.epochs} epoch(s) of recovery at lr {recovery.lr:g}")
-    plot_pruning_curves(curves, out / "curves.png", max_drop=args.max_drop, chosen=chosen, title=title, **figure)
-
-    pruned = prune_heads(copy.deepcopy(model), chosen.pruned)
-    test_acc, test_images = None, None
-    if splits.test is not None:
-        tests = [evaluate_model(m, splits.test, max_batches=args.max_batches) for m in (model, pruned)]
-        test_acc, test_images = [t.top1 for t in tests], [tests[0].num_images, len(splits.test.dataset)]
-    seconds_full, seconds_pruned = time_forward([model, pruned], timing_batch, rounds=args.rounds)
-    pruning = {"max_drop": args.max_drop, "one_shot": "one-shot" in plan,
-               **pruning_record(str(Path(args.checkpoint).resolve()), chosen.pruned, pruned)}  # not a moving latest/ link
-    save_model(pruned, out / "pruned.safetensors", extra={**extra, "pruning": pruning})
-    summary = {
-        **pruning,
-        "heads": [sum(model.heads_per_layer()), chosen.heads_left],
-        "fraction_pruned": round(chosen.fraction_pruned, 4),
-        "scored_on": "train",
-        "selected_on": "val",
-        "reported_on": "test" if test_acc is not None else None,
-        "val_acc": [importance[0].accuracy, chosen.accuracy],
-        "test_acc": test_acc,
-        "test_images": test_images,
-        "parameters": [count_parameters(model), count_parameters(pruned)],
-        "flops": [vit_flops(model.config), vit_flops(pruned.config)],
-        "timing_batch": len(timing_batch),
-        "num_threads": torch.get_num_threads(),
-        "median_forward_s": [round(seconds_full, 6), round(seconds_pruned, 6)],
-        "speedup": round(seconds_full / seconds_pruned, 3),
-    }
-    if recovery is not None and recovered is not None:
-        summary.update(save_recovered(recovery, recovered, chosen, importance[0], pruning, out))
-    write_json(out / "summary.json", summary)
-    return summary
-
-
-def save_recovered(
-    recovery: RecipeRecovery, recovered: list[RecoveredStep], chosen: PruningStep, unpruned: PruningStep,
-    pruning: dict[str, Any], out: Path,
-) -> dict[str, Any]:
-    """Save the chosen step's recovered model as ``pruned_recovered.safetensors`` (its run's model
-    file with the ``pruning`` and ``recovery`` metadata added) and return the summary's entries."""
-    speed = unpruned.images_per_s
-    steps = [
-        {
-            "step": r.step.step,
-            "heads_left": r.step.heads_left,
-            "speedup": round(r.step.images_per_s / speed, 3) if r.step.images_per_s and speed else None,
-            "val_acc": list(r.val_acc),
-            "test_acc": list(r.test_acc) if r.test_acc is not None else None,
-            "run_dir": str(recovery.runs[r.step.step]),
-        }
-        for r in recovered
-    ]
-    entry = {"recipe": str(recovery.recipe), "epochs": recovery.epochs, "lr": recovery.lr, "min_lr": recovery.min_lr,
-             "warmup_epochs": 0, "model": "pruned_recovered.safetensors", "steps": steps}
-    model, extra = load_model_and_extra(recovery.runs[chosen.step] / "model.safetensors")
-    save_model(model, out / "pruned_recovered.safetensors", extra={**extra, "pruning": pruning, "recovery": entry})
-    (mine,) = [r for r in recovered if r.step is chosen]
-    return {
-        "recovery": entry,
-        "val_acc_recovered": mine.val_acc[1],
-        "test_acc_recovered": mine.test_acc[1] if mine.test_acc is not None else None,
-    }
+    return job.run(out, notify=lambda line: print(line, file=sys.stderr)).summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     split, (acc_full, acc_kept) = ("test", summary["test_acc"]) if summary["test_acc"] else ("val", summary["val_acc"])
     if summary["test_images"] and summary["test_images"][0] < summary["test_images"][1]:
         split += f" ({summary['test_images'][0]:,} of {summary['test_images'][1]:,} images: --max-batches)"
-    how = "in one shot (importance)" if summary["one_shot"] else f"within {args.max_drop:g} pt (chosen on val)"
+    how = "in one shot (importance)" if summary["one_shot"] else f"within {summary['max_drop']:g} pt (chosen on val)"
     print(f"pruned {full - kept}/{full} heads {how}: {split} accuracy (one view, float32: not the training "
           "summary's, which scores under the recipe's views and precision) "
           f"{acc_full:.2f}% -> {acc_kept:.2f}%, parameters {summary['parameters'][0]:,} -> {summary['parameters'][1]:,}, "
@@ -333,4 +112,3 @@ def run(args: argparse.Namespace) -> int:
     recovered = ", pruned_recovered.safetensors" if "recovery" in summary else ""
     print(f"wrote {Path(args.out) / 'curves.csv'}, curves.png, pruned.safetensors{recovered} and summary.json")
     return 0
-

@@ -18,6 +18,7 @@ from .imagefolder import ImageFolderDataset, ImageFolderError
 from .images import ImageReadError, load_image
 from .info import DataFileError, DataInfo, DatasetBundle
 from .mnist import IdxFileError
+from .model_data import DataMismatchError, check_model_fits, data_config_for, datasets_for
 from .shapes import SHAPE_CLASSES, ShapesDataset, generate_shapes, shapes_info
 from .subset import SubsetError, make_subset
 from .transforms import build_eval_transform, build_train_transform, denormalize, display_image
@@ -31,6 +32,7 @@ __all__ = [
     "DataFileError",
     "DataConfig",
     "DataInfo",
+    "DataMismatchError",
     "DatasetBundle",
     "ImageFolderDataset",
     "ImageFolderError",
@@ -42,7 +44,10 @@ __all__ = [
     "build_datasets",
     "build_eval_transform",
     "build_train_transform",
+    "check_model_fits",
+    "data_config_for",
     "data_info",
+    "datasets_for",
     "denormalize",
     "display_image",
     "folder_sample",

@@ -155,16 +155,9 @@ def faithfulness(
             stops there, and the report covers those images (a command stopped by a signal
             writes a partial table).
     """
-    if model.config.num_classes == 0:
-        raise HeadlessModelError("faithfulness measures how a map explains a class, and this model has no classifier.")
-    if labels is not None and len(labels) != len(images):
-        raise ValueError(f"labels must have one class per image ({len(images)}), got {len(labels)}.")
-    named = [_named(method, seed, rules) for method in methods]
+    named = _checked_methods(model, images, labels, methods, seed, rules)
     names = [name for name, _ in named]
-    if len(set(names)) != len(names):
-        raise ValueError(f"method names must differ, got {names}.")
     randomized = randomized_copy(model, seed) if sanity else None
-    parameter = next(model.parameters())
     patch_size = tuple(model.config.patch_size)
     collected: dict[str, dict[str, list[torch.Tensor]]] = {name: {} for name in names}
     seconds = dict.fromkeys(names, 0.0)
@@ -173,7 +166,7 @@ def faithfulness(
     batches = range(0, len(images), batch_size)
     bar = tqdm(total=len(batches) * len(named), desc="faithfulness", disable=not progress, leave=False)
     for first in batches:
-        batch = images[first : first + batch_size].to(device=parameter.device, dtype=parameter.dtype)
+        batch = images[first : first + batch_size].to(next(model.parameters()))  # its device and dtype
         with torch.no_grad():
             targets = model(batch).argmax(dim=-1)
         reference = None if labels is None else labels[first : first + batch_size].to(targets.device)
@@ -194,14 +187,30 @@ def faithfulness(
         if on_batch is not None and on_batch(done):
             break
     bar.close()
-    results = []
-    for name in names:
-        parts = collected[name]
-        results.append(MethodResult(
+    results = [
+        MethodResult(
             name=name,
-            scores={test: torch.cat(parts[test]) for test in TESTS},
-            curves={test: torch.stack(parts[f"curve_{test}"]).sum(0) / done for test in TESTS},
+            scores={test: torch.cat(collected[name][test]) for test in TESTS},
+            curves={test: torch.stack(collected[name][f"curve_{test}"]).sum(0) / done for test in TESTS},
             seconds_per_image=seconds[name] / done,
             sanity=float(torch.cat(correlations[name]).mean()) if correlations[name] else None,
-        ))
+        )
+        for name in names
+    ]
     return FaithfulnessReport(results=results, fractions=fractions, baseline=baseline, num_images=done)
+
+
+def _checked_methods(
+    model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor | None, methods: Sequence[MethodSpec],
+    seed: int, rules: LRPRules | None,
+) -> list[tuple[str, MapMethod]]:
+    """``methods`` as ``(name, map method)``, once the model, labels and names are checked."""
+    if model.config.num_classes == 0:
+        raise HeadlessModelError("faithfulness measures how a map explains a class, and this model has no classifier.")
+    if labels is not None and len(labels) != len(images):
+        raise ValueError(f"labels must have one class per image ({len(images)}), got {len(labels)}.")
+    named = [_named(method, seed, rules) for method in methods]
+    names = [name for name, _ in named]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names must differ, got {names}.")
+    return named

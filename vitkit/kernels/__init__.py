@@ -3,7 +3,7 @@ synthetic measurement behind ``attn_impl="auto"`` (:mod:`.autotune`); the MLP's 
 GELU fused for CPU inference (:mod:`.linear_gelu`).
 
 The floor below the layers: it imports nothing of vitkit but :mod:`vitkit.errors`,
-:mod:`vitkit.bench` and :mod:`vitkit.files`.
+:mod:`vitkit.timing` and :mod:`vitkit.files`.
 """
 
 from .attention import (

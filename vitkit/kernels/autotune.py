@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..bench import interleaved_times
 from ..files import atomic_write, read_regular_text
+from ..timing import interleaved_times
 
 #: ``kernel(q, k, v, allowed, dropout_p, scale)``: the contract of the kernels in :mod:`.attention`.
 Kernel = Callable[..., Any]

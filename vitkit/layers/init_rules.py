@@ -22,6 +22,13 @@ def trunc_normal(layer: nn.Linear, _: float) -> None:
     _zero_bias(layer)
 
 
+def tiny_normal(layer: nn.Linear, _: float) -> None:
+    """Weights from N(0, 2e-5) truncated at +-2: MAE's new classifier for fine-tuning (its
+    ``main_finetune.py``), nearly zero logits at the start, unlike 0.02's."""
+    nn.init.trunc_normal_(layer.weight, std=2e-5)
+    _zero_bias(layer)
+
+
 def xavier(layer: nn.Linear, _: float) -> None:
     """Xavier-uniform weights (Glorot & Bengio 2010)."""
     nn.init.xavier_uniform_(layer.weight)

@@ -2,19 +2,24 @@
 
 A scheme assigns one rule to each part of the model (:data:`INIT_PARTS`):
 
-========  =====================================  ==========================  =========================
-part      ``vitkit``                             ``timm`` (timm's default)   ``jax`` (big_vision/Flax)
-========  =====================================  ==========================  =========================
-patch     Xavier-uniform                         torch's Conv2d default      LeCun-normal
-qkv       Xavier-uniform, per W_q, W_k, W_v      trunc. normal, std 0.02     Xavier-uniform (fused)
-proj      Xavier-uniform x ``out_init_scale``    trunc. normal, std 0.02     Xavier-uniform
-mlp       Xavier-uniform                         trunc. normal, std 0.02     Xavier-uniform
-head      trunc. normal, std 0.02                trunc. normal, std 0.02     zeros
-========  =====================================  ==========================  =========================
+========  ==================================  ========================  =======================  =========================
+part      ``vitkit``                          ``timm`` (timm's default)  ``jax`` (big_vision/Flax)  ``mae`` (MAE's code)
+========  ==================================  ========================  =======================  =========================
+patch     Xavier-uniform                      torch's Conv2d default    LeCun-normal             Xavier-uniform
+qkv       Xavier-uniform, per W_q, W_k, W_v   trunc. normal, std 0.02   Xavier-uniform (fused)   Xavier-uniform (fused)
+proj      Xavier-uniform x ``out_init_scale`` trunc. normal, std 0.02   Xavier-uniform           Xavier-uniform
+mlp       Xavier-uniform                      trunc. normal, std 0.02   Xavier-uniform           Xavier-uniform
+head      trunc. normal, std 0.02             trunc. normal, std 0.02   zeros                    trunc. normal, std 2e-5
+tokens    N(0, 1e-6)                          N(0, 1e-6)                N(0, 1e-6)               N(0, 0.02)
+========  ==================================  ========================  =======================  =========================
 
 Biases are zero except the patch projection's under ``timm`` (torch's default, uniform) and the
-MLP's under ``jax`` (normal, std 1e-6). All schemes draw the learned position embedding from a
-truncated normal (std 0.02) and the class token from N(0, 1e-6), as timm does.
+MLP's under ``jax`` (normal, std 1e-6). All schemes draw a learned position embedding from a
+truncated normal (std 0.02). ``tokens`` are the class and register tokens (:data:`TOKEN_STD`):
+timm's N(0, 1e-6), or MAE's N(0, 0.02) (He et al. 2021, arXiv 2111.06377: facebookresearch/mae's
+``models_mae.py`` ``initialize_weights``; its head rule is ``main_finetune.py``'s). MAE's fixed 2-D
+sin-cos position embedding is the model's ``pos_embed='sincos'``, set beside ``init='mae'`` in the
+MAE recipes.
 
 ``vitkit`` is Xavier-uniform throughout with a scaled-down ``W_o`` (it writes into the residual
 stream; ``out_init_scale`` is ``1/sqrt(2 * depth)`` in models), and the Xavier patch projection
@@ -33,6 +38,7 @@ from torch import nn
 from ..layers.init_rules import (
     LinearRule,
     lecun_normal,
+    tiny_normal,
     torch_default,
     trunc_normal,
     xavier,
@@ -42,7 +48,7 @@ from ..layers.init_rules import (
     zeros,
 )
 
-InitScheme = Literal["vitkit", "timm", "jax"]
+InitScheme = Literal["vitkit", "timm", "jax", "mae"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
 InitPart = Literal["patch", "qkv", "proj", "mlp", "head"]
 INIT_PARTS: tuple[str, ...] = get_args(InitPart)
@@ -53,7 +59,11 @@ SCHEMES: dict[str, dict[str, LinearRule]] = {
     "timm": {"patch": torch_default, "qkv": trunc_normal, "proj": trunc_normal, "mlp": trunc_normal,
              "head": trunc_normal},
     "jax": {"patch": lecun_normal, "qkv": xavier, "proj": xavier, "mlp": xavier_mlp, "head": zeros},
+    "mae": {"patch": xavier, "qkv": xavier, "proj": xavier, "mlp": xavier, "head": tiny_normal},
 }
+
+#: The std of the normal that draws the class and register tokens, by scheme.
+TOKEN_STD: dict[str, float] = {"vitkit": 1e-6, "timm": 1e-6, "jax": 1e-6, "mae": 0.02}
 
 
 def part_layers(model: nn.Module, part: str) -> Iterable[tuple[nn.Linear, float]]:

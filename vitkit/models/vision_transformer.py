@@ -20,14 +20,12 @@ import torch
 from timm.layers import AttentionPoolLatent, get_act_layer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..layers import ConvPatchEmbed, PatchEmbed, TokenPositions, get_part, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
-from ..layers.patch_embed import conv_stem_widths
-from ..layers.token_merging import MergeState, check_mergeable, run_merging_block, token_counts, unmerge_tokens
+from ..layers.token_merging import MergeState, check_mergeable, run_merging_block, unmerge_tokens
 from .config import ViTConfig
-from .init import init_parts
+from .init import TOKEN_STD, init_parts
 
 #: Per-block head gates: ``None``, or one ``None`` / ``[H_l]`` / ``[B, H_l]`` entry per block (a
 #: ``[depth, H]`` tensor works when all layers have ``H`` heads).
@@ -174,14 +172,15 @@ class VisionTransformer(nn.Module):
 
     def _init_weights(self) -> None:
         """Every Linear by the ``config.init`` scheme (see :mod:`.init`); position embedding and
-        distillation token N(0, 0.02) truncated, class and register tokens N(0, 1e-6), as timm.
+        distillation token N(0, 0.02) truncated, class and register tokens by the scheme's
+        :data:`~.init.TOKEN_STD` (timm's N(0, 1e-6), MAE's N(0, 0.02)).
         The attention pool keeps timm's own init of its latent query (its Linears torch's)."""
         init_parts(self, self.config.init)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for token, std in ((self.cls_token, 1e-6), (self.reg_token, 1e-6)):
+        for token in (self.cls_token, self.reg_token):
             if token is not None:
-                nn.init.normal_(token, std=std)
+                nn.init.normal_(token, std=TOKEN_STD[self.config.init])
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)
         if isinstance(self.attn_pool, AttentionPoolLatent):
@@ -245,7 +244,7 @@ class VisionTransformer(nn.Module):
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's contract for layer-wise groups (``timm.models.group_parameters``, behind
-        ``param_groups_layer_decay`` and :func:`vitkit.train.finetune.freeze`): layer 0 is the stem
+        ``param_groups_layer_decay`` and :func:`vitkit.train.freezing.freeze`): layer 0 is the stem
         (patch embedding with its conv stem, class, distillation and register tokens, position
         embedding, pre-norm), block ``i`` is layer ``i + 1``, the final ``norm`` joins the last block
         (timm's ``(99999,)`` suffix), and everything unmatched (``fc_norm``, ``attn_pool``, ``head``,
@@ -556,11 +555,6 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(images, head_gates=head_gates))
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Number of parameters (trainable or not)."""
-    return sum(p.numel() for p in model.parameters())
-
-
 def build_block(
     config: ViTConfig,
     num_heads: int,
@@ -589,69 +583,3 @@ def build_block(
         mlp_layer=config.mlp_layer,
         **factory,
     )
-
-
-def vit_flops(config: ViTConfig, heads_per_layer: Sequence[int] | None = None) -> int:
-    """Multiply-accumulate-based FLOPs (2 per MAC) of one forward pass on one ``img_size`` image.
-
-    Counts every matrix product and convolution that runs (what ``torch.utils.flop_counter``
-    counts): the tokenizer (the linear patch projection, or the conv stem's 3x3 convolutions and
-    its 1x1), each block at its head count, the attention-pooling head (``'map'``), and the
-    classifier (two with ``distilled``); norms, softmax, activations and RoPE's rotations are
-    elementwise and left out. A block is counted by torch's FLOP counter on the meta device (no
-    memory, no init), so a registered block, attention or MLP counts whatever its layers are
-    named (a SwiGLU MLP's three projections, a block without ``.mlp``). With token merging
-    (``config.merge_tokens``), each block is counted on the tokens it sees, its similarity
-    product included, and the attention pool on the merged patch tokens.
-    """
-    heads = list(heads_per_layer) if heads_per_layer is not None else config.heads_per_layer()
-    dim = config.embed_dim
-    hidden = int(dim * config.mlp_ratio)
-    macs = _tokenizer_macs(config)
-    schedule = config.merge_per_block()
-    counts = token_counts(config.num_tokens, config.num_prefix_tokens, schedule)
-    if any(schedule):
-        macs += sum(_merging_block_macs(config, h, n, r) for h, n, r in zip(heads, counts, schedule))
-    else:
-        measured = {h: _block_macs(config, h) for h in set(heads)}
-        macs += sum(measured[h] for h in heads)
-    patches = counts[-1] - config.num_prefix_tokens
-    if config.global_pool == "map":  # one latent query over the patches: q, kv, QK^T and AV, proj, MLP
-        macs += dim * dim + patches * dim * 2 * dim + 2 * patches * dim + dim * dim + 2 * dim * hidden
-    macs += dim * config.num_classes * (1 + int(config.distilled))
-    return 2 * macs
-
-
-def _block_macs(config: ViTConfig, num_heads: int) -> int:
-    """MACs of one block with ``num_heads`` heads on one image's ``config.num_tokens`` tokens,
-    counted by torch's ``FlopCounterMode`` on the meta device (explicit attention kernel)."""
-    block = build_block(config, num_heads, attn_impl="explicit", device="meta")
-    tokens = torch.empty(1, config.num_tokens, config.embed_dim, device="meta")
-    positions = TokenPositions.of_grid(config.grid_size, config.num_prefix_tokens, device="meta")
-    with FlopCounterMode(display=False) as counter:
-        block(tokens, positions=positions)
-    return counter.get_total_flops() // 2
-
-
-def _merging_block_macs(config: ViTConfig, num_heads: int, num_tokens: int, r: int) -> int:
-    """MACs of one block with ``num_heads`` heads merging ``r`` of one image's ``num_tokens`` tokens
-    (:func:`~vitkit.layers.token_merging.run_merging_block`), counted on the meta device."""
-    block = build_block(config, num_heads, attn_impl="explicit", device="meta")
-    tokens = torch.empty(1, num_tokens, config.embed_dim, device="meta")
-    positions = TokenPositions(torch.zeros(1, num_tokens - config.num_prefix_tokens, 2, device="meta"),
-                               config.num_prefix_tokens, config.grid_size)
-    with FlopCounterMode(display=False) as counter:
-        run_merging_block(block, tokens, MergeState(positions, config.num_prefix_tokens), r)
-    return counter.get_total_flops() // 2
-
-
-def _tokenizer_macs(config: ViTConfig) -> int:
-    """MACs of the patch embedding of one ``img_size`` image."""
-    if config.patch_embed != "conv":
-        return config.num_patches * config.patch_dim * config.embed_dim
-    widths = conv_stem_widths(config.patch_size[0], config.embed_dim)
-    (height, width), macs = config.img_size, 0
-    for c_in, c_out in zip([config.in_chans, *widths[:-1]], widths):
-        height, width = (height + 1) // 2, (width + 1) // 2  # 3x3, stride 2, padding 1
-        macs += height * width * c_in * c_out * 9
-    return macs + config.num_patches * widths[-1] * config.embed_dim

@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from ..evaluation import Batch, model_device
 from ..models import VisionTransformer, count_parameters, vit_flops
-from .evaluate import evaluate_accuracy, time_forward
 from .importance import attention_entropy, head_importance
+from .measure import evaluate_accuracy, time_forward
 from .pruning import Gates, check_gates, full_gates, gated_off, pruned_copy
 
 #: ``scorer(model, gates) -> [depth, max_H]`` scores; the lowest-scoring heads are pruned first.
@@ -201,7 +201,7 @@ def one_shot_pruning(
 
     One scoring pass instead of one per step: on a ViT-S that is minutes instead of hours, and on
     a Fashion-MNIST ViT one-shot importance pruning of 8 of 16 heads lost 3.4 points where the
-    iterative order lost 8.2 (issue 41). Arguments as :func:`iterative_pruning`.
+    iterative order lost 8.2. Arguments as :func:`iterative_pruning`.
 
     Returns:
         Two :class:`PruningStep` s: the unpruned model and the pruned one.

@@ -1,8 +1,8 @@
 """What a ``vitkit prune`` run will do and how long it will take, said before it starts.
 
 Every iterative order re-scores the remaining heads and evaluates the pruned model at each step;
-on a real ViT that is hours (issue 41: the importance order alone took 8 min on 42 images of a
-ViT-S, and four orders were planned). :func:`estimate` counts the passes over the data that the
+on a real ViT that is hours (the importance order alone took 8 min on 42 images of a ViT-S,
+and four orders were planned). :func:`estimate` counts the passes over the data that the
 plan makes and prices them with one training and one evaluation batch timed on this machine, so
 the user can choose fewer orders or the one-shot path before waiting.
 """

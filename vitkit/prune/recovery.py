@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from ..evaluation import Batch
 from ..io import save_model
 from ..models import VisionTransformer
-from .evaluate import evaluate_accuracy
 from .iterative import PruningStep
+from .measure import evaluate_accuracy
 from .pruning import prune_heads
 
 if TYPE_CHECKING:

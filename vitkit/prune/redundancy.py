@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from ..evaluation import Batch
 from ..models import VisionTransformer
-from .evaluate import evaluate_accuracy
 from .importance import head_importance
 from .iterative import least_scored
+from .measure import evaluate_accuracy
 from .pruning import full_gates, gated_off, pruned_copy
 
 

@@ -11,13 +11,14 @@ logits again for a model without one, as DeiT does) learn the teacher:
 - ``soft``: ``(1 - alpha) CE(cls, y) + alpha tau^2 KL(p_t || p_s)`` with ``p = softmax(logits / tau)``,
   DeiT's ``kl_div(log p_s, log p_t, reduction='sum', log_target=True) / numel``: summed over the
   batch and the classes and divided by ``B x C`` (PyTorch's legacy mean, which DeiT keeps; see
-  its issue 61), i.e. the per-image KL divided by the number of classes too.
+  facebookresearch/deit issue 61), i.e. the per-image KL divided by the number of classes too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,10 @@ from timm.loss import SoftTargetCrossEntropy
 from timm.utils import accuracy
 from torch import nn
 
-from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, predict_views
-from .base import StepOutput, Task
+from ..evaluation import TestTimeAugmentation, average_views, batch_metrics, black_level, predict_views
+from ..schema import Config
+from .base import StepOutput, Task, TaskSetup
+from .registry import register_task
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -103,6 +106,7 @@ def build_criterion(
     return None, nn.CrossEntropyLoss()
 
 
+@register_task("classify")
 class ClassifyTask(Task):
     """Supervised classification on ``(images [B, C, H, W], labels [B])`` batches.
 
@@ -116,8 +120,11 @@ class ClassifyTask(Task):
         fill: ``[C]`` normalised black, the border of ``'hflip_shift'``'s moved views.
     """
 
-    name: ClassVar[str] = "classify"
+    monitors: ClassVar[dict[str, Literal["min", "max"]]] = {"val/acc1": "max", "val/acc5": "max", "val/loss": "min"}
+    monitor: ClassVar[str] = "val/acc1"
+    summary_metrics: ClassVar[dict[str, str]] = {"val_acc": "val/acc1", "test_acc": "test/acc1", "test_acc5": "test/acc5"}
     progress_metric: ClassVar[str] = "acc1"
+    pure_bf16: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -140,6 +147,29 @@ class ClassifyTask(Task):
         self.fill = fill
         # Kept out of the children: neither checkpointed nor switched to train mode nor optimised.
         self.__dict__["teacher"] = None
+
+    @classmethod
+    def from_recipe(cls, options: Config, setup: TaskSetup) -> ClassifyTask:
+        """The recipe's ``optim`` regularisers, ``distill`` section and ``trainer`` test-time
+        augmentation, with ``'hflip_shift'``'s black border from the data's normalisation."""
+        optim, distill, trainer, extra = setup.recipe.optim, setup.recipe.distill, setup.recipe.trainer, setup.extra
+        mixer, criterion = build_criterion(
+            setup.model.num_classes, mixup=optim.mixup, cutmix=optim.cutmix, mixup_prob=optim.mixup_prob,
+            mixup_switch_prob=optim.mixup_switch_prob, label_smoothing=optim.label_smoothing,
+        )
+        fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
+        return cls(mixer, criterion, distill=distill.type, alpha=distill.alpha, tau=distill.tau, tta=trainer.tta,
+                   val_tta=trainer.val_tta, fill=fill)
+
+    def summary(self, metric: Callable[[str], float | None]) -> dict[str, Any]:
+        """Besides the accuracies: the test-time augmentation of test and validation, and under it
+        the test accuracy of the images alone (and, for ``'hflip_shift'``, with their mirrors only)."""
+        entries: dict[str, Any] = {**super().summary(metric), "tta": self.tta, "val_tta": self.val_tta}
+        if self.tta != "none":
+            entries["test_acc_one_view"] = metric("test/acc1_one_view")
+        if self.tta == "hflip_shift":
+            entries["test_acc_mirrored"] = metric("test/acc1_mirrored")
+        return entries
 
     def attach_teacher(self, teacher: nn.Module) -> None:
         """Distil from ``teacher`` (frozen, see :func:`vitkit.train.distill.freeze`)."""

@@ -23,7 +23,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -34,18 +34,14 @@ from torch.nn.utils.parametrizations import weight_norm
 from torch.utils.data import Dataset
 
 from ..data.multicrop import MultiCrop, multi_crop_dataset
-from .base import StepOutput, Task
+from ..models import ViTConfig
+from ..schema import Config, FieldError
+from .base import StepOutput, Task, TaskSetup
+from .dino_options import DinoOptions
+from .registry import register_task
 
 #: A training batch: ``([global, global, local, ...] crops [B, C, s, s], labels)``; the labels are unused.
 Batch = tuple[list[torch.Tensor], Any]
-
-
-def head_weights(in_dim: int, out_dim: int, *, hidden_dim: int, bottleneck_dim: int, layers: int) -> int:
-    """Parameters of a :class:`DinoHead` (the MLP's weights and biases, the last layer's directions
-    and norms), counted before it is built."""
-    widths = [in_dim, *[hidden_dim] * (max(layers, 1) - 1), bottleneck_dim]
-    mlp = sum((width_in + 1) * width_out for width_in, width_out in zip(widths[:-1], widths[1:]))
-    return mlp + (bottleneck_dim + 1) * out_dim
 
 
 class DinoHead(nn.Module):
@@ -162,6 +158,7 @@ def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
         mine.copy_(theirs)
 
 
+@register_task("dino")
 class DinoTask(Task):
     """DINO on multi-crop batches (see the module docstring).
 
@@ -169,52 +166,78 @@ class DinoTask(Task):
         embed_dim: width of the model's pooled feature (``ViTConfig.embed_dim``).
         crops: the multi-crop augmentation of the training images (:class:`~vitkit.data.multicrop.MultiCrop`).
         epochs: the run's epochs (the teacher temperature's warm-up and the frozen last layer count them).
-        out_dim, hidden_dim, bottleneck_dim, head_layers, norm_last_layer: :class:`DinoHead`'s.
-        teacher_momentum: the EMA momentum at the first step (raised to 1 by the last).
-        student_temp: the student's softmax temperature.
-        teacher_temp, warmup_teacher_temp, warmup_teacher_temp_epochs: the teacher's temperature
-            after and at the start of its linear warm-up, and the warm-up's length.
-        center_momentum: the EMA momentum of the centre.
-        freeze_last_layer_epochs: epochs in which the head's last layer does not learn.
+        options: the head's size, the temperatures and momenta (:class:`~vitkit.tasks.dino_options.DinoOptions`;
+            its crop options shape ``crops``, which :meth:`from_recipe` builds from them).
     """
 
-    name: ClassVar[str] = "dino"
-    progress_metric: ClassVar[str] = "loss"
+    Options: ClassVar[type[Config]] = DinoOptions
+    uses_labels: ClassVar[bool] = False
+    releases_encoder: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        embed_dim: int,
-        crops: MultiCrop,
-        *,
-        epochs: int,
-        out_dim: int = 4096,
-        hidden_dim: int = 2048,
-        bottleneck_dim: int = 256,
-        head_layers: int = 3,
-        norm_last_layer: bool = True,
-        teacher_momentum: float = 0.996,
-        student_temp: float = 0.1,
-        teacher_temp: float = 0.04,
-        warmup_teacher_temp: float = 0.04,
-        warmup_teacher_temp_epochs: int = 0,
-        center_momentum: float = 0.9,
-        freeze_last_layer_epochs: int = 1,
-    ) -> None:
+    def __init__(self, embed_dim: int, crops: MultiCrop, *, epochs: int, options: DinoOptions | None = None) -> None:
         super().__init__()
+        options = options if options is not None else DinoOptions()
         self.crops = crops
         self.epochs = epochs
-        self.student_head = DinoHead(embed_dim, out_dim, hidden_dim=hidden_dim, bottleneck_dim=bottleneck_dim,
-                                     layers=head_layers, norm_last_layer=norm_last_layer)
+        self.student_head = DinoHead(embed_dim, options.out_dim, hidden_dim=options.hidden_dim,
+                                     bottleneck_dim=options.bottleneck_dim, layers=options.head_layers,
+                                     norm_last_layer=options.norm_last_layer)
         self.teacher_head = copy.deepcopy(self.student_head).requires_grad_(False)
         self.teacher_backbone: nn.Module | None = None  # the student's copy (prepare)
-        self.momentum = teacher_momentum
-        self.student_temp, self.teacher_temp = student_temp, teacher_temp
-        self.warmup_teacher_temp, self.warmup_teacher_temp_epochs = warmup_teacher_temp, warmup_teacher_temp_epochs
-        self.center_momentum = center_momentum
-        self.freeze_last_layer_epochs = freeze_last_layer_epochs
-        self.register_buffer("center", torch.zeros(1, out_dim))
+        self.momentum = options.teacher_momentum
+        self.student_temp, self.teacher_temp = options.student_temp, options.teacher_temp
+        self.warmup_teacher_temp = options.warmup_teacher_temp
+        self.warmup_teacher_temp_epochs = options.warmup_teacher_temp_epochs
+        self.center_momentum = options.center_momentum
+        self.freeze_last_layer_epochs = options.freeze_last_layer_epochs
+        self.register_buffer("center", torch.zeros(1, options.out_dim))
         # The run's progress, checkpointed, so a resumed run continues the schedules where they were.
         self.register_buffer("epoch_progress", torch.zeros(()))
+
+    # ------------------------------------------------------------------------------ the recipe
+    @classmethod
+    def check_model(cls, options: DinoOptions, model: ViTConfig) -> None:
+        options.check_model(model)
+
+    @classmethod
+    def conflicts(cls, options: DinoOptions, recipe: Any) -> list[str]:
+        """Besides the labelled options: those DINO's teacher makes pointless or impossible."""
+        found = ["optim.ema=true (the teacher is the average DINO keeps and releases)"] if recipe.optim.ema else []
+        found += [f"model.impl={recipe.model.impl} (DINO trains vitkit's model)"] if recipe.model.impl != "vitkit" else []
+        found += ["trainer.strategy=fsdp (the teacher is not sharded)"] if recipe.trainer.strategy.startswith("fsdp") else []
+        return found
+
+    @classmethod
+    def check_recipe(cls, options: DinoOptions, recipe: Any) -> None:
+        """DINO's own crops augment the training images: ``data.augment`` stays off.
+
+        Raises:
+            FieldError: ``data.augment.enabled`` is true.
+        """
+        if recipe.data.augment.enabled:
+            raise FieldError(
+                "data.augment.enabled", "is true, but DINO trains on its own multi-crop views, never on data.augment's: "
+                "set data.augment.enabled=false, and shape the views with task.dino's local_crops, global_size, "
+                "local_size, global_scale and local_scale."
+            )
+
+    @classmethod
+    def notes(cls, options: DinoOptions, epochs: int) -> list[str]:
+        return options.schedule_notes(epochs)
+
+    @classmethod
+    def from_recipe(cls, options: DinoOptions, setup: TaskSetup) -> DinoTask:
+        """The task for a model of ``setup.model``, its crops normalised as the data (``setup.extra``'s
+        mean and std).
+
+        Raises:
+            FieldError: a crop size the model cannot take.
+        """
+        options.check_model(setup.model)
+        crops = MultiCrop(setup.extra["mean"], setup.extra["std"], global_size=options.crop_sizes(setup.model)["global_size"],
+                          local_size=options.local_size, local_crops=options.local_crops,
+                          global_scale=options.global_scale, local_scale=options.local_scale)
+        return cls(setup.model.embed_dim, crops, epochs=setup.epochs, options=options)
 
     # ----------------------------------------------------------------------- the Task contract
     def prepare(self, model: nn.Module) -> None:
@@ -225,8 +248,9 @@ class DinoTask(Task):
         """The run's epochs, which turn the step count into the epoch under way."""
         self.epochs = epochs
 
-    def training_data(self, dataset: Dataset) -> Dataset:
-        return multi_crop_dataset(dataset, self.crops)
+    def split_data(self, dataset: Dataset, split: Literal["train", "val", "test"]) -> Dataset:
+        """Each training image as its multi-crop views; validation and test as built."""
+        return multi_crop_dataset(dataset, self.crops) if split == "train" else dataset
 
     def exported_model(self, model: nn.Module) -> nn.Module:
         """The teacher's backbone: what DINO evaluates and releases."""

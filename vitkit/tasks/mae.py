@@ -24,6 +24,7 @@ half of the hidden pixels (42.5% of them for a 32-px image in 8-px patches at ma
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -32,8 +33,10 @@ from torch import nn
 
 from ..layers import EncoderBlock, sincos_2d_pos_embed
 from ..models import ViTConfig
-from ..schema import FieldError
+from ..models.config import MAX_DEPTH, MAX_PARAMETERS
+from ..schema import Config, FieldError, bounds
 from .base import StepOutput, Task
+from .registry import register_task
 
 Batch = tuple[torch.Tensor, Any]
 #: Seed of the masks of validation and test batches: the same masks every epoch, so losses compare.
@@ -48,7 +51,9 @@ def kept_count(num_patches: int, mask_ratio: float) -> int:
 def check_encoder(config: ViTConfig, norm_pix_loss: bool = False) -> None:
     """Refuse an encoder MAE cannot train: one through which a hidden patch's pixels would reach a
     visible token (a tokenizer that mixes neighbouring patches before MAE drops the hidden ones),
-    one that merges tokens (the decoder puts each visible token back in its own place), and
+    one that merges tokens (the decoder puts each visible token back in its own place), one whose
+    final norm comes after pooling (``fc_norm``: the decoder would read unnormalised tokens; MAE
+    pre-trains with the norm on every token and moves it after average pooling to fine-tune), and
     ``norm_pix_loss`` on patches of one value (its variance is 0).
 
     Raises:
@@ -74,6 +79,13 @@ def check_encoder(config: ViTConfig, norm_pix_loss: bool = False) -> None:
         raise FieldError(
             "shifted_patches", "is true, which gives each token half of its neighbouring patches before MAE hides "
             "patches, so the hidden pixels reach the visible tokens: pre-train with shifted_patches=false."
+        )
+    if config.use_fc_norm:
+        key, value = ("fc_norm", "true") if config.fc_norm else ("global_pool", repr(config.global_pool))
+        raise FieldError(
+            key, f"is {value}, which puts the final norm after pooling, so MAE's decoder would read unnormalised "
+            "tokens: pre-train with the norm on every token (global_pool=token, fc_norm unset), then fine-tune with "
+            "model.global_pool=avg, as MAE does.",
         )
 
 
@@ -140,6 +152,33 @@ def masked_patch_loss(prediction: torch.Tensor, target: torch.Tensor, mask: torc
     return (loss * mask).sum() / mask.sum()
 
 
+@dataclass
+class MaeOptions(Config):
+    """The recipe's ``task.mae`` section.
+
+    Attributes:
+        mask_ratio: share of each image's patches hidden from the encoder (the paper's 0.75).
+        decoder_depth: blocks of the decoder (the paper's 8 for ViT-L; a light one suffices).
+        decoder_dim: width of the decoder's tokens (divisible by 4 and by ``decoder_heads``).
+        decoder_heads: attention heads of the decoder.
+        norm_pix_loss: predict each patch's pixels normalised by its own mean and variance.
+    """
+
+    mask_ratio: float = field(default=0.75, metadata=bounds(gt=0, lt=1))
+    decoder_depth: int = field(default=2, metadata=bounds(ge=1, le=MAX_DEPTH))
+    decoder_dim: int = field(default=128, metadata=bounds(ge=4, le=65536))
+    decoder_heads: int = field(default=4, metadata=bounds(ge=1, le=4096))
+    norm_pix_loss: bool = True
+
+    def validate(self) -> None:
+        """A width the heads and the sin-cos embedding divide."""
+        if self.decoder_dim % 4 or self.decoder_dim % self.decoder_heads:
+            raise FieldError(
+                "decoder_dim", f"must be divisible by 4 (its sin-cos position embedding) and by decoder_heads "
+                f"({self.decoder_heads}), got {self.decoder_dim}."
+            )
+
+
 class MaeDecoder(nn.Module):
     """MAE's decoder: encoder tokens to per-patch pixel predictions.
 
@@ -195,6 +234,7 @@ class MaeDecoder(nn.Module):
         return self.pred(self.norm(x))[:, self.num_prefix :]
 
 
+@register_task("mae")
 class MaeTask(Task):
     """MAE pre-training of a headless encoder on ``(images [B, C, H, W], anything)`` batches (the
     labels are ignored). The decoder is the task's child: it trains and is checkpointed with the
@@ -202,42 +242,75 @@ class MaeTask(Task):
 
     Args:
         config: the encoder's :class:`~vitkit.models.ViTConfig` (patch grid, width, prefix tokens).
-        mask_ratio: share of each image's patches hidden from the encoder, in ``(0, 1)``.
-        decoder_depth, decoder_dim, decoder_heads: the decoder's size.
-        norm_pix_loss: predict per-patch normalised pixels (MAE's default for its best results).
+        options: the mask ratio, the decoder's size and the target (:class:`MaeOptions`).
 
     Raises:
-        ValueError: a ratio that leaves no visible patch on this grid, a decoder width the heads or
-            the sin-cos embedding cannot split, or an encoder that lets hidden pixels through
-            (:func:`check_encoder`).
+        FieldError: options or an encoder MAE cannot train (:meth:`check_model`).
     """
 
-    name: ClassVar[str] = "mae"
-    progress_metric: ClassVar[str] = "loss"
+    Options: ClassVar[type[Config]] = MaeOptions
+    uses_labels: ClassVar[bool] = False
+    releases_encoder: ClassVar[bool] = True
+    figure: ClassVar[str | None] = "reconstructions.png"
 
-    def __init__(
-        self, config: ViTConfig, *, mask_ratio: float = 0.75, decoder_depth: int = 2, decoder_dim: int = 128,
-        decoder_heads: int = 4, norm_pix_loss: bool = True,
-    ) -> None:
+    def __init__(self, config: ViTConfig, options: MaeOptions | None = None) -> None:
         super().__init__()
-        check_encoder(config, norm_pix_loss)
-        if not 0 <= mask_ratio < 1 or kept_count(config.num_patches, mask_ratio) < 1:
-            raise ValueError(
-                f"mask_ratio {mask_ratio:g} leaves no visible patch of the {config.num_patches} of each image; lower it."
-            )
-        if decoder_dim % 4 or decoder_dim % decoder_heads:
-            raise ValueError(
-                f"decoder_dim {decoder_dim} must be divisible by 4 (its sin-cos position embedding) and by "
-                f"decoder_heads ({decoder_heads})."
-            )
-        self.mask_ratio = mask_ratio
-        self.norm_pix_loss = norm_pix_loss
+        options = options if options is not None else MaeOptions()
+        self.check_model(options, config)
+        self.mask_ratio = options.mask_ratio
+        self.norm_pix_loss = options.norm_pix_loss
         self.patch_size: tuple[int, int] = tuple(config.patch_size)
         self.grid: tuple[int, int] = config.grid_size
         self.decoder = MaeDecoder(
             config.embed_dim, self.grid, config.num_prefix_tokens, patch_pixels(config),
-            dim=decoder_dim, depth=decoder_depth, num_heads=decoder_heads,
+            dim=options.decoder_dim, depth=options.decoder_depth, num_heads=options.decoder_heads,
         )
+
+    @classmethod
+    def check_model(cls, options: MaeOptions, model: ViTConfig) -> None:
+        """An encoder MAE can train (:func:`check_encoder`), a mask ratio that leaves a patch
+        visible on its grid, and a decoder that, with the encoder, stays within
+        :data:`~vitkit.models.config.MAX_PARAMETERS`.
+
+        Raises:
+            FieldError: keyed by the recipe key (``model.patch_embed``, ``task.mae.*``).
+        """
+        try:
+            check_encoder(model, options.norm_pix_loss)
+        except FieldError as error:
+            raise FieldError(f"task.mae.{error.key}" if error.key == "norm_pix_loss" else f"model.{error.key}",
+                             error.problem) from None
+        if kept_count(model.num_patches, options.mask_ratio) < 1:
+            raise FieldError(
+                "task.mae.mask_ratio", f"is {options.mask_ratio:g}, which leaves no visible patch of the "
+                f"{model.num_patches} of each image; lower it."
+            )
+        decoder = decoder_weights(model.embed_dim, patch_pixels(model), dim=options.decoder_dim,
+                                  depth=options.decoder_depth)
+        if decoder + model.num_weights() > MAX_PARAMETERS:
+            raise FieldError(
+                "task.mae.decoder_dim", f"is {options.decoder_dim} with decoder_depth {options.decoder_depth}: a "
+                f"decoder of about {decoder:.3g} weights, which with the encoder's exceeds the limit of "
+                f"{MAX_PARAMETERS:.3g}; lower task.mae.decoder_dim or decoder_depth (MAE's light decoders have a few million)."
+            )
+
+    @classmethod
+    def check_recipe(cls, options: MaeOptions, recipe: Any) -> None:
+        """MAE encodes the visible patches through vitkit's ``forward_features(keep=)``, unsharded.
+
+        Raises:
+            FieldError: ``trainer.strategy=fsdp`` or ``model.impl`` other than ``vitkit``.
+        """
+        if recipe.trainer.strategy == "fsdp":
+            raise FieldError(
+                "trainer.strategy", "is 'fsdp', but MAE encodes through forward_features, and FSDP gathers a "
+                "sharded model's weights for its forward only; pre-train with trainer.strategy=ddp."
+            )
+        if recipe.model.impl != "vitkit":
+            raise FieldError(
+                "model.impl", f"is {recipe.model.impl!r}, but MAE runs the encoder on the visible patches only, which "
+                "vitkit's model does (forward_features(keep=)): set model.impl=vitkit."
+            )
 
     def encode(
         self, model: nn.Module, images: torch.Tensor, noise: torch.Tensor | None = None

@@ -7,14 +7,14 @@ accuracy. ``vitkit.load_model(path)`` rebuilds a trained model from ``model.safe
 """
 
 from ..io import CheckpointError, UnsafeCheckpointError, load_checkpoint
+from ..schema import RecipeError
 from .checkpoint import AtomicCheckpointIO
 from .config import ModelConfig, OptimConfig, OutputConfig, RecipeConfig, TrainerConfig, load_recipe
 from .datamodule import ViTDataModule
-from .evaluate import evaluate, write_evaluation
+from .eval_report import evaluate, write_evaluation
 from .kernel_trial import KernelTrial, TrainingKernelChooser
 from .module import NonFiniteLossError, ViTModule
 from .run import RunInterruptedError, RunResult, RunStoppedError, train
-from .schema import RecipeError
 
 __all__ = [
     "KernelTrial",

@@ -14,14 +14,13 @@ file and a ``latest`` link beside it.
 from __future__ import annotations
 
 import csv
-import json
-import math
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from safetensors.torch import save_file
+from torch import nn
 
 from ..errors import VitkitError
 from ..files import atomic_write
@@ -126,21 +125,12 @@ def merge_metrics(run_dir: Path) -> list[dict[str, str]]:
     return rows
 
 
-def write_json(path: Path, values: dict[str, Any]) -> Path:
-    """``values`` as indented JSON, atomically; NaN and infinities (a diverged loss) become ``null``,
-    which JSON can hold."""
-    text = json.dumps(_finite(values), indent=2, allow_nan=False)
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
+def save_part(part: nn.Module, path: Path, task: str) -> Path:
+    """Write a task's trained part (:meth:`~vitkit.tasks.Task.released_parts`: a dense task's head)
+    to ``path`` as safetensors, atomically: its state dict on the CPU, with the task's name in the
+    metadata (``{"task": task}``)."""
+    state = {key: value.detach().cpu().contiguous() for key, value in part.state_dict().items()}
+    return atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"task": task}))
 
 
 def point_latest(run_dir: Path) -> None:

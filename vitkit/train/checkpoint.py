@@ -5,7 +5,8 @@ beside the target that replaces it only once complete and synced (a crash mid-sa
 good file; the orphan temporary files of a killed save are removed at the next save or resume), and
 every load uses ``torch.load(weights_only=True)``, which refuses pickled objects other than tensors
 and plain containers. :func:`check_resumable` refuses a checkpoint that cannot continue a recipe
-(model, data, or any piece of the training state) before anything is written. Reading a checkpoint
+(model, data, or any piece of the training state) before anything is written, and
+:func:`check_recipe_unchanged` a recipe that differs from the one the run started with. Reading a checkpoint
 (:func:`~vitkit.io.load_checkpoint`) and rebuilding its model (:func:`vitkit.load_model`) live in
 :mod:`vitkit.io`, which needs no Lightning.
 """
@@ -32,7 +33,11 @@ from ..errors import VitkitError
 from ..files import atomic_write, remove_unlinked_versions
 from ..io import CheckpointError, UnsafeCheckpointError, first_line, load_checkpoint, upgrade_checkpoint
 from ..models import ViTConfig
-from .module import ViTModule, completed_steps, non_finite_tensors, step_records
+from ..schema import RecipeError
+from .artifacts import CONFIG_FILE
+from .checkpoint_format import completed_steps, non_finite_tensors, step_records
+from .config import RecipeConfig, load_recipe
+from .module import ViTModule
 
 #: Key Lightning writes into every training checkpoint.
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
@@ -346,3 +351,46 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> dict[str, Any]:
         return upgrade_checkpoint(load_checkpoint(path, map_location=map_location or "cpu"))
 
+
+#: Recipe keys a resumed run may change: how long and on what it runs, not what it learns.
+RESUME_MAY_CHANGE = frozenset({
+    "trainer.max_epochs", "trainer.enable_progress_bar", "trainer.num_threads", "trainer.log_every",
+    "trainer.devices", "trainer.accelerator", "trainer.num_nodes", "trainer.strategy", "data.num_workers",
+    "trainer.checkpoint_every_n_steps",
+})
+
+
+def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None, filled: set[str] = frozenset()) -> None:
+    """Refuse to continue in ``run_dir`` with a recipe that differs from the one it started with
+    (its ``config.yaml``) other than in :data:`RESUME_MAY_CHANGE`: an edited learning rate, batch
+    size or augmentation would otherwise be adopted silently and the run's record rewritten.
+    ``filled``: keys the recipe left unset that the weights filled in this time (a resumed run reads
+    them off its checkpoint, which may know one the original weights did not): unset there is no change."""
+    saved_path = None if run_dir is None else run_dir / CONFIG_FILE
+    if saved_path is None or not saved_path.is_file():
+        return
+    saved, now = _dotted(load_recipe(saved_path).to_dict()), _dotted(config.to_dict())
+    # A change to or from null is a change (optim.clip_grad=null stops clipping). Values that
+    # pretrained weights fill in (data.mean, data.std) are filled on both sides: config.yaml
+    # records them, and a resumed run reads them off its checkpoint.
+    changed = [key for key in sorted(set(saved) | set(now))
+               if saved.get(key) != now.get(key) and key not in RESUME_MAY_CHANGE and not key.startswith("output.")
+               and not (key in filled and saved.get(key) is None)]
+    if changed:
+        shown = "; ".join(f"{key} {saved.get(key)!r} -> {now.get(key)!r}" for key in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise RecipeError(
+            f"the recipe differs from the one {run_dir} started with: {shown}{more}; resume with the run's own "
+            f"recipe (vitkit train {saved_path} --resume CHECKPOINT, trainer.max_epochs=N to extend it), or start a "
+            "new run from the checkpoint with model.pretrained=CHECKPOINT."
+        )
+
+
+def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

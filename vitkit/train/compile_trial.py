@@ -38,8 +38,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from ..schema import RecipeError
 from .kernel_trial import MIN_PAIRS, Round, TrainingKernelChooser, step_key, training_device, wait_for_device
-from .schema import RecipeError
 
 OPTIONS = ("eager", "compiled")
 #: The compiled step must be this much faster (median balanced eager / compiled ratio) to be kept.

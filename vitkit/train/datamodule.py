@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data import ArrayDataset, DataConfig, DataInfo, DatasetBundle, build_datasets
 from ..data.batch_transforms import BatchTransform
-from .schema import RecipeError
+from ..schema import RecipeError
 
 #: Full batches an epoch that a clamped batch size leaves (:meth:`ViTDataModule.fit_batch`).
 MIN_BATCHES = 4
@@ -71,8 +71,9 @@ class ViTDataModule(L.LightningDataModule):
             ``None``: when training on an accelerator.
 
     The training loader shuffles and drops the last incomplete batch (Mixup needs even, equal
-    batches); under DDP Lightning adds a ``DistributedSampler``. It reads the training split through
-    :attr:`training_data`, the task's :meth:`~vitkit.tasks.Task.training_data` (DINO's crops).
+    batches); under DDP Lightning adds a ``DistributedSampler``. It reads each split through
+    :attr:`task_data`, the task's :meth:`~vitkit.tasks.Task.split_data` (DINO's crops, a dense
+    task's targets).
     """
 
     def __init__(self, config: DataConfig, batch_size: int, on_device: bool | None = None) -> None:
@@ -81,7 +82,7 @@ class ViTDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.on_device = on_device
         self._resident: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor, BatchTransform]] = {}
-        self.training_data: Callable[[Dataset], Dataset] = _as_built
+        self.task_data: Callable[[Dataset, Split], Dataset] = _as_built
 
     @cached_property
     def bundle(self) -> DatasetBundle:
@@ -149,7 +150,7 @@ class ViTDataModule(L.LightningDataModule):
     def _split_loader(self, split: Split, batch_size: int, train: bool) -> DataLoader:
         """The loader Lightning iterates: of indices for an on-device split, else :meth:`loader`."""
         built = getattr(self.bundle, split)
-        dataset = self.training_data(built) if split == "train" else built
+        dataset = self.task_data(built, split)
         if dataset is not built or not self._keeps_on_device(dataset):  # a task's own view of the data stays on the host
             return self.loader(dataset, batch_size, train)
         return DataLoader(
@@ -196,5 +197,5 @@ class ViTDataModule(L.LightningDataModule):
         )
 
 
-def _as_built(dataset: Dataset) -> Dataset:
+def _as_built(dataset: Dataset, split: Split) -> Dataset:
     return dataset

@@ -10,11 +10,13 @@ then frozen: eval mode, no gradients, its logits computed under ``no_grad``.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import timm
 import torch
@@ -29,15 +31,94 @@ from ..evaluation import evaluate_model
 from ..files import atomic_write
 from ..io import load_model, shape_mismatches
 from ..models.config import MAX_PARAMETERS
-from .config import DistillConfig, TeacherConfig
+from ..schema import MAX_BATCH_SIZE, MAX_EPOCHS, Config, FieldError, RecipeError, bounds, describe
 from .datamodule import ViTDataModule
 from .optim import Horizon, warmup_cosine
-from .schema import RecipeError
 
 log = logging.getLogger(__name__)
 
 #: Where a run keeps the teacher it trained, so a resumed run distils from the same one.
 TEACHER_FILE = "teacher.safetensors"
+
+
+
+@dataclass
+class TeacherConfig(Config):
+    """The teacher of a distilling run: a timm model trained first by the same command, a timm
+    model with trained weights from a file, or a vitkit model file.
+
+    Attributes:
+        model: a timm model name (``resnet18``), built for the data (``pretrained=False``,
+            ``in_chans`` and ``num_classes`` from the dataset) and trained for ``epochs`` first.
+        model_kwargs: more keyword arguments of ``timm.create_model`` (timm's ``--model-kwargs``), e.g.
+            ``{layers: [1, 1, 1, 1], channels: [16, 32, 64, 128], stem_width: 16}`` for a narrow ResNet-10.
+        small_input_stem: replace a ResNet's stem (``conv1`` 7x7 stride 2, then ``maxpool``) with one
+            3x3 stride-1 convolution and no pooling, as He et al.'s CIFAR ResNets (arXiv 1512.03385,
+            section 4.2): a 28-pixel image then reaches the last stage at 4x4, not 1x1.
+        file: a vitkit model file (``save_model``, e.g. another run's ``model.safetensors``); with
+            ``model``, the weights of that timm teacher (another run's ``teacher.safetensors``), so
+            several students distil from one teacher trained once.
+        epochs: training epochs of a ``model`` teacher (AdamW, one-epoch warmup, cosine decay).
+        lr: its peak learning rate.
+        weight_decay: its AdamW weight decay.
+        batch_size: its batch size.
+    """
+
+    model: str | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    small_input_stem: bool = False
+    file: str | None = None
+    epochs: int = field(default=5, metadata=bounds(ge=1, le=MAX_EPOCHS))
+    lr: float = field(default=2e-3, metadata=bounds(gt=0))
+    weight_decay: float = field(default=0.05, metadata=bounds(ge=0))
+    batch_size: int = field(default=128, metadata=bounds(ge=1, le=MAX_BATCH_SIZE))
+
+    def validate(self) -> None:
+        """A timm name timm knows, a file that exists."""
+        if self.model is not None and not timm.is_model(self.model):
+            close = difflib.get_close_matches(self.model, timm.list_models(), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise FieldError("model", f"is no timm model: {describe(self.model)}.{hint}")
+        if self.file is not None and not Path(self.file).is_file():
+            raise FieldError("file", f"does not exist: {describe(self.file)}.")
+        if self.file is not None and self.model is None and (self.model_kwargs or self.small_input_stem):
+            raise FieldError(
+                "file", "alone is a finished vitkit model: model_kwargs and small_input_stem only shape a timm teacher "
+                "(give teacher.model too, to load a timm teacher's weights from the file)."
+            )
+        reserved = {"pretrained", "num_classes", "in_chans"} & set(self.model_kwargs)
+        if reserved:
+            raise FieldError(
+                "model_kwargs", f"may not set {', '.join(sorted(reserved))}: the teacher is built untrained for the data."
+            )
+
+
+@dataclass
+class DistillConfig(Config):
+    """DeiT distillation (Touvron et al. 2020, arXiv 2012.12877; :mod:`vitkit.train.distill`).
+
+    Attributes:
+        type: ``'none'``, ``'hard'`` (the teacher's argmax as a second label) or ``'soft'``
+            (KL divergence to the teacher's tempered softmax).
+        alpha: weight of the distillation term; the label loss gets ``1 - alpha``.
+        tau: softmax temperature of ``soft`` distillation.
+        teacher: where the teacher comes from (:class:`TeacherConfig`); unused with ``type: none``.
+    """
+
+    type: Literal["none", "hard", "soft"] = "none"
+    alpha: float = field(default=0.5, metadata=bounds(ge=0, le=1))
+    tau: float = field(default=1.0, metadata=bounds(gt=0))
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+    def validate(self) -> None:
+        """A distilling run names its teacher."""
+        if self.type != "none" and self.teacher.model is None and self.teacher.file is None:
+            raise FieldError(
+                "teacher",
+                f"must name teacher.model (a timm model name), teacher.file (a vitkit model file) or both (a timm "
+                f"teacher with another run's teacher.safetensors) "
+                f"for distill.type={self.type!r}.",
+            )
 
 
 def freeze(teacher: nn.Module) -> nn.Module:

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -35,6 +34,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 
 from ..files import commit_directory, staging_directory
+from .lightning_compat import set_parallel_sizes
 
 
 class ShardedStrategy(ModelParallelStrategy):
@@ -49,11 +49,10 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         # every process of every node shards the same model: a 1-D data-parallel mesh
-        self._data_parallel_size = self.num_nodes * self.num_processes
-        self._tensor_parallel_size = 1
+        set_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike, storage_options: Any = None) -> None:
         """Every rank writes its shards into a staging directory beside ``filepath`` (rank 0 also
         the metadata); once all have, rank 0 commits it as ``filepath``."""
         path = Path(self.broadcast(os.fspath(filepath)))

@@ -1,11 +1,12 @@
-"""Fewer Lightning hook calls per training step (issue 50 item 5: the host work of a small step).
+"""Fewer Lightning hook calls per training step (the host work of a small step).
 
 Lightning 2.6 calls each per-step hook on every callback, whether or not the callback's class
 implements it: for each call it formats a debug message and a profiler label (ModelCheckpoint's
 ``state_key`` renders a dict), enters the profiler's context and sets the module's
 ``_current_fx_name`` twice, about 1.5-2 us for a hook that does nothing. A vitkit run has 7-9
 callbacks and 6 per-step hooks: about 40 such calls a step. Lightning skips a hook attribute that
-is not callable (``lightning/pytorch/trainer/call.py``: ``if callable(fn)``), so the hooks a
+is not callable (``lightning/pytorch/trainer/call.py``: ``if callable(fn)``, reached through
+:mod:`vitkit.train.lightning_compat`), so the hooks a
 callback leaves as Lightning's no-op are set to ``None`` on that instance, and the module's no-op
 per-step hooks likewise. Nothing else changes: a ``None`` hook is exactly a call that did nothing.
 The installed Lightning's dispatcher is probed for that rule once per process; one without it gets
@@ -20,7 +21,8 @@ from types import SimpleNamespace
 
 import lightning as L
 from lightning.pytorch.profilers import PassThroughProfiler
-from lightning.pytorch.trainer import call
+
+from .lightning_compat import HOOK_NAME_ATTRIBUTE, call_callback_hooks, call_module_hook
 
 #: The hooks Lightning calls on every callback, and on the module, at every training step; each
 #: returns nothing in Lightning's base classes.
@@ -64,11 +66,11 @@ def lightning_skips_none_hooks() -> bool:
         state_key = "probe"
         on_train_batch_start = None
 
-    module = SimpleNamespace(on_train_batch_start=None, _current_fx_name=None)
+    module = SimpleNamespace(on_train_batch_start=None, **{HOOK_NAME_ATTRIBUTE: None})
     trainer = SimpleNamespace(callbacks=[Probe()], lightning_module=module, profiler=PassThroughProfiler())
     try:
-        call._call_callback_hooks(trainer, "on_train_batch_start", None, 0)
-        call._call_lightning_module_hook(trainer, "on_train_batch_start", None, 0, pl_module=module)
+        call_callback_hooks(trainer, "on_train_batch_start", None, 0)
+        call_module_hook(trainer, "on_train_batch_start", None, 0, pl_module=module)
     except Exception:  # noqa: BLE001 - any failure means the rule is not there: skip nothing
         return False
     return True

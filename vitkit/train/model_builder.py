@@ -27,10 +27,9 @@ from ..io import read_model
 from ..layers import add_lora
 from ..models import VisionTransformer, ViTConfig, model_config, timm_twin, to_timm_state_dict
 from ..pretrained import PretrainedError, PretrainedWeights, SourceKeys, fit_config, load_pretrained, read_pretrained
-from ..schema import FieldError
+from ..schema import FieldError, RecipeError
 from .config import DATA_DRIVEN_FIELDS, ModelConfig, RecipeConfig
-from .finetune import check_freeze, freeze
-from .schema import RecipeError
+from .freezing import check_freeze, freeze
 
 #: ViTConfig fields a recipe may set on top of pretrained weights: regularisation, kernels, token merging, the
 #: input size, and the init of a new classifier; the data set ``img_size``, ``in_chans`` and
@@ -46,11 +45,16 @@ FREE_FIELDS = (
     "init",
     "out_init_scale",
     "merge_tokens",  # an inference option (ToMe's r), not a weight
+    "global_pool",  # token or avg pooling: with fc_norm, MAE's fine-tuning (the final norm moves after pooling)
+    "fc_norm",
     "img_size",
     "in_chans",
     "num_classes",
 )
 
+#: Free fields that only a recipe's own key changes: a ``model.name`` variant's default is no
+#: choice, so the weights' value stays (an MAE encoder's init, its pooling).
+WEIGHTS_DEFAULT_FIELDS = ("init", "global_pool", "fc_norm")
 
 #: How messages name the recipe's keys of the weights to start from.
 RECIPE_KEYS = SourceKeys("model.pretrained", "model.pretrained_file", "model.pretrained_kwargs")
@@ -143,8 +147,8 @@ def build_model(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights
     Raises:
         RecipeError: a recipe field that contradicts the weights, or weights the data cannot use.
     """
-    # a pre-training objective trains a headless encoder (its own heads are the task's parts)
-    num_classes = info.num_classes if config.task.name == "classify" else 0
+    # a task that releases an encoder trains a headless one (its own heads are the task's parts)
+    num_classes = 0 if config.task.task_class.releases_encoder else info.num_classes
     data_fields = {"img_size": info.img_size, "in_chans": info.in_chans, "num_classes": num_classes}
     if weights is None:
         try:
@@ -208,7 +212,9 @@ def adapt(
             f"model.reset_head=false keeps the classifier of model.pretrained={weights.record['pretrained']}, which "
             f"has {source.num_classes} classes, but the data have {num_classes}: set model.reset_head=true (or leave it unset)."
         )
-    free = {key: value for key, value in wanted.items() if key in FREE_FIELDS}
+    chosen = model.vit_overrides()
+    free = {key: value for key, value in wanted.items()
+            if key in FREE_FIELDS and (key not in WEIGHTS_DEFAULT_FIELDS or chosen.get(key) is not None)}
     try:
         target = fit_config(weights, img_size=img_size, in_chans=in_chans, num_classes=num_classes, **free)
     except ValueError as error:  # a FieldError names the key
@@ -224,6 +230,9 @@ def adapt(
         reset = load_pretrained(built, weights, reset_head=model.reset_head, class_names=class_names)
     except PretrainedError as error:
         raise RecipeError(f"model.pretrained: {error}") from None
+    if source.use_fc_norm != target.use_fc_norm:
+        rank_zero_info(f"note: the final norm moves {'after' if target.use_fc_norm else 'before'} pooling "
+                       f"(model.global_pool={target.global_pool}): a new norm, {weights.description}'s dropped.")
     if reset and num_classes > 0:
         had = f"its {source.num_classes}-class classifier replaced" if source.num_classes else "it has no classifier"
         rank_zero_info(f"note: a new classifier for the data's {num_classes} classes, initialised as model.init says "

@@ -7,28 +7,26 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
 from timm.utils import ModelEmaV3
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from ..data.multicrop import MultiCrop
 from ..errors import VitkitError
-from ..evaluation import black_level
 from ..io import EMA_PREFIX, FORMAT_KEY, FORMAT_VERSION, MODEL_PREFIX, RELEASED_KEY
 from ..layers import has_lora, merge_lora
 from ..models import VisionTransformer, ViTConfig, from_timm
-from ..schema import FieldError
-from ..tasks import ClassifyTask, DinoTask, MaeTask, Task, build_criterion
-from .config import OptimConfig, RecipeConfig
+from ..schema import FieldError, RecipeError
+from ..tasks import Task, TaskSetup
+from .checkpoint_format import adopt_automatic_steps, load_ema, non_finite_tensors, save_ema
+from .config import RecipeConfig
 from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
-from .optim import Horizon, build_optimizer, refresh_lr, warmup_cosine
+from .lightning_compat import HOOK_NAME_ATTRIBUTE, attached_trainer, batches_started, loggers_write_this_step
+from .optim import Horizon, OptimConfig, build_optimizer, refresh_lr, warmup_cosine
 from .pure_bf16 import PureBf16
-from .schema import RecipeError
 
 #: How many recent losses a non-finite-loss error reports.
 LOSS_HISTORY = 8
@@ -39,49 +37,19 @@ class NonFiniteLossError(VitkitError, RuntimeError):
 
 
 def build_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> Task:
-    """The objective ``recipe.task`` names, configured from the recipe (``extra``: the metadata
-    exported with the model, whose normalisation gives ``'hflip_shift'``'s black border).
+    """The registered task ``recipe.task`` names, built from its options (:meth:`~vitkit.tasks.Task.from_recipe`)
+    for a model of ``vit_config`` (``extra``: the metadata exported with the model: the data's
+    normalisation, class names).
 
     Raises:
-        RecipeError: options the model's patch grid cannot take (a mask ratio that hides every patch).
+        RecipeError: options the model cannot take (a crop size, a mask ratio that hides every patch).
     """
-    if recipe.task.name == DinoTask.name:
-        return dino_task(recipe, vit_config, extra)
-    if recipe.task.name == MaeTask.name:
-        try:
-            return MaeTask(vit_config, **recipe.task.mae.to_dict())
-        except ValueError as error:
-            raise RecipeError(f"task.mae: {error}") from None
-    optim, distill = recipe.optim, recipe.distill
-    mixer, criterion = build_criterion(
-        vit_config.num_classes, mixup=optim.mixup, cutmix=optim.cutmix, mixup_prob=optim.mixup_prob,
-        mixup_switch_prob=optim.mixup_switch_prob, label_smoothing=optim.label_smoothing,
-    )
-    fill = black_level(extra["mean"], extra["std"]) if "mean" in extra and "std" in extra else None
-    return ClassifyTask(
-        mixer, criterion, distill=distill.type, alpha=distill.alpha, tau=distill.tau,
-        tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta, fill=fill,
-    )
-
-
-def dino_task(recipe: RecipeConfig, vit_config: ViTConfig, extra: dict[str, Any]) -> DinoTask:
-    """The ``dino`` task of ``recipe.task.dino`` for a model of ``vit_config``, its crops
-    normalised as the data (``extra``'s mean and std).
-
-    Raises:
-        RecipeError: a crop size the model cannot take.
-    """
-    options = recipe.task.dino
+    task = recipe.task
+    setup = TaskSetup(model=vit_config, extra=extra, recipe=recipe, epochs=recipe.trainer.max_epochs)
     try:
-        options.check_model(vit_config)
+        return task.task_class.from_recipe(task.options, setup)
     except FieldError as error:
         raise RecipeError(f"{error.key} {error.problem}") from None
-    global_size = options.crop_sizes(vit_config)["global_size"]
-    crops = MultiCrop(extra["mean"], extra["std"], global_size=global_size, local_size=options.local_size,
-                      local_crops=options.local_crops, global_scale=options.global_scale, local_scale=options.local_scale)
-    heads = {key: value for key, value in options.to_dict().items()
-             if key not in ("local_crops", "global_size", "local_size", "global_scale", "local_scale")}
-    return DinoTask(vit_config.embed_dim, crops, epochs=recipe.trainer.max_epochs, **heads)
 
 
 class ViTModule(L.LightningModule):
@@ -119,8 +87,8 @@ class ViTModule(L.LightningModule):
         if self.ema is not None:
             self.ema.train(self.training)  # timm leaves the copy in eval mode
             self.ema.requires_grad_(False)
-            self.register_state_dict_post_hook(_save_ema)
-            self.register_load_state_dict_pre_hook(_load_ema)
+            self.register_state_dict_post_hook(save_ema)
+            self.register_load_state_dict_pre_hook(load_ema)
         self.save_hyperparameters({"recipe": recipe.to_dict(), "vit_config": vit_config.to_dict(), "extra": extra,
                                    FORMAT_KEY: FORMAT_VERSION, RELEASED_KEY: self.released_prefix()})
         #: ``trainer.precision: bf16-true``: the bfloat16 copy the training steps run, kept out of
@@ -141,10 +109,10 @@ class ViTModule(L.LightningModule):
         self.__dict__["skeleton"] = None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Lightning sets ``_current_fx_name`` (a hook's name, or None) before and after each of
+        # Lightning sets HOOK_NAME_ATTRIBUTE (a hook's name, or None) before and after each of
         # the ~40 hook calls of a training step; nn.Module's ``__setattr__`` looks for parameters,
         # buffers and submodules first, about 1 us a call, a plain store a tenth of that.
-        if name == "_current_fx_name":
+        if name == HOOK_NAME_ATTRIBUTE:
             object.__setattr__(self, name, value)
             return
         super().__setattr__(name, value)
@@ -357,12 +325,12 @@ class ViTModule(L.LightningModule):
         """Whether Lightning writes this training step's metrics to the loggers: by its own rule
         (every ``log_every_n_steps`` optimiser steps, and the step on which the run stops), and at
         the end of an epoch or of ``max_steps``, where it writes the latest logged values again."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None:  # called outside a Trainer (a bare module): every step
             return True
-        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= trainer.num_training_batches
+        last_of_epoch = batches_started(trainer) >= trainer.num_training_batches
         last_step = trainer.max_steps != -1 and self.global_step + 1 >= trainer.max_steps
-        return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run) or last_of_epoch or last_step
+        return loggers_write_this_step(trainer) or bool(trainer.fast_dev_run) or last_of_epoch or last_step
 
     def raise_if_diverged(self) -> None:
         """Raise :class:`NonFiniteLossError` if a training loss so far was NaN or infinite (the
@@ -385,83 +353,3 @@ class ViTModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.raise_if_diverged()
-
-
-def adopt_automatic_steps(checkpoint: dict[str, Any]) -> None:
-    """Count, in a checkpoint whose optimiser steps Lightning's automatic loop took (vitkit's
-    checkpoints before :meth:`ViTModule.training_step` took them itself), those steps as the
-    manual loop's, where Lightning reads the global step of a module that steps itself: a resumed
-    run goes on from the step it stopped at, not from 0. In place; other checkpoints unchanged."""
-    automatic, manual = step_records(checkpoint)
-    if (completed_steps(automatic) or 0) > (completed_steps(manual) or 0):
-        checkpoint["loops"]["fit_loop"][MANUAL_STEPS] = copy.deepcopy(automatic)
-
-
-#: Where a fit loop's state has the manual loop's step count.
-MANUAL_STEPS = "epoch_loop.manual_optimization.optim_step_progress"
-
-
-def step_records(checkpoint: dict[str, Any]) -> tuple[Any, Any]:
-    """The automatic and the manual loop's step-progress records in ``checkpoint``'s fit-loop
-    state (``None`` where absent; not checked, see :func:`completed_steps`)."""
-    loops = checkpoint.get("loops")
-    fit = loops.get("fit_loop") if isinstance(loops, dict) else None
-    if not isinstance(fit, dict):
-        return None, None
-    automatic = fit.get("epoch_loop.automatic_optimization.optim_progress")
-    optimizer = automatic.get("optimizer") if isinstance(automatic, dict) else None
-    return (optimizer.get("step") if isinstance(optimizer, dict) else None), fit.get(MANUAL_STEPS)
-
-
-def completed_steps(progress: Any) -> int | None:
-    """The steps a Lightning step-progress record counts (``{"total": {"ready": n, "completed": n},
-    "current": {...}}``), or ``None`` if ``progress`` is not such a record."""
-    parts = [progress.get(part) if isinstance(progress, dict) else None for part in ("total", "current")]
-    counts = [part.get(key) if isinstance(part, dict) else None for part in parts for key in ("ready", "completed")]
-    return counts[1] if all(isinstance(count, int) and count >= 0 for count in counts) else None
-
-
-def _save_ema(module: ViTModule, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
-    """State-dict post-hook: the EMA copy's tensors under :data:`~vitkit.io.EMA_PREFIX`
-    (``ema.module.*``), where they were when the copy was a child of the module (checkpoints of
-    either layout load into the other)."""
-    module.ema.module.state_dict(destination=state_dict, prefix=f"{prefix}{EMA_PREFIX}")
-
-
-def _load_ema(
-    module: ViTModule,
-    state_dict: dict[str, Any],
-    prefix: str,
-    local_metadata: dict[str, Any],
-    strict: bool,
-    missing_keys: list[str],
-    unexpected_keys: list[str],
-    error_msgs: list[str],
-) -> None:
-    """Load-state-dict pre-hook: the :data:`~vitkit.io.EMA_PREFIX` entries taken out of ``state_dict``
-    into the EMA copy; missing or unexpected ones are reported as the module's own would be."""
-    head = f"{prefix}{EMA_PREFIX}"
-    ema_state = {key[len(head):]: state_dict.pop(key) for key in [key for key in state_dict if key.startswith(head)]}
-    result = module.ema.module.load_state_dict(ema_state, strict=False)
-    missing_keys.extend(head + key for key in result.missing_keys)
-    unexpected_keys.extend(head + key for key in result.unexpected_keys)
-
-
-def non_finite_tensors(checkpoint: dict[str, Any]) -> list[str]:
-    """Names (``state_dict/model.head.weight``, ``optimizer_states/0/state/3/exp_avg``) of the
-    floating-point tensors with a NaN or infinite entry in a checkpoint's weights and optimiser state
-    (of a sharded checkpoint: this rank's shards)."""
-    sections = {key: checkpoint[key] for key in ("state_dict", "optimizer_states") if key in checkpoint}
-    tensors = ((name, tensor.to_local() if isinstance(tensor, DTensor) else tensor) for name, tensor in _tensors(sections, ""))
-    return [name for name, tensor in tensors if tensor.is_floating_point() and not tensor.isfinite().all()]
-
-
-def _tensors(tree: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(tree, torch.Tensor):
-        yield prefix, tree
-    elif isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _tensors(value, f"{prefix}/{key}" if prefix else str(key))
-    elif isinstance(tree, (list, tuple)):
-        for index, value in enumerate(tree):
-            yield from _tensors(value, f"{prefix}/{index}")

@@ -1,18 +1,74 @@
-"""AdamW without weight decay on norms, biases, position embeddings and the class token, with an
-optional layer-wise learning-rate decay (BEiT, Bao et al. 2021, https://arxiv.org/abs/2106.08254,
-as timm), and a linear-warmup + cosine learning-rate schedule stepped every iteration."""
+"""The recipe's ``optim`` section (:class:`OptimConfig`) and what it builds: AdamW without weight
+decay on norms, biases, position embeddings and the class token, with an optional layer-wise
+learning-rate decay (BEiT, Bao et al. 2021, https://arxiv.org/abs/2106.08254, as timm), and a
+linear-warmup + cosine learning-rate schedule stepped every iteration."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-from .config import OptimConfig
+from ..schema import Config, bounds
+
+
+@dataclass
+class OptimConfig(Config):
+    """AdamW, a per-iteration linear-warmup + cosine schedule, and the loss's regularisers.
+
+    Attributes:
+        lr: peak learning rate (reached after warmup), for ``trainer.batch_size`` per device.
+        weight_decay: AdamW decoupled decay; norms, biases, ``pos_embed`` and ``cls_token`` get none.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        warmup_epochs: linear warmup length (fractions allowed).
+        min_lr: learning rate at the end of the cosine decay.
+        layer_decay: layer-wise learning-rate decay for fine-tuning (BEiT's, as timm's
+            ``param_groups_layer_decay``): a parameter of layer ``i`` learns at
+            ``lr * layer_decay ** (depth + 1 - i)``, with the embeddings at layer 0, block ``k`` at
+            layer ``k + 1`` (the final norm with the last block) and the head at ``depth + 1``
+            (scale 1); ``min_lr`` is scaled alike. Typical values 0.65-0.75; ``null``: one learning
+            rate for every layer. Mixed-RoPE frequencies are each block's own parameters and decay
+            with their block (BEiT's rule, as freezing ``blocks:N`` freezes them with it); timm's
+            Eva keeps them in one model-level tensor that learns at scale 1, up to
+            ``layer_decay ** -depth`` times faster.
+        clip_grad: max global gradient norm; ``null`` disables clipping.
+        label_smoothing: target smoothing (also applied to mixed targets).
+        mixup: Mixup alpha (0 disables); cutmix: CutMix alpha (0 disables).
+        mixup_prob: probability of mixing a batch; mixup_switch_prob: of CutMix instead of Mixup.
+        ema: keep an exponential moving average of the weights and evaluate/export it.
+        ema_decay: EMA decay per step.
+    """
+
+    lr: float = field(default=1e-3, metadata=bounds(gt=0))
+    weight_decay: float = field(default=0.05, metadata=bounds(ge=0))
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=bounds(ge=0, lt=1))
+    eps: float = field(default=1e-8, metadata=bounds(gt=0))
+    warmup_epochs: float = field(default=0.0, metadata=bounds(ge=0))
+    min_lr: float = field(default=1e-6, metadata=bounds(ge=0))
+    layer_decay: float | None = field(default=None, metadata=bounds(gt=0, le=1))
+    clip_grad: float | None = field(default=1.0, metadata=bounds(gt=0))
+    label_smoothing: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
+    mixup: float = field(default=0.0, metadata=bounds(ge=0))
+    cutmix: float = field(default=0.0, metadata=bounds(ge=0))
+    mixup_prob: float = field(default=1.0, metadata=bounds(ge=0, le=1))
+    mixup_switch_prob: float = field(default=0.5, metadata=bounds(ge=0, le=1))
+    ema: bool = False
+    ema_decay: float = field(default=0.9998, metadata=bounds(gt=0, lt=1))
+
+    def validate(self) -> None:
+        """``min_lr`` at most ``lr``."""
+        if self.min_lr > self.lr:
+            raise ValueError(f"optim.min_lr ({self.min_lr:g}) exceeds optim.lr ({self.lr:g}); lower min_lr.")
+
+    @property
+    def mixes(self) -> bool:
+        """Whether batches are mixed (Mixup or CutMix)."""
+        return (self.mixup > 0 or self.cutmix > 0) and self.mixup_prob > 0
 
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:

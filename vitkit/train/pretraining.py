@@ -1,10 +1,10 @@
 """What a pre-training run measures, draws and suggests besides its loss: the weighted k-NN
-accuracy of the encoder's features (:func:`vitkit.tasks.knn.knn_accuracy`, DINO's ``eval_knn``),
+accuracy of the encoder's features (:func:`vitkit.train.knn.knn_accuracy`, DINO's ``eval_knn``),
 for MAE its reconstructions of a few test images (the paper's Figure 2), and the command that
 fine-tunes the encoder (:func:`finetune_command`).
 
-Both are Lightning callbacks, added by :func:`pretraining_callbacks` for a recipe whose
-``task.name`` pre-trains; a run passes them to the ``Trainer`` and reads
+Both are Lightning callbacks, added by :func:`pretraining_callbacks` for a task that releases an
+encoder or draws a figure; a run passes them to the ``Trainer`` and reads
 :func:`pretraining_summary` into ``summary.json``. Any task whose model is a
 :class:`~vitkit.models.VisionTransformer` encoder can use :class:`KnnEvaluation` as it is.
 """
@@ -21,9 +21,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import DataInfo, display_image, labelled_folder_halves, unaugmented
-from ..tasks.knn import knn_accuracy, linear_probe_accuracy, pooled_features
-from ..tasks.mae import MaeTask
 from .config import RecipeConfig, load_recipe
+from .knn import knn_accuracy, linear_probe_accuracy, pooled_features
 from .plots import plot_reconstructions
 
 #: Test images in ``reconstructions.png``.
@@ -44,11 +43,11 @@ class KnnEvaluation(Callback):
     the whole splits (no sampler), so all ranks agree.
 
     With ``linear_probe``, the end of the run also fits a linear classifier on the same features
-    (:func:`~vitkit.tasks.knn.linear_probe_accuracy`): :attr:`probe_result`, ``linear_probe_acc1``.
+    (:func:`~vitkit.train.knn.linear_probe_accuracy`): :attr:`probe_result`, ``linear_probe_acc1``.
 
     Args:
         every: epochs between measurements during training, or ``None``.
-        k, temperature: :func:`~vitkit.tasks.knn.knn_accuracy`'s (DINO's 20 and 0.07).
+        k, temperature: :func:`~vitkit.train.knn.knn_accuracy`'s (DINO's 20 and 0.07).
         linear_probe: also measure the linear probe at the end.
         root: a labelled folder to measure on (:func:`~vitkit.data.labelled_folder_halves`), or ``None``.
     """
@@ -118,9 +117,9 @@ class KnnEvaluation(Callback):
 
 
 class ReconstructionFigure(Callback):
-    """MAE's masked input, reconstruction and original of the first :data:`FIGURE_IMAGES` test
-    images, drawn to ``path`` after the run's test (the tested weights, with fixed masks), by the
-    global rank 0 process."""
+    """The rows of the task's :meth:`~vitkit.tasks.Task.figure_rows` (MAE's masked input,
+    reconstruction and original) of the first :data:`FIGURE_IMAGES` test images, drawn to ``path``
+    after the run's test (the tested weights), by the global rank 0 process."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -155,15 +154,15 @@ def _evaluated(pl_module: L.LightningModule) -> nn.Module:
 
 
 def pretraining_callbacks(config: RecipeConfig, run_dir: Path) -> list[Callback]:
-    """The callbacks of a pre-training recipe (none for classification): k-NN evaluation, and
-    MAE's ``reconstructions.png`` in ``run_dir``."""
-    if not config.task.pretrains:
-        return []
-    callbacks: list[Callback] = [
-        KnnEvaluation(config.task.knn_every, linear_probe=config.task.linear_probe, root=config.task.knn_root)
-    ]
-    if config.task.name == MaeTask.name:
-        callbacks.append(ReconstructionFigure(run_dir / "reconstructions.png"))
+    """The callbacks the recipe's task asks for by its capabilities: k-NN evaluation of an encoder
+    it releases (:attr:`~vitkit.tasks.Task.releases_encoder`), and its figure in ``run_dir``
+    (:attr:`~vitkit.tasks.Task.figure`: MAE's ``reconstructions.png``)."""
+    task, callbacks = config.task.task_class, []
+    if task.releases_encoder:
+        callbacks.append(KnnEvaluation(config.task.knn_every, linear_probe=config.task.linear_probe,
+                                       root=config.task.knn_root))
+    if task.figure is not None:
+        callbacks.append(ReconstructionFigure(run_dir / task.figure))
     return callbacks
 
 

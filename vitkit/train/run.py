@@ -37,11 +37,13 @@ from torch import nn
 
 from ..data import DataInfo, folder_sample, labelled_folder_halves, settle_unset
 from ..errors import VitkitError
+from ..files import write_json
 from ..io import save_model
 from ..kernels import autotune_report
 from ..models import VisionTransformer, count_parameters
 from ..output_dirs import hold
 from ..pretrained import PretrainedWeights
+from ..schema import MAX_EPOCHS, RecipeError
 from .artifacts import (
     CONFIG_FILE,
     RUN_DIR_ENV,
@@ -50,7 +52,7 @@ from .artifacts import (
     merge_metrics,
     point_latest,
     resolve_run_dir,
-    write_json,
+    save_part,
 )
 from .callbacks import (
     CtrlCStops,
@@ -64,13 +66,14 @@ from .callbacks import (
 from .checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
+    check_recipe_unchanged,
     check_resumable,
     is_sharded_checkpoint,
     newest_finite_checkpoint,
     remove_orphan_temp_files,
 )
 from .compile_trial import CompileChooser
-from .config import MAX_EPOCHS, RecipeConfig, TrainerConfig, load_recipe, save_recipe
+from .config import RecipeConfig, TrainerConfig, load_recipe, save_recipe
 from .datamodule import ViTDataModule
 from .distill import build_teacher, prepare_teacher
 from .distributed import ShardedStrategy
@@ -80,7 +83,6 @@ from .model_builder import build_model, load_starting_weights, pretrained_data, 
 from .module import NonFiniteLossError, ViTModule
 from .plots import plot_curves
 from .pretraining import finetune_command, pretraining_callbacks, pretraining_summary
-from .schema import RecipeError
 from .sizing import fit_to_images
 from .threads import other_load, thread_advice, usable_cores
 from .time_budget import budget_summary, cut_short_note, time_budget_callback
@@ -208,7 +210,7 @@ def _prepare_and_fit(
     if config.task.knn_root is not None:  # a labelled folder the end of the run would refuse, refused now
         labelled_folder_halves(config.task.knn_root, datamodule.info, config.data.seed)
     module = build_module(config, datamodule.info, weights)
-    datamodule.training_data = module.task.training_data  # DINO's crops
+    datamodule.task_data = module.task.split_data  # DINO's crops, a dense task's targets
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was
         check_resumable(resume, module, datamodule.info.name, sharded=config.trainer.strategy == "fsdp")
         check_recipe_unchanged(config, adopted_run_dir(resume), filled)
@@ -229,50 +231,6 @@ def settle_pretrained_path(config: RecipeConfig) -> RecipeConfig:
     return dataclasses.replace(config, model=dataclasses.replace(config.model, pretrained=str(Path(pretrained).resolve())))
 
 
-#: Recipe keys a resumed run may change: how long and on what it runs, not what it learns.
-RESUME_MAY_CHANGE = frozenset({
-    "trainer.max_epochs", "trainer.enable_progress_bar", "trainer.num_threads", "trainer.log_every",
-    "trainer.devices", "trainer.accelerator", "trainer.num_nodes", "trainer.strategy", "data.num_workers",
-    "trainer.checkpoint_every_n_steps",
-})
-
-
-def check_recipe_unchanged(config: RecipeConfig, run_dir: Path | None, filled: set[str] = frozenset()) -> None:
-    """Refuse to continue in ``run_dir`` with a recipe that differs from the one it started with
-    (its ``config.yaml``) other than in :data:`RESUME_MAY_CHANGE`: an edited learning rate, batch
-    size or augmentation would otherwise be adopted silently and the run's record rewritten.
-    ``filled``: keys the recipe left unset that the weights filled in this time (a resumed run reads
-    them off its checkpoint, which may know one the original weights did not): unset there is no change."""
-    saved_path = None if run_dir is None else run_dir / CONFIG_FILE
-    if saved_path is None or not saved_path.is_file():
-        return
-    saved, now = _dotted(load_recipe(saved_path).to_dict()), _dotted(config.to_dict())
-    # A change to or from null is a change (optim.clip_grad=null stops clipping). Values that
-    # pretrained weights fill in (data.mean, data.std) are filled on both sides: config.yaml
-    # records them, and a resumed run reads them off its checkpoint.
-    changed = [key for key in sorted(set(saved) | set(now))
-               if saved.get(key) != now.get(key) and key not in RESUME_MAY_CHANGE and not key.startswith("output.")
-               and not (key in filled and saved.get(key) is None)]
-    if changed:
-        shown = "; ".join(f"{key} {saved.get(key)!r} -> {now.get(key)!r}" for key in changed[:3])
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        raise RecipeError(
-            f"the recipe differs from the one {run_dir} started with: {shown}{more}; resume with the run's own "
-            f"recipe (vitkit train {saved_path} --resume CHECKPOINT, trainer.max_epochs=N to extend it), or start a "
-            "new run from the checkpoint with model.pretrained=CHECKPOINT."
-        )
-
-
-def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            flat.update(_dotted(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _fit(
     config: RecipeConfig,
     datamodule: ViTDataModule,
@@ -284,12 +242,7 @@ def _fit(
     started: float,
 ) -> RunResult:
     """Fit, test and export into ``run_dir`` (see :func:`train`)."""
-    teacher_report: dict[str, Any] = {}
-    if teacher is not None:  # trained (or loaded) first: it counts in the run's wall time
-        teacher_report = prepare_teacher(
-            teacher, config.distill, datamodule, run_dir, config.trainer.lightning_precision, config.trainer.enable_progress_bar
-        )
-        module.task.attach_teacher(teacher)
+    teacher_report = _attach_teacher(config, datamodule, module, teacher, run_dir)
     best, last, throughput = _callbacks(config, run_dir)
     monitor_lr = LearningRateMonitor(logging_interval="step")
     # First, so that its step timing ends before other callbacks' batch-end work; a deterministic run times nothing.
@@ -301,7 +254,7 @@ def _fit(
     ctrl_c = CtrlCStops()
     every_rank = SigtermStopsEveryRank()
     bar = [LossProgressBar()] if config.trainer.enable_progress_bar else []
-    pretraining = pretraining_callbacks(config, run_dir)  # k-NN and figures of a pre-training task
+    pretraining = [*pretraining_callbacks(config, run_dir), *module.task.callbacks()]  # k-NN, figures, the task's own
     budget = time_budget_callback(config, datamodule, started, time.perf_counter)  # none without a time budget
     ours = [kernels, *compiling, *budget, best, last, every_rank, throughput, monitor_lr, ctrl_c, RuntimeCudaCheck(),
             *bar, *pretraining]
@@ -321,17 +274,9 @@ def _fit(
                 tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, weights_only=True, verbose=False)
                 validated = trainer.validate(module, datamodule=datamodule, verbose=False)  # the best weights, now loaded
         except NonFiniteLossError as error:
-            kept = newest_finite_checkpoint(Path(last.path).parent)
-            note = f" The last good checkpoint is {kept}." if kept else " No finite checkpoint had been written yet."
-            raise NonFiniteLossError(f"{error} {divergence_advice(config)}{note}") from None
+            raise _diverged(error, config, last) from None
         except SIGTERMException:
-            kept = Path(last.path).is_file() or is_sharded_checkpoint(last.path)  # a file, or fsdp's folder
-            saved = f"{last.path} holds step {trainer.global_step}" if kept else "no checkpoint"
-            error, how = (RunInterruptedError, "Ctrl-C") if ctrl_c.interrupted else (RunStoppedError, "SIGTERM")
-            raise error(
-                f"stopped by {how} at step {trainer.global_step} (epoch {trainer.current_epoch}); {saved}. "
-                f"Resume with: vitkit train {run_dir / CONFIG_FILE} --resume {last.path}"
-            ) from None
+            raise _stopped(trainer, ctrl_c.interrupted, last, run_dir) from None
 
     model = module.export_model()
     summary = {
@@ -339,16 +284,10 @@ def _fit(
         "dataset": datamodule.info.name,
         "model": describe_model(config),
         "num_parameters": count_parameters(model) if model is not None else None,
-        "val_acc": _metric(validated, "val/acc1"),
-        "test_acc": _metric(tested, "test/acc1"),
+        **module.task.summary(lambda key: _metric(tested if key.startswith("test/") else validated, key)),
         "held_out": datamodule.bundle.held_out,  # false: validation and test showed the training images
-        "test_acc5": _metric(tested, "test/acc5"),
         # [images the test accuracy covers, images of the test split]; fewer with trainer.limit_test_batches
         "test_images": [round(_metric(tested, "test/images") or 0), len(datamodule.bundle.test)],
-        "tta": config.trainer.tta,
-        "val_tta": getattr(module.task, "val_tta", None),  # classify resolves an unset one to tta; others have none
-        **({"test_acc_one_view": _metric(tested, "test/acc1_one_view")} if config.trainer.tta != "none" else {}),
-        **({"test_acc_mirrored": _metric(tested, "test/acc1_mirrored")} if config.trainer.tta == "hflip_shift" else {}),
         "epochs": trainer.current_epoch,
         "global_steps": trainer.global_step,
         "wall_time_s": round(time.perf_counter() - started, 2),
@@ -365,17 +304,65 @@ def _fit(
         **teacher_report,
         **pretraining_summary(pretraining),
         **budget_summary(budget, schedule_note),
+        **_encoder_commands(config, run_dir / "model.safetensors", model),
     }
-    if config.task.pretrains:
-        encoder, depth = run_dir / "model.safetensors", model.config.depth
-        summary["finetune_command"] = finetune_command(config, encoder, depth)
-        summary["scratch_command"] = finetune_command(config, encoder, depth, fresh=True)
     if trainer.is_global_zero:
-        save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
-        plot_curves(merge_metrics(run_dir), run_dir / "curves.png")
-        write_json(run_dir / "summary.json", summary)
-        point_latest(run_dir)
+        _write_outputs(config, module, model, run_dir, summary)
     return RunResult(run_dir=run_dir, summary=summary, model=model, primary=trainer.is_global_zero)
+
+
+def _encoder_commands(config: RecipeConfig, encoder: Path, model: VisionTransformer | None) -> dict[str, str]:
+    """For a task that releases an encoder (``encoder``, the exported ``model``): the commands that
+    fine-tune it and train the same model from fresh weights (:func:`finetune_command`)."""
+    if not config.task.task_class.releases_encoder or model is None:
+        return {}
+    depth = model.config.depth
+    return {"finetune_command": finetune_command(config, encoder, depth),
+            "scratch_command": finetune_command(config, encoder, depth, fresh=True)}
+
+
+def _attach_teacher(
+    config: RecipeConfig, datamodule: ViTDataModule, module: ViTModule, teacher: nn.Module | None, run_dir: Path
+) -> dict[str, Any]:
+    """Train (or load) a distillation ``teacher`` first (it counts in the run's wall time) and hand it
+    to the task; ``summary.json``'s teacher entries (none without a teacher)."""
+    if teacher is None:
+        return {}
+    report = prepare_teacher(
+        teacher, config.distill, datamodule, run_dir, config.trainer.lightning_precision, config.trainer.enable_progress_bar
+    )
+    module.task.attach_teacher(teacher)
+    return report
+
+
+def _diverged(error: NonFiniteLossError, config: RecipeConfig, last: LastCheckpoint) -> NonFiniteLossError:
+    """``error`` with the advice against divergence and the newest finite checkpoint beside ``last``."""
+    kept = newest_finite_checkpoint(Path(last.path).parent)
+    note = f" The last good checkpoint is {kept}." if kept else " No finite checkpoint had been written yet."
+    return NonFiniteLossError(f"{error} {divergence_advice(config)}{note}")
+
+
+def _stopped(trainer: L.Trainer, interrupted: bool, last: LastCheckpoint, run_dir: Path) -> RunStoppedError:
+    """The error of a run stopped by SIGTERM (or Ctrl-C, ``interrupted``): where it stopped, what
+    ``last`` holds and the command that resumes it."""
+    kept = Path(last.path).is_file() or is_sharded_checkpoint(last.path)  # a file, or fsdp's folder
+    saved = f"{last.path} holds step {trainer.global_step}" if kept else "no checkpoint"
+    error, how = (RunInterruptedError, "Ctrl-C") if interrupted else (RunStoppedError, "SIGTERM")
+    return error(
+        f"stopped by {how} at step {trainer.global_step} (epoch {trainer.current_epoch}); {saved}. "
+        f"Resume with: vitkit train {run_dir / CONFIG_FILE} --resume {last.path}"
+    )
+
+
+def _write_outputs(config: RecipeConfig, module: ViTModule, model: nn.Module, run_dir: Path, summary: dict[str, Any]) -> None:
+    """The run's files (by global rank 0): the model, the parts the task releases beside it, the
+    curves, ``summary.json``, and the ``latest`` link."""
+    save_model(model, run_dir / "model.safetensors", extra=module.hparams["extra"])
+    for name, part in module.task.released_parts().items():  # a task's own trained parts, beside the model
+        save_part(part, run_dir / f"{name}.safetensors", task=config.task.name)
+    plot_curves(merge_metrics(run_dir), run_dir / "curves.png")
+    write_json(run_dir / "summary.json", summary)
+    point_latest(run_dir)
 
 
 def build_module(config: RecipeConfig, info: DataInfo, weights: PretrainedWeights | None = None) -> ViTModule:
@@ -384,7 +371,7 @@ def build_module(config: RecipeConfig, info: DataInfo, weights: PretrainedWeight
     (normalisation, classes, dataset and recipe names, data options, test-time augmentation,
     where the weights came from) to export."""
     extra = {**info.to_extra(), "recipe": config.name, "data_config": config.data.to_dict(), "tta": config.trainer.tta}
-    if config.task.pretrains:  # a headless encoder: the data's labels name none of its (no) classes
+    if config.task.task_class.releases_encoder:  # a headless encoder: the data's labels name none of its (no) classes
         extra["class_names"] = []
     if weights is not None:
         extra["pretrained"] = weights.record
@@ -504,7 +491,7 @@ def _callbacks(config: RecipeConfig, run_dir: Path) -> tuple[ModelCheckpoint, La
         dirpath=checkpoints,
         filename="best",
         monitor=None if monitor == "last" else monitor,  # None: the latest epoch's weights
-        mode="min" if monitor.endswith("loss") else "max",
+        mode=config.task.task_class.monitors.get(monitor, "min"),
         save_top_k=1,
         auto_insert_metric_name=False,
         enable_version_counter=False,

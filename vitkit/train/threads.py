@@ -2,7 +2,7 @@
 
 torch's intra-op threads wait for each other at the end of every parallel region, so one thread
 that shares its core with another job makes every step wait for it: on a 2-core machine with one
-other job, a Fashion-MNIST step ran 9x slower with 2 threads than with 1 (issue 41). This module
+other job, a Fashion-MNIST step ran 9x slower with 2 threads than with 1. This module
 reads, before a run starts, the cores this process may use (``os.sched_getaffinity``: a container's
 or ``taskset``'s limit, not the machine's count) and the load other processes put on them (the
 1-minute load average), and words the advice.

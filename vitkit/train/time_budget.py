@@ -37,8 +37,10 @@ from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..errors import VitkitError
-from .config import MAX_EPOCHS, RecipeConfig
+from ..schema import MAX_EPOCHS
+from .config import RecipeConfig
 from .datamodule import ViTDataModule
+from .lightning_compat import set_max_epochs
 
 #: Training steps timed, after the first, before the plan is made (fewer if the first epoch is shorter).
 MEASURED_STEPS = 9
@@ -167,7 +169,7 @@ def evaluated_images(config: RecipeConfig, datamodule: ViTDataModule) -> tuple[f
     val_tta = trainer.val_tta or trainer.tta
     val = _batches_images(len(bundle.val), batch, trainer.limit_val_batches) * TTA_VIEWS[val_tta]
     test = _batches_images(len(bundle.test), batch, trainer.limit_test_batches) * TTA_VIEWS[trainer.tta]
-    knn = len(bundle.train) + len(bundle.test) if config.task.pretrains and bundle.info.num_classes > 1 else 0
+    knn = len(bundle.train) + len(bundle.test) if config.task.task_class.releases_encoder and bundle.info.num_classes > 1 else 0
     per_epoch = val + (knn / config.task.knn_every if config.task.knn_every else 0)
     return per_epoch, test + val + knn
 
@@ -236,7 +238,7 @@ class TimeBudget(Callback):
 
 def _apply(plan: Plan, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
     """Training stops, and the schedules end, where ``plan`` says."""
-    trainer.fit_loop.max_epochs = plan.epochs  # whole epochs: the last step is the plan's, validated and saved
+    set_max_epochs(trainer, plan.epochs)  # whole epochs: the last step is the plan's, validated and saved
     pl_module.set_schedule(plan.warmup_steps, plan.steps, plan.epochs)
 
 

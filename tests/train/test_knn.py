@@ -1,4 +1,4 @@
-"""Weighted k-NN accuracy (``vitkit.tasks.knn``): a hand-computed example, and DINO's
+"""Weighted k-NN accuracy (``vitkit.train.knn``): a hand-computed example, and DINO's
 ``knn_classifier`` (facebookresearch/dino, ``eval_knn.py``, written out below) on random features."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.models import VisionTransformer, ViTConfig
-from vitkit.tasks import knn
-from vitkit.tasks.knn import knn_accuracy, linear_probe_accuracy, pooled_features
+from vitkit.train import knn
+from vitkit.train.knn import knn_accuracy, linear_probe_accuracy, pooled_features
 
 # Memory bank on the unit circle: a (1, 0) and d (-1, 0) of class 0, b (0.8, 0.6) and c (0, 1) of class 1.
 BANK = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-1.0, 0.0]])

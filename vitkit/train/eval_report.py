@@ -13,19 +13,16 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from ..class_folders import class_scores, read_class_folder
-from ..data import DataConfig, DataInfo, DatasetBundle, build_datasets
-from ..data.info import MetadataError
-from ..errors import UsageError, VitkitError
+from ..data import DataInfo, datasets_for
+from ..errors import UsageError
 from ..evaluation import Precision, TestTimeAugmentation, black_level, default_device, evaluate_model, recorded_tta
 from ..export import OnnxClassifier
-from ..files import atomic_write
+from ..files import atomic_write, write_json
 from ..io import load_model_and_extra
 from ..layers.token_merging import Schedule
 from ..models import VisionTransformer
 from ..models import merge_tokens as merge_tokens_into
-from .artifacts import write_json
 from .plots import plot_confusion_matrix
-from .schema import build, dotted_keys, merge, parse_overrides
 
 
 def evaluate(
@@ -101,7 +98,7 @@ def evaluation_data(
     """What :func:`evaluate` scores ``model`` (with its metadata ``extra``) on: the images, each
     ``([C, H, W] float32, label)``, their :class:`~vitkit.data.DataInfo`, and the model's classes
     without images (a test ``folder`` may hold only some). Without ``folder``, ``split`` of the
-    data saved with the model (:func:`datasets_for`, ``data_overrides`` applied)."""
+    data saved with the model (:func:`~vitkit.data.datasets_for`, ``data_overrides`` applied)."""
     if folder is None:
         bundle = datasets_for(model, extra, data_overrides)
         return getattr(bundle, split), bundle.info, ()
@@ -152,74 +149,3 @@ def write_evaluation(report: dict[str, Any], out_dir: str | os.PathLike) -> None
             csv.writer(handle).writerows(rows)
 
     atomic_write(out_dir / "confusion_matrix.csv", write_csv)
-
-
-def data_config_for(
-    extra: dict[str, Any], overrides: Iterable[str] = (), model: VisionTransformer | None = None
-) -> DataConfig:
-    """The data options saved with a model (``extra['data_config']``, else its dataset name and
-    geometry, else ``model``'s geometry) with ``key=value`` overrides, validated like a recipe's
-    data section.
-
-    Raises:
-        MetadataError: the model records no dataset and the overrides name none.
-        ConfigError: the options are invalid.
-    """
-    updates, keys = parse_overrides(f"data.{item}" for item in overrides)
-    saved = extra.get("data_config") or {
-        "name": extra.get("dataset"),
-        "img_size": extra.get("img_size", list(model.config.img_size) if model else None),
-        "in_chans": extra.get("in_chans", model.config.in_chans if model else None),
-    }
-    values = merge(saved, updates.get("data", {}))
-    if values.get("name") is None:
-        raise MetadataError(
-            "the model's metadata names no dataset (it was saved without extra=); give the data to use, "
-            "e.g. --data name=cifar10 root=/data/cifar."
-        )
-    return build(DataConfig, values, source="the model's saved data options", path="data.",
-                 all_keys=dotted_keys(DataConfig, prefix="data."), override_keys=keys)
-
-
-def datasets_for(
-    model: VisionTransformer, extra: dict[str, Any], overrides: Iterable[str] = (), *, features_only: bool = False
-) -> DatasetBundle:
-    """The splits of the data ``model`` was trained on (:func:`data_config_for`), checked to fit it
-    (:func:`check_model_fits`; ``features_only``: a model without a classifier is welcome)."""
-    bundle = build_datasets(data_config_for(extra, overrides, model))
-    check_model_fits(model, bundle.info, features_only=features_only)
-    return bundle
-
-
-def check_model_fits(model: VisionTransformer, info: DataInfo, *, features_only: bool = False) -> None:
-    """Refuse data the model cannot take: another class count, channel count or (unless the model
-    has ``dynamic_img_size``) image size, as ``--data`` overrides can give. A model without a
-    classifier (``num_classes=0``: a pre-trained encoder) is refused unless ``features_only`` (a
-    use that reads features or attention, not classes), which takes data of any class count.
-
-    Raises:
-        DataMismatchError: naming each difference.
-    """
-    config = model.config
-    if config.num_classes == 0 and not features_only:
-        raise DataMismatchError(
-            "the model has no classifier (num_classes=0): it gives features, not classes; fine-tune a "
-            "classifier on it first (vitkit train RECIPE model.pretrained=MODEL, docs/finetune.md)."
-        )
-    problems = []
-    if config.num_classes and info.num_classes != config.num_classes:
-        problems.append(f"{info.num_classes} classes (the model predicts {config.num_classes})")
-    if info.in_chans != config.in_chans:
-        problems.append(f"{info.in_chans} channel(s) (the model takes {config.in_chans})")
-    if tuple(info.img_size) != tuple(config.img_size) and not config.dynamic_img_size:
-        problems.append(f"{info.img_size[0]}x{info.img_size[1]} images (the model takes "
-                        f"{config.img_size[0]}x{config.img_size[1]})")
-    if problems:
-        raise DataMismatchError(
-            f"dataset {info.name!r} as configured has {', '.join(problems)}; use the data the model was trained on, "
-            "or leave out the --data overrides that change it."
-        )
-
-
-class DataMismatchError(VitkitError, ValueError):
-    """The data (after ``--data`` overrides) does not fit the model."""

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..bench import interleaved_times
 from ..data import DataConfig, DataInfo, build_datasets
 from ..evaluation import Batch, evaluate_model
 from ..models import VisionTransformer
+from ..timing import interleaved_times
 
 
 @dataclass
@@ -61,7 +61,7 @@ def evaluate_accuracy(
 def time_forward(models: Sequence[nn.Module], batch: torch.Tensor, *, rounds: int = 20, warmup: int = 3) -> list[float]:
     """Median seconds of one forward pass of each model on ``batch``, timed side by side.
 
-    Rounds alternate the models (:func:`vitkit.bench.interleaved_times`), so drifts in machine
+    Rounds alternate the models (:func:`vitkit.timing.interleaved_times`), so drifts in machine
     load hit all models alike; the median over rounds discards outliers.
 
     Args:

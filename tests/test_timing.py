@@ -1,4 +1,4 @@
-"""vitkit.bench.op_wall_times: each ATen operator's wall time within one call."""
+"""vitkit.timing.op_wall_times: each ATen operator's wall time within one call."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from vitkit.bench import OpClock, op_wall_times
+from vitkit.timing import OpClock, op_wall_times
 
 
 def test_each_operator_gets_the_time_read_around_its_calls() -> None:
