@@ -48,7 +48,8 @@ SUBJECTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "knn": ("vitkit/train/knn.py", ("tests/train/test_knn.py",)),
     "mae": ("vitkit/tasks/mae.py", ("tests/tasks/test_mae.py", "tests/train/test_task_refusals.py")),
     "dino": ("vitkit/tasks/dino.py", ("tests/tasks/test_dino.py", "tests/train/test_task_refusals.py")),
-    "dino_options": ("vitkit/tasks/dino_options.py", ("tests/tasks/test_dino.py", "tests/train/test_task_refusals.py")),
+    "dino_options": ("vitkit/tasks/dino_options.py", ("tests/tasks/test_dino_options.py", "tests/tasks/test_dino.py",
+                                                  "tests/train/test_task_refusals.py")),
     "classify": ("vitkit/tasks/classify.py", ("tests/tasks/test_classify.py", "tests/train/test_task_refusals.py")),
     # a task registered in a script, trained, resumed and exported; a dense task's own data and parts
     "registry": ("vitkit/tasks/registry.py", ("tests/train/test_user_task.py", "tests/train/test_dense_task.py")),
