@@ -85,6 +85,9 @@ EXPORT_COMMAND = "tests/test_export.py::test_the_export_command_writes_the_file_
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
 MC = "tests/data/test_multicrop.py::"
 RECOVER_FAST = "tests/prune/test_prune_recover.py::"
+DINO_T = "tests/tasks/test_dino.py::"
+DINO_OPT = "tests/tasks/test_dino_options.py::"
+CLS = "tests/tasks/test_classify.py::"
 USER_TASK = "tests/train/test_user_task.py::test_a_task_registered_in_a_script_trains_resumes_and_exports_its_encoder"
 USER_TASK_RECIPE = "tests/train/test_user_task.py"
 DENSE_TASK = "tests/train/test_dense_task.py"
@@ -758,6 +761,53 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("recovery", "vitkit/prune/recovery.py", '"heads_pruned": {str(layer): indices', '"heads_pruned": {str(layer): []',
              (RECOVER_FAST + "test_a_pruning_record_names_the_source_the_heads_pruned_and_the_heads_left",),
              "a pruned file's record lists no pruned heads"),
+    Mutation("dino", "vitkit/tasks/dino.py", "hidden_dim: int = 2048, bottleneck_dim: int = 256, layers: int = 3,",
+             "hidden_dim: int = 2048, bottleneck_dim: int = 256, layers: int = 4,",
+             (DINO_T + "test_the_heads_defaults_are_dinos_and_its_last_layer_learns_unless_frozen",), "DINO's head one layer deeper by default"),
+    Mutation("dino", "vitkit/tasks/dino.py", "trunc_normal_(layer.weight, std=0.02)", "trunc_normal_(layer.weight)",
+             (DINO_T + "test_the_heads_defaults_are_dinos_and_its_last_layer_learns_unless_frozen",), "the head's MLP drawn with std 1"),
+    Mutation("dino", "vitkit/tasks/dino.py", "    if warmup_epochs == 1:", "    if warmup_epochs == 2:",
+             (DINO_T + "test_teacher_temperature_and_momentum_at_the_edges_are_dinos_schedules",), "a two-epoch warm-up never reaches the temperature"),
+    Mutation("dino", "vitkit/tasks/dino.py", "math.pi * step / max(1, total_steps)", "math.pi * step / max(2, total_steps)",
+             (DINO_T + "test_teacher_temperature_and_momentum_at_the_edges_are_dinos_schedules",), "a one-step run's momentum stops short of 1"),
+    Mutation("dino", "vitkit/tasks/dino.py", "                                 norm_last_layer=options.norm_last_layer)",
+             "                                 )", (DINO_T + "test_the_tasks_head_follows_its_options_and_defaults_to_dinos",),
+             "task.dino.norm_last_layer ignored"),
+    Mutation("dino", "vitkit/tasks/dino.py", "probs = F.softmax((teacher.float() - center) / temp, dim=-1)",
+             "probs = F.softmax(teacher.float() / temp, dim=-1)",
+             (DINO_T + "test_a_training_step_logs_the_teachers_entropy_and_weighs_by_its_images",), "the logged entropy of the uncentred teacher"),
+    Mutation("dino", "vitkit/tasks/dino.py", "model.forward_features(images), pre_logits=True)", "model.forward_features(images))",
+             (DINO_T + "test_the_student_reads_the_pooled_feature_and_its_last_layer_learns_by_default",), "DINO's head reads a classifier's logits"),
+    Mutation("dino", "vitkit/tasks/dino.py", "local_size=options.local_size, local_crops=options.local_crops,",
+             "local_size=options.local_size, local_crops=2,",
+             (DINO_T + "test_from_recipe_builds_the_crops_and_head_from_the_options_and_the_data",), "task.dino.local_crops ignored"),
+    Mutation("dino", "vitkit/tasks/dino.py", 'if recipe.trainer.strategy.startswith("fsdp")', 'if recipe.trainer.strategy == "fsdp"',
+             (DINO_T + "test_conflicts_and_the_augment_refusal_name_what_to_change",), "DINO under fsdp_full not refused"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", "            if low > high:", "            if low >= high:",
+             (DINO_OPT + "test_a_scale_range_may_be_one_value_but_not_reversed",), "a one-value scale range refused"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", '{"local_size": self.local_size} if self.local_crops else {}',
+             '{"local_size": self.local_size}',
+             (DINO_OPT + "test_the_global_crop_defaults_to_the_images_height_and_local_crops_count_only_when_asked",),
+             "an unused local_size refused"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", "tokens = (size // model.patch_size[0]) * (size // model.patch_size[1])",
+             "tokens = (size // model.patch_size[1]) * (size // model.patch_size[1])",
+             (DINO_OPT + "test_the_token_limit_counts_both_sides_of_a_non_square_patch",), "the token limit counts one side of the patch twice"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", "key = \"out_dim\" if 2 * last_layer > head else", "key = \"out_dim\" if 2 * last_layer >= head else",
+             (DINO_OPT + "test_the_parameter_limit_holds_at_twice_the_head_and_backbone_and_names_the_bigger_option",),
+             "the refusal names out_dim when hidden_dim holds as many weights"),
+    Mutation("classify", "vitkit/tasks/classify.py", ") * (tau * tau) / dist_logits.numel()", ") * tau / dist_logits.numel()",
+             (CLS + "test_the_distillation_loss_is_deits",), "soft distillation scaled by tau, not tau squared"),
+    Mutation("classify", "vitkit/tasks/classify.py", "mixup_switch_prob=optim.mixup_switch_prob,", "",
+             (CLS + "test_from_recipe_threads_the_regularisers_distillation_and_test_time_augmentation",), "optim.mixup_switch_prob ignored"),
+    Mutation("classify", "vitkit/tasks/classify.py", "        if len(views) > 1:", "        if len(views) > 2:",
+             (CLS + "test_evaluation_averages_the_views_probabilities_and_reports_the_single_views_beside",),
+             "hflip's single-view accuracy not reported"),
+    Mutation("classify", "vitkit/tasks/classify.py", 'if self.tta == "hflip_shift":', 'if self.tta != "none":',
+             (CLS + "test_the_summary_records_the_test_time_augmentation_and_its_single_view_accuracies",),
+             "a mirrored-only accuracy recorded without moved views"),
+    Mutation("classify", "vitkit/tasks/classify.py", "            model.set_distilled_training(True)", "            pass",
+             (CLS + "test_distillation_trains_the_distillation_head_on_the_attached_teacher",),
+             "a distillation token's head never trained on the teacher"),
     # tasks as registered parts: the trainer reads each task's capabilities
     Mutation("registry", "vitkit/train/run.py", "    datamodule.task_data = module.task.split_data", "    pass",
              (DENSE_TASK,), "a task's own view of the data (its targets, DINO's crops) ignored"),
