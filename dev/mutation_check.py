@@ -88,6 +88,8 @@ RECOVER_FAST = "tests/prune/test_prune_recover.py::"
 DINO_T = "tests/tasks/test_dino.py::"
 DINO_OPT = "tests/tasks/test_dino_options.py::"
 CLS = "tests/tasks/test_classify.py::"
+MAE_REFUSE = "tests/tasks/test_mae_refusals.py::"
+REGISTRY = "tests/tasks/test_registry.py::"
 USER_TASK = "tests/train/test_user_task.py::test_a_task_registered_in_a_script_trains_resumes_and_exports_its_encoder"
 USER_TASK_RECIPE = "tests/train/test_user_task.py"
 DENSE_TASK = "tests/train/test_dense_task.py"
@@ -808,6 +810,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("classify", "vitkit/tasks/classify.py", "            model.set_distilled_training(True)", "            pass",
              (CLS + "test_distillation_trains_the_distillation_head_on_the_attached_teacher",),
              "a distillation token's head never trained on the teacher"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "        if self.decoder_dim % 4 or self.decoder_dim % self.decoder_heads:",
+             "        if self.decoder_dim % 4 and self.decoder_dim % self.decoder_heads:",
+             (MAE_REFUSE + "test_the_decoder_width_must_be_divisible_by_4_and_by_its_heads",), "a decoder width 4 does not divide accepted"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "def check_encoder(config: ViTConfig, norm_pix_loss: bool = False)",
+             "def check_encoder(config: ViTConfig, norm_pix_loss: bool = True)",
+             (MAE_REFUSE + "test_norm_pix_loss_needs_two_pixel_values_a_patch_and_is_off_by_default",),
+             "one-pixel patches refused without norm_pix_loss"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "    return config.patch_size[0] * config.patch_size[1] * config.in_chans",
+             "    return config.patch_size[1] * config.patch_size[1] * config.in_chans",
+             (MAE_REFUSE + "test_norm_pix_loss_needs_two_pixel_values_a_patch_and_is_off_by_default",), "a patch's pixels counted as a square"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "        images = batch[0]\n        return StepOutput(self.loss(model, images), len(images))",
+             "        images = batch[1]\n        return StepOutput(self.loss(model, images), len(images))",
+             (MAE_REFUSE + "test_the_steps_weigh_a_batch_by_its_images_and_train_on_its_images",), "MAE trains on the labels"),
+    Mutation("tasks", "vitkit/tasks/registry.py", "    return sorted(_TASKS)", "    return list(_TASKS)",
+             (REGISTRY + "test_a_registered_task_is_found_by_its_name_which_it_learns",), "task names in registration order"),
+    Mutation("tasks", "vitkit/tasks/registry.py", "        if known is not None and known is not cls:", "        if False:",
+             (REGISTRY + "test_a_name_belongs_to_one_class_and_only_tasks_register",), "a second class takes a registered name"),
+    Mutation("tasks", "vitkit/train/knn.py", "lr=1.0, max_iter=steps, line_search_fn", "lr=1.0, max_iter=1, line_search_fn",
+             ("tests/train/test_knn.py::test_the_linear_probe_is_the_minimiser_of_its_regularised_loss_after_its_steps",),
+             "the linear probe stops after one L-BFGS iteration"),
     # tasks as registered parts: the trainer reads each task's capabilities
     Mutation("registry", "vitkit/train/run.py", "    datamodule.task_data = module.task.split_data", "    pass",
              (DENSE_TASK,), "a task's own view of the data (its targets, DINO's crops) ignored"),

@@ -54,7 +54,7 @@ def test_norm_pix_loss_needs_two_pixel_values_a_patch_and_is_off_by_default() ->
         "norm_pix_loss normalises each patch's 1 pixel value by its variance, which one value does not have: use a "
         "patch of 2 or more pixels (patch_size), or norm_pix_loss=false.")
     check_encoder(config(patch_size=(1, 2)), True)  # 2 values: a variance
-    check_encoder(config(patch_size=(1, 3), img_size=(8, 9)), True)
+    check_encoder(config(patch_size=(2, 1)), True)  # counted as 2 x 1, not 1 x 1
 
 
 def test_the_encoder_refusals_name_the_field_and_the_fix() -> None:
