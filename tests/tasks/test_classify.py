@@ -78,10 +78,10 @@ def test_the_distillation_loss_is_deits(kind: str) -> None:
 
 
 def test_the_criterion_is_chosen_by_mixing_and_smoothing() -> None:
-    mixer, criterion = build_criterion(5, mixup=0.8, cutmix=1.0, mixup_prob=0.7, mixup_switch_prob=0.3, label_smoothing=0.1)
+    mixer, criterion = build_criterion(5, mixup=0.8, cutmix=1.0, mixup_prob=0.7, mixup_switch_prob=0.3, label_smoothing=0.2)
     assert isinstance(criterion, SoftTargetCrossEntropy)
     assert (mixer.mixup_alpha, mixer.cutmix_alpha, mixer.mix_prob, mixer.switch_prob, mixer.label_smoothing,
-            mixer.num_classes) == (0.8, 1.0, 0.7, 0.3, 0.1, 5)
+            mixer.num_classes) == (0.8, 1.0, 0.7, 0.3, 0.2, 5)  # 0.2: timm's Mixup defaults to 0.1
     for only in (dict(mixup=0.5), dict(cutmix=0.5)):
         assert build_criterion(5, **only)[0] is not None
     mixer, criterion = build_criterion(5, mixup=0.8, mixup_prob=0.0, label_smoothing=0.2)  # never mixes
@@ -109,8 +109,11 @@ def test_distillation_trains_the_distillation_head_on_the_attached_teacher() -> 
     torch.manual_seed(0)
     student, teacher = TwoHeads(), nn.Linear(4, 3)
     task = ClassifyTask(None, nn.CrossEntropyLoss(), distill="hard", alpha=0.25, tau=1.0)
-    with pytest.raises(RuntimeError, match="no teacher was attached"):
+    with pytest.raises(RuntimeError) as caught:
         task.on_fit_start(torch.device("cpu"))
+    assert str(caught.value) == "distillation is configured but no teacher was attached (attach_teacher)."
+    default = ClassifyTask(None, nn.CrossEntropyLoss(), distill="soft").distill_loss
+    assert (default.alpha, default.tau) == (0.5, 1.0)  # DeiT's
     task.attach_teacher(teacher)
     task.on_fit_start(torch.device("cpu"))
     task.prepare(student)
