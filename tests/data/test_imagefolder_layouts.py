@@ -24,8 +24,8 @@ def save_images(folder: Path, count: int, start: int = 0) -> None:
 
 def config(root: Path, **changes: object) -> DataConfig:
     """A split of every folder (``no_split_below=0``) unless ``changes`` say otherwise."""
-    return DataConfig(name="imagefolder", root=str(root), img_size=8, val_fraction=0.2, test_fraction=0.2,
-                      **{"no_split_below": 0, **changes})
+    return DataConfig(name="imagefolder", root=str(root), val_fraction=0.2, test_fraction=0.2,
+                      **{"img_size": 8, "no_split_below": 0, **changes})
 
 
 def test_class_folders_without_train_are_split_class_by_class(tmp_path: Path) -> None:
@@ -131,3 +131,54 @@ def test_in_memory_needs_whole_image_training(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="in_memory.*augment.crop pad or resize"):
         load_recipe({"data": {"name": "imagefolder", "root": str(tmp_path), "in_memory": True,
                               "augment": {"crop": "random_resized"}}})
+
+
+def test_dino_crops_of_a_folder_held_in_memory_equal_those_of_its_files(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from vitkit.data.multicrop import MultiCrop, multi_crop_dataset
+
+    rng = np.random.default_rng(1)
+    for index in range(6):  # stored at the image size: the memory path holds the file's own pixels
+        Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8)).save(tmp_path / f"{index}.png")
+    dino = {"img_size": 16, "in_chans": 1, "require_classes": False, "crop_pct": 1.0, "augment": {"enabled": False}}
+    crops = MultiCrop((0.5,), (0.25,), global_size=16, local_size=8, local_crops=2)
+    views = {}
+    for in_memory in (False, True):
+        bundle = build_datasets(config(tmp_path, in_memory=in_memory, **dino))
+        assert (type(bundle.train).__name__ == "ArrayDataset") is in_memory
+        torch.manual_seed(0)  # one image a batch: both paths draw the same numbers in the same order
+        views[in_memory] = list(DataLoader(multi_crop_dataset(bundle.train, crops), batch_size=1))
+    assert len(views[True]) == len(views[False]) == 4  # one image each held out for val and test
+    for (memory, _), (files, _) in zip(views[True], views[False]):
+        assert [view.shape for view in memory] == [(1, 1, 16, 16)] * 2 + [(1, 1, 8, 8)] * 2
+        for ours, theirs in zip(memory, files):
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_a_folder_held_in_memory_decodes_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vitkit.data import images
+
+    save_images(tmp_path / "cat", 5)
+    save_images(tmp_path / "dog", 5, start=5)
+    opened: list[str] = []
+    original = images._open
+    monkeypatch.setattr(images, "_open", lambda path: opened.append(Path(path).name) or original(path))
+    bundle = build_datasets(config(tmp_path, in_memory=True, verify_images=True, augment={"crop": "pad"}))
+    assert sorted(opened) == sorted(f"{index}.png" for index in range(10))  # the check's decode is the one kept
+    for split in (bundle.train, bundle.val, bundle.test):
+        [split[index] for index in range(len(split))]
+    assert len(opened) == 10  # nothing read again
+
+
+def test_in_memory_needs_an_eval_crop_of_the_whole_image(tmp_path: Path) -> None:
+    from vitkit.schema import RecipeError
+    from vitkit.train import load_recipe
+
+    for augment in ({"crop": "pad"}, {"enabled": False}):  # whole images trained, or a task's own crops of them
+        with pytest.raises(RecipeError, match="in_memory.*data.crop_pct 1.0"):
+            load_recipe({"data": {"name": "imagefolder", "root": str(tmp_path), "in_memory": True, "crop_pct": 0.9,
+                                  "augment": augment}})
+        whole = load_recipe({"data": {"name": "imagefolder", "root": str(tmp_path), "in_memory": True,
+                                      "crop_pct": 1.0, "augment": augment}})
+        assert whole.data.in_memory

@@ -130,3 +130,53 @@ def test_bad_folders_are_refused_in_one_line_before_a_run_directory(folders: tup
         train("mae_imagefolder", [f"data.root={unlabelled}", f"task.knn_root={tmp_path / 'one'}", f"output.dir={runs}",
                                   *TINY])
     assert not runs.exists()
+
+
+def test_dino_on_a_folder_decodes_each_image_and_each_knn_image_once_and_trains_from_memory(
+    folders: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from collections import Counter
+
+    from vitkit.data import images
+
+    unlabelled, labelled = folders
+    opened: Counter[Path] = Counter()
+    original = images._open
+    monkeypatch.setattr(images, "_open", lambda path: opened.update([Path(path)]) or original(path))
+    result = train("dino_imagefolder", [
+        f"data.root={unlabelled}", f"task.knn_root={labelled}", f"output.dir={tmp_path}", "model.embed_dim=32",
+        "model.num_heads=2", "task.dino.out_dim=32", "task.dino.hidden_dim=32", "task.dino.bottleneck_dim=16",
+        *[option for option in TINY if not option.startswith("trainer.max_epochs")], "trainer.max_epochs=2"])
+    assert result.summary["global_steps"] == 4 and result.summary["knn_acc1"] is not None
+    config = load_recipe(result.run_dir / "config.yaml")
+    assert config.data.in_memory and config.data.resolved_crop_pct() == 1.0
+    read = {path: count for path, count in opened.items() if path.parent == unlabelled}
+    assert sorted(read) == sorted(unlabelled.glob("*.png")) and set(read.values()) == {1}  # two epochs, one read
+    knn = {path: count for path, count in opened.items() if labelled in path.parents}
+    assert sorted(knn) == sorted(labelled.rglob("*.png")) and set(knn.values()) == {1}  # checked at the start, measured at the end
+
+
+@pytest.mark.parametrize(("recipe", "layout", "message"), [
+    ("mae_imagefolder", "empty", "holds no images with extensions"),
+    ("dino_imagefolder", "empty", "holds no images with extensions"),
+    ("finetune_small", "one class", "has a single class folder, 'only'; a classifier needs at least two"),
+    ("mae_imagefolder", "4-px images", "cannot take the data's 4x4 images"),
+])
+def test_each_bad_folder_of_the_journey_is_one_error_line(
+    recipe: str, layout: str, message: str, encoder_run, tmp_path: Path, capsys: pytest.CaptureFixture,  # noqa: ANN001
+) -> None:
+    from vitkit.cli.train import main as train_main
+
+    root = tmp_path / "data"
+    root.mkdir()
+    line = [f"data.root={root}", f"output.dir={tmp_path / 'runs'}", *TINY]
+    if layout == "one class":  # fine-tuning the journey's encoder on one class folder
+        gray_images(root / "only", 4, 20, seed=0)
+        line.append(f"model.pretrained={encoder_run.run_dir / 'model.safetensors'}")
+    elif layout == "4-px images":  # smaller than a patch, kept at their size
+        gray_images(root, 60, 4, seed=1)  # enough for one validation and one test image
+        line.append("data.img_size=4")
+    assert train_main([recipe, *line]) != 0
+    (error,) = capsys.readouterr().err.strip().splitlines()
+    assert error.startswith("error: ") and message in error
+    assert not (tmp_path / "runs").exists()

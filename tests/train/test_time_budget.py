@@ -216,3 +216,48 @@ def test_the_closing_lines_say_where_max_time_cut_the_schedule_or_what_the_budge
     assert load_tool("train").closing_lines(planned, Path("runs/r")).splitlines()[1].startswith(
         "time budget 12.5 min: 31 epochs planned")
     assert len(load_tool("train").closing_lines(summary, Path("runs/r")).splitlines()) == len(lines) - 1
+
+
+def test_max_epochs_on_the_command_line_switches_the_recipes_budget_off_with_a_note(caplog) -> None:
+    assert load_recipe("mae_imagefolder").trainer.time_budget_minutes == 15  # the recipe's budget
+    config = load_recipe("mae_imagefolder", ["trainer.max_epochs=3"])
+    assert (config.trainer.max_epochs, config.trainer.time_budget_minutes) == (3, None)  # the line's epochs run
+    assert "trainer.max_epochs=3 on the command line: the recipe's trainer.time_budget_minutes=15 is switched off" \
+        in caplog.text
+    caplog.clear()
+    budgeted = load_recipe("mae_imagefolder", ["trainer.time_budget_minutes=5"])
+    assert budgeted.trainer.time_budget_minutes == 5 and "switched off" not in caplog.text
+    with pytest.raises(RecipeError, match="max_epochs=3 and trainer.time_budget_minutes=5 both set the run's length"):
+        load_recipe("mae_imagefolder", ["trainer.max_epochs=3", "trainer.time_budget_minutes=5"])
+    assert load_recipe("mae_imagefolder", ["trainer.max_epochs=3", "trainer.time_budget_minutes=null"]).trainer.max_epochs == 3
+
+
+class SlowsDown(Steps):
+    """:class:`Steps`, each step from the ``after``-th on taking ``slower`` seconds."""
+
+    def __init__(self, clock: FakeClock, seconds: float, after: int, slower: float) -> None:
+        super().__init__(clock, seconds)
+        self.after, self.slower = after, slower
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        if self.taken >= self.after:
+            self.clock.now += self.slower
+            self.taken += 1
+        else:
+            super().on_train_batch_start(*args)
+
+
+@pytest.mark.slow
+def test_a_run_that_slows_down_shortens_its_plan_to_end_within_the_budget(tmp_path: Path, clock: FakeClock) -> None:
+    """Planned as in :func:`_expected_lrs` (7 epochs of 3 s, 12 s kept for the end of a 39-s budget;
+    epoch 1 ends at 7 s), then every step takes 1 s: epoch 2 ends at 11 s, 4 s an epoch (the faked
+    clock leaves validation out), and 5 more would end at 11 + 20 + 12 = 43 s > 39 s; the most that
+    fit: 2 + floor((39 - 11 - 12) / 4) = 6 epochs, 24 steps, ending at 27 + 12 = 39 s. Epoch 3 at the
+    same pace ends at 15 s: 15 + 3 x 4 + 12 = 39 s fits, so the plan stays."""
+    steps = SlowsDown(clock, STEP_S, after=4, slower=1.0)
+    result = train(_budget_recipe(tmp_path), callbacks=[steps])
+    plan = result.summary["time_budget"]
+    assert (plan["epochs"], plan["steps"], plan["shortened_after"], plan["warmup_steps"]) == (6, 24, 2, 7)
+    assert (result.summary["epochs"], result.summary["global_steps"]) == (6, 24)
+    assert steps.final_lr == pytest.approx(MIN_LR, rel=1e-9)  # the cosine ended with the shortened plan
+    assert clock.now + plan["end_s"] <= 39.0 + 1e-9

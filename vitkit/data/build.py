@@ -31,15 +31,17 @@ from .cifar import CIFAR_STATS, load_cifar
 from .config import DataConfig
 from .digits import DIGITS_CLASSES, DIGITS_MEAN, DIGITS_STD, load_digits
 from .imagefolder import (
+    UNLABELLED,
     ImageFolderDataset,
     ImageFolderError,
     SplitFiles,
+    check_images,
     drop_unreadable,
     find_classes,
     scan_image_folder,
     scan_split,
 )
-from .images import image_size, is_grayscale, load_image
+from .images import ImageReadError, image_size, is_grayscale, load_image
 from .info import IMAGENET_MEAN, IMAGENET_STD, DataFileError, DataInfo, DatasetBundle
 from .mnist import MNIST_SOURCES, load_mnist
 from .shapes import SHAPE_CLASSES, SHAPES_MEAN, SHAPES_STD, ShapesDataset
@@ -244,14 +246,18 @@ def _build_shapes(cfg: DataConfig) -> DatasetBundle:
 
 
 def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
+    """An image folder's splits: its files decoded on access, or with ``data.in_memory`` decoded
+    once by the scan's own check (:class:`FolderDecoder`) and held as arrays."""
+    decoder = FolderDecoder(data_info(cfg, [UNLABELLED], IMAGENET_MEAN, IMAGENET_STD)) if cfg.in_memory else None
     classes, scanned = scan_image_folder(
-        Path(cfg.root), cfg.verify_images, cfg.skip_corrupt, fractions=(cfg.val_fraction, cfg.test_fraction),
-        seed=cfg.seed, min_classes=2 if cfg.require_classes else 1, no_split_below=cfg.no_split_below,
+        Path(cfg.root), cfg.verify_images or decoder is not None, cfg.skip_corrupt,
+        fractions=(cfg.val_fraction, cfg.test_fraction), seed=cfg.seed, min_classes=2 if cfg.require_classes else 1,
+        no_split_below=cfg.no_split_below, check=decoder or check_images,
     )
     info = data_info(cfg, classes, IMAGENET_MEAN, IMAGENET_STD)
     held_out = scanned["val"].files is not scanned["train"].files
-    if cfg.in_memory:  # decoded once, augmented per batch as the in-memory datasets are
-        parts = [decoded(scanned.get(split, scanned["val"]), info) for split in ("train", "val", "test")]
+    if decoder is not None:  # augmented per batch as the in-memory datasets are
+        parts = [decoder.stack(scanned.get(split, scanned["val"])) for split in ("train", "val", "test")]
         return dataclasses.replace(_array_bundle(cfg, info, parts), held_out=held_out)
     train_tf, eval_tf = build_train_transform(cfg.augment, info), build_eval_transform(info)
     transforms = {"train": train_tf, "val": eval_tf, "test": eval_tf}
@@ -263,10 +269,59 @@ def _build_imagefolder(cfg: DataConfig) -> DatasetBundle:
                          held_out=held_out)
 
 
+class FolderDecoder:
+    """Image files decoded once each, at ``info``'s channels, resized whole to its image size by the
+    evaluation transform's own resize: the scan's :data:`~vitkit.data.imagefolder.Checker` (an
+    unreadable file gives its reason), whose images ``data.in_memory`` then holds.
+
+    Args:
+        info: the run's geometry (``img_size``, ``in_chans``, ``crop_pct`` 1.0, interpolation).
+    """
+
+    def __init__(self, info: DataInfo) -> None:
+        self.info = info
+        self.resize = build_eval_transform(info).spatial
+        self.images: dict[Path, np.ndarray] = {}
+
+    def __call__(self, files: Sequence[Path]) -> list[str | None]:
+        """Decode ``files``, keeping each readable one's ``uint8 [H, W, C]``; per file ``None`` or why not.
+
+        Raises:
+            ResizeMemoryError: more than the memory free (the images, then their split arrays),
+                refused before decoding.
+        """
+        check_free_memory(2 * (len(self.images) + len(files)), self.info.img_size, self.info.in_chans, "holding")
+        return [self._decode(path) for path in files]
+
+    def _decode(self, path: Path) -> str | None:
+        try:
+            image = load_image(path, self.info.in_chans)
+        except ImageReadError as error:
+            return error.reason
+        height, width = self.info.img_size
+        self.images[path] = self.resize(image=to_array(image))["image"].reshape(height, width, -1)
+        return None
+
+    def stack(self, split: SplitFiles) -> tuple[np.ndarray, np.ndarray]:
+        """The images of ``split`` (decoded by this decoder) as ``(uint8 [N, H, W, C], labels [N])``."""
+        height, width = self.info.img_size
+        images = np.empty((len(split.files), height, width, self.info.in_chans), dtype=np.uint8)
+        for index, path in enumerate(split.files):
+            images[index] = self.images[path]
+        return images, np.asarray(split.labels, dtype=np.int64)
+
+    def dataset(self, split: SplitFiles) -> ArrayDataset:
+        """The images of ``split`` as evaluation sees them: already resized and cropped, so only normalised."""
+        stored = dataclasses.replace(self.info, crop_pct=1.0, crop_mode="squash")
+        return ArrayDataset(*self.stack(split), build_eval_transform(stored),
+                            build_batch_transform(None, stored, stored.img_size))
+
+
 def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> tuple[Dataset, Dataset, int]:
     """A labelled image folder as a k-NN memory bank and its queries, through the evaluation
     transform of a run's data ``info`` (its size, channels and normalisation): ``train/`` and
     ``test/`` (else ``val/``) where the folder has them, else each class split in halves by ``seed``.
+    Each file is decoded once, by the scan's check, and held (:meth:`FolderDecoder.dataset`).
 
     Returns:
         ``(bank, queries, number of classes)``.
@@ -275,12 +330,11 @@ def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> t
         ImageFolderError, FileNotFoundError: fewer than two classes, or a class with fewer than two images.
     """
     root = Path(root)
-    transform = build_eval_transform(info)
+    decoder = FolderDecoder(info)
     if (root / "train").is_dir():
-        classes, scanned = scan_image_folder(root, skip_corrupt=True)
+        classes, scanned = scan_image_folder(root, skip_corrupt=True, check=decoder)
         bank, query = scanned["train"], scanned.get("test", scanned["val"])
-        return (*(ImageFolderDataset(part.files, part.labels, transform, info.in_chans) for part in (bank, query)),
-                len(classes))
+        return decoder.dataset(bank), decoder.dataset(query), len(classes)
     classes = find_classes(root) if root.is_dir() and any(p.is_dir() for p in root.iterdir()) else []
     if len(classes) < 2:
         raise ImageFolderError(
@@ -288,32 +342,15 @@ def labelled_folder_halves(root: str | Path, info: DataInfo, seed: int = 0) -> t
             "labelled images of two or more classes, as <root>/<class>/<image>."
         )
     files, found = scan_split(root, classes)
-    files, found, _ = drop_unreadable(files, found, skip=True)
+    files, found, _ = drop_unreadable(files, found, skip=True, check=decoder)
     labels = np.asarray(found, dtype=np.int64)
     counts = np.bincount(labels, minlength=len(classes))
     if counts.min() < 2:
         raise ImageFolderError(f"{root}: class {classes[int(counts.argmin())]!r} has {counts.min()} image(s); the k-NN "
                                "measurement needs two or more of each class (one to look up, one to find).")
     halves = stratified_split(labels, (0.5,), seed)
-    bank, queries = (ImageFolderDataset([files[i] for i in half], labels[half].tolist(), transform, info.in_chans)
-                     for half in halves)
+    bank, queries = (decoder.dataset(SplitFiles([files[i] for i in half], labels[half].tolist(), [])) for half in halves)
     return bank, queries, len(classes)
-
-
-def decoded(split: SplitFiles, info: DataInfo) -> tuple[np.ndarray, np.ndarray]:
-    """The images of ``split`` decoded once, at ``info``'s channels, resized whole to its image size
-    by the evaluation transform's own resize, as ``(uint8 [N, H, W, C], labels [N])``.
-
-    Raises:
-        ResizeMemoryError: more than the memory free, refused before anything is allocated.
-    """
-    height, width = info.img_size
-    check_free_memory(len(split.files), (height, width), info.in_chans, "holding")
-    resize = build_eval_transform(info).spatial
-    images = np.empty((len(split.files), height, width, info.in_chans), dtype=np.uint8)
-    for index, path in enumerate(split.files):
-        images[index] = resize(image=to_array(load_image(path, info.in_chans)))["image"].reshape(height, width, -1)
-    return images, np.asarray(split.labels, dtype=np.int64)
 
 
 def unaugmented(dataset: Dataset, like: Dataset) -> Dataset:

@@ -170,7 +170,8 @@ class DataConfig(Config):
         in_memory: imagefolder: decode every image once, resized whole to ``img_size``, and train
             from memory with the per-batch augmentation of the in-memory datasets (for many small
             images, where decoding each file every epoch costs more than the step); needs
-            whole-image training (``augment.crop`` ``pad`` or ``resize``) and the memory to hold them.
+            whole-image training (``augment.crop`` ``pad`` or ``resize``, or no augmentation, as DINO's
+            crops of the stored images), an eval ``crop_pct`` of 1.0 and the memory to hold them.
         mean: per-channel normalisation mean; ``None``: the dataset's statistics.
         std: per-channel normalisation std; ``None``: the dataset's statistics.
         crop_pct: eval transform resizes the shorter side to ``img_size / crop_pct`` then
@@ -221,10 +222,11 @@ class DataConfig(Config):
 
     def validate(self) -> None:
         """Cross-field checks (types and bounds are checked already): raise naming the option."""
-        if self.in_memory and (self.name != "imagefolder" or not self.trains_on_whole_images()):
+        if self.in_memory and (self.name != "imagefolder" or not self.holds_whole_images()):
             raise FieldError("in_memory", "holds an image folder's whole images decoded once: it needs data.name "
-                             "imagefolder and data.augment.crop pad or resize (crops of the stored images would "
-                             "differ from what evaluation sees); remove it.")
+                             "imagefolder, data.augment.crop pad or resize (or data.augment.enabled false, as for "
+                             "DINO's crops) and data.crop_pct 1.0 (crops of the stored images would differ from what "
+                             "evaluation sees); remove it.")
         if (self.classes is not None or self.train_per_class is not None) and self.name not in SUBSETTABLE:
             key = "classes" if self.classes is not None else "train_per_class"
             raise FieldError(
@@ -269,6 +271,12 @@ class DataConfig(Config):
         """Training sees each whole image (resized, then padded and shifted or not): ``augment.crop``
         ``'pad'`` or ``'resize'``, against ``'random_resized'``'s crops of it."""
         return self.augment.enabled and (self.augment.crop or self.defaults.crop) in ("pad", "resize")
+
+    def holds_whole_images(self) -> bool:
+        """Every use of an image sees it whole, so that it can be stored decoded at ``img_size``: the
+        eval crop is 1.0 and training augments whole images (:meth:`trains_on_whole_images`) or not at
+        all (a task's own augmentation, such as DINO's multi-crop, then cuts the stored images)."""
+        return self.resolved_crop_pct() == 1.0 and (self.trains_on_whole_images() or not self.augment.enabled)
 
     def resolved_crop_pct(self) -> float:
         """The eval crop: ``crop_pct``, or unset 1.0 for a recipe that trains on whole images (evaluation

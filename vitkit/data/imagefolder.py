@@ -19,7 +19,7 @@ its accuracy does not cover them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,15 @@ UNLABELLED = "images"
 
 #: Class names quoted in a message before the rest are only counted.
 _NAMES_SHOWN = 8
+
+#: Reads files once each, giving per file ``None`` (readable) or the reason it is not: the check of
+#: a folder scan (:func:`check_images`, or a decoder that keeps the images it read).
+Checker = Callable[[Sequence[Path]], list[str | None]]
+
+
+def check_images(files: Sequence[Path]) -> list[str | None]:
+    """:func:`~vitkit.data.images.check_image` of each file."""
+    return [check_image(path) for path in files]
 
 
 class ImageFolderError(VitkitError, ValueError):
@@ -115,7 +124,7 @@ def image_files(folder: Path) -> list[Path]:
 
 def scan_image_folder(
     root: Path, verify: bool = True, skip_corrupt: bool = False, *, fractions: tuple[float, float] = (0.1, 0.2),
-    seed: int = 0, min_classes: int = 2, no_split_below: int = 0,
+    seed: int = 0, min_classes: int = 2, no_split_below: int = 0, check: Checker = check_images,
 ) -> tuple[list[str], dict[str, SplitFiles]]:
     """The classes (``root/train``'s folders, else ``root``'s, else :data:`UNLABELLED`) and the
     files of ``train``, ``val`` and ``test`` (when present), checked before training.
@@ -123,6 +132,7 @@ def scan_image_folder(
     Args:
         root: the dataset folder (see :data:`LAYOUT`).
         verify: decode every file once (see :func:`drop_unreadable`).
+        check: how ``verify`` reads the files (a :data:`Checker`).
         skip_corrupt: drop unreadable files instead of raising.
         fractions: the shares of val and test of a folder without ``train/`` (:func:`split_folder`).
         seed: the seed of that split.
@@ -138,7 +148,7 @@ def scan_image_folder(
     """
     if not (root / "train").is_dir():
         return split_folder(root, verify, skip_corrupt, fractions=fractions, seed=seed, min_classes=min_classes,
-                            no_split_below=no_split_below)
+                            no_split_below=no_split_below, check=check)
     classes = find_classes(root / "train")
     check_class_count(root / "train", classes, min_classes)
     splits: dict[str, SplitFiles] = {}
@@ -148,7 +158,7 @@ def scan_image_folder(
         files, labels = scan_split(root / split, classes)
         skipped: list[Path] = []
         if verify:
-            files, labels, skipped = drop_unreadable(files, labels, skip_corrupt)
+            files, labels, skipped = drop_unreadable(files, labels, skip_corrupt, check)
         check_classes_covered(root / split, classes, labels, required=split == "train")
         splits[split] = SplitFiles(files, labels, skipped)
     return classes, splits
@@ -167,7 +177,7 @@ def check_class_count(folder: Path, classes: Sequence[str], min_classes: int) ->
 
 def split_folder(
     root: Path, verify: bool, skip_corrupt: bool, *, fractions: tuple[float, float], seed: int, min_classes: int,
-    no_split_below: int = 0,
+    no_split_below: int = 0, check: Checker = check_images,
 ) -> tuple[list[str], dict[str, SplitFiles]]:
     """A folder without ``train/``: class folders ``root/<class>/*`` when ``root`` holds no image
     itself, else every image under it as the one class :data:`UNLABELLED`; split into train, val
@@ -196,7 +206,7 @@ def split_folder(
     check_class_count(root, classes, min_classes)
     skipped: list[Path] = []
     if verify:
-        files, labels, skipped = drop_unreadable(files, labels, skip_corrupt)
+        files, labels, skipped = drop_unreadable(files, labels, skip_corrupt, check)
     counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(classes))
     if classes != [UNLABELLED] and few_labels(counts, fractions, no_split_below):
         log.warning(
@@ -279,14 +289,16 @@ def quote_names(names: Sequence[str]) -> str:
     return f"{shown} and {rest} more" if rest > 0 else shown
 
 
-def drop_unreadable(files: list[Path], labels: list[int], skip: bool) -> tuple[list[Path], list[int], list[Path]]:
-    """Decode every file once; unreadable ones raise :class:`ImageReadError` naming the first
+def drop_unreadable(
+    files: list[Path], labels: list[int], skip: bool, check: Checker = check_images,
+) -> tuple[list[Path], list[int], list[Path]]:
+    """Decode every file once (by ``check``); unreadable ones raise :class:`ImageReadError` naming the first
     (and counting the rest) unless ``skip``, which drops them with a logged warning.
 
     Returns:
         ``(kept files, their labels, skipped files)``.
     """
-    problems = [(path, reason) for path in files if (reason := check_image(path)) is not None]
+    problems = [(path, reason) for path, reason in zip(files, check(files)) if reason is not None]
     if not problems:
         return files, labels, []
     if not skip:

@@ -7,10 +7,11 @@ from .base import NoOptions, StepOutput, Task, TaskSetup
 from .classify import ClassifyTask, DistillationLoss, build_criterion
 from .dino import DinoHead, DinoTask
 from .dino_options import DinoOptions
+from .ijepa import IjepaOptions, IjepaTask
 from .mae import MaeOptions, MaeTask
 from .registry import UnknownTaskError, get_task, register_task, task_names
 
 __all__ = [
-    "ClassifyTask", "DinoHead", "DinoOptions", "DinoTask", "DistillationLoss", "MaeOptions", "MaeTask", "NoOptions",
-    "StepOutput", "Task", "TaskSetup", "UnknownTaskError", "build_criterion", "get_task", "register_task", "task_names",
+    "ClassifyTask", "DinoHead", "DinoOptions", "DinoTask", "DistillationLoss", "IjepaOptions", "IjepaTask", "MaeOptions",
+    "MaeTask", "NoOptions", "StepOutput", "Task", "TaskSetup", "UnknownTaskError", "build_criterion", "get_task", "register_task", "task_names",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -360,7 +361,7 @@ def load_recipe(
         values = _read_yaml(path)
         values.setdefault("name", path.stem)
     updates, override_keys = parse_overrides(overrides, error=RecipeError)
-    values = merge(values, updates)
+    values = epochs_over_budget(merge(values, updates), override_keys)
     config = build(RecipeConfig, values, source=source, all_keys=dotted_keys(RecipeConfig),
                    override_keys=override_keys, error=RecipeError)
     if config.model.pretrained is not None:  # the weights fix the model: checked as it is built (model_builder)
@@ -383,6 +384,27 @@ def load_recipe(
     if gaps:
         raise RecipeError(f"model.impl=timm in {source}: {twin_gaps_message(vit_config, gaps, 'model.')}.")
     return config
+
+
+def epochs_over_budget(values: dict[str, Any], override_keys: typing.Collection[str]) -> dict[str, Any]:
+    """``values`` (a recipe with its command line merged) with the recipe's time budget switched off,
+    with a note, when the command line sets ``trainer.max_epochs``: as in Lightning, the line's epochs
+    are the run's. Both on the line are refused (the budget would replace the epochs).
+
+    Raises:
+        RecipeError: ``trainer.max_epochs`` and ``trainer.time_budget_minutes`` both given on the line.
+    """
+    trainer = values.get("trainer") or {}
+    budget = trainer.get("time_budget_minutes")
+    if "trainer.max_epochs" not in override_keys or budget is None:
+        return values
+    if "trainer.time_budget_minutes" in override_keys:
+        raise RecipeError(f"trainer.max_epochs={trainer['max_epochs']} and trainer.time_budget_minutes={budget} both "
+                          "set the run's length (the budget plans the epochs); give one.")
+    logging.getLogger(__name__).warning(
+        "note: trainer.max_epochs=%s on the command line: the recipe's trainer.time_budget_minutes=%s is switched off "
+        "(set trainer.time_budget_minutes on the line instead to plan the epochs to a budget).", trainer["max_epochs"], budget)
+    return merge(values, {"trainer": {"time_budget_minutes": None}})
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

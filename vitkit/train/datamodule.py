@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..data import ArrayDataset, DataConfig, DataInfo, DatasetBundle, build_datasets
+from ..data import ArrayDataset, DataConfig, DataInfo, DatasetBundle, build_datasets, labelled_folder_halves
 from ..data.batch_transforms import BatchTransform
 from ..schema import RecipeError
 
@@ -83,6 +83,7 @@ class ViTDataModule(L.LightningDataModule):
         self.on_device = on_device
         self._resident: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor, BatchTransform]] = {}
         self.task_data: Callable[[Dataset, Split], Dataset] = _as_built
+        self._labelled: dict[str, tuple[Dataset, Dataset, int]] = {}
 
     @cached_property
     def bundle(self) -> DatasetBundle:
@@ -93,6 +94,14 @@ class ViTDataModule(L.LightningDataModule):
     def info(self) -> DataInfo:
         """Classes, image geometry and normalisation."""
         return self.bundle.info
+
+    def labelled_folder(self, root: str) -> tuple[Dataset, Dataset, int]:
+        """A labelled folder's k-NN bank, queries and class count through this data's evaluation
+        (:func:`~vitkit.data.labelled_folder_halves`), read once: the start of a run refuses a bad
+        one, and its measurements reuse what that read."""
+        if root not in self._labelled:
+            self._labelled[root] = labelled_folder_halves(root, self.info, self.config.seed)
+        return self._labelled[root]
 
     def fit_batch(self) -> str | None:
         """Clamp the batch size to a small training split: the largest power of two that gives at

@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..data import DataInfo, display_image, labelled_folder_halves, unaugmented
+from ..data import DataInfo, display_image, unaugmented
 from .config import RecipeConfig, load_recipe
 from .knn import knn_accuracy, linear_probe_accuracy, pooled_features
 from .plots import plot_reconstructions
@@ -49,7 +49,7 @@ class KnnEvaluation(Callback):
         every: epochs between measurements during training, or ``None``.
         k, temperature: :func:`~vitkit.train.knn.knn_accuracy`'s (DINO's 20 and 0.07).
         linear_probe: also measure the linear probe at the end.
-        root: a labelled folder to measure on (:func:`~vitkit.data.labelled_folder_halves`), or ``None``.
+        root: a labelled folder to measure on (:func:`~vitkit.data.labelled_folder_halves`, read once by the datamodule), or ``None``.
     """
 
     def __init__(
@@ -61,19 +61,16 @@ class KnnEvaluation(Callback):
         self.temperature = temperature
         self.linear_probe = linear_probe
         self.root = root
-        self._folder: tuple[Dataset, Dataset, int] | None = None  # root's splits, read once
         self.result: float | None = None
         self.probe_result: float | None = None
 
     def splits(self, trainer: L.Trainer) -> tuple[Dataset, Dataset, int]:
         """``(bank, queries, classes)``: the labelled folder ``root`` (through the run's evaluation
-        transform, :func:`~vitkit.data.labelled_folder_halves`), else the run's own training split
+        transform, :meth:`~vitkit.train.datamodule.ViTDataModule.labelled_folder`), else the run's own training split
         unaugmented and its test split."""
         data = trainer.datamodule
         if self.root is not None:
-            if self._folder is None:
-                self._folder = labelled_folder_halves(self.root, data.info, data.config.seed)
-            return self._folder
+            return data.labelled_folder(self.root)
         return unaugmented(data.bundle.train, data.bundle.test), data.bundle.test, data.info.num_classes
 
     def features(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[torch.Tensor, ...]:

@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
-from ..data import DataInfo, folder_sample, labelled_folder_halves, settle_unset
+from ..data import DataInfo, folder_sample, settle_unset
 from ..errors import VitkitError
 from ..files import write_json
 from ..io import save_model
@@ -208,7 +208,7 @@ def _prepare_and_fit(
         rank_zero_info(note)
     datamodule.check_batch()  # before a run directory is claimed (each DDP process checks again at fit)
     if config.task.knn_root is not None:  # a labelled folder the end of the run would refuse, refused now
-        labelled_folder_halves(config.task.knn_root, datamodule.info, config.data.seed)
+        datamodule.labelled_folder(config.task.knn_root)
     module = build_module(config, datamodule.info, weights)
     datamodule.task_data = module.task.split_data  # DINO's crops, a dense task's targets
     if resume is not None:  # before anything is written, so a refused resume leaves the run as it was

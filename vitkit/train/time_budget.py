@@ -16,9 +16,12 @@ times its test-time augmentation views, and :data:`EXPORT_SECONDS` are kept for 
 curves and summary. Validation after every epoch (and k-NN every ``task.knn_every`` epochs) counts
 in each epoch's time.
 
-The plan is made once. It is stored in the checkpoints (this callback's state) and in
-``summary.json``; a resumed run reuses it as it is: the planned epochs, whatever time the pause
-took. A run stopped before it planned (during its first steps) plans when resumed.
+The plan is made once, then only shortened: when an epoch takes longer than planned (other jobs
+came to share the cores) so that the planned epochs would end past the budget, the plan keeps the
+most whole epochs that still fit at the last epoch's pace and the cosine ends with them (its
+remaining steps decay faster), with a note. It is stored in the checkpoints (this callback's state)
+and in ``summary.json``; a resumed run reuses it as it is: the planned epochs, whatever time the
+pause took. A run stopped before it planned (during its first steps) plans when resumed.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class Plan:
         epoch_eval_s: the estimated evaluation after each epoch.
         end_s: the time kept for the end of the run (test, final validation, k-NN, export).
         ends_by: the local time the run should end by (``HH:MM``).
+        shortened_after: the epoch after which a slower pace shortened the plan, or ``None``.
     """
 
     budget_minutes: float
@@ -86,6 +90,7 @@ class Plan:
     epoch_eval_s: float
     end_s: float
     ends_by: str = ""
+    shortened_after: int | None = None
 
     def describe(self) -> str:
         """The plan in one line (printed when it is made, and again when a run resumes with it)."""
@@ -196,6 +201,8 @@ class TimeBudget(Callback):
         self.started, self.clock = started, clock
         self.plan: Plan | None = None
         self._times: list[float] = []
+        self._planned_here = False  # a plan restored from a checkpoint is kept as it is
+        self._epoch_ended: float | None = None  # when the last epoch ended, after the plan was made
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.plan is None else {"plan": dataclasses.asdict(self.plan)}
@@ -232,8 +239,35 @@ class TimeBudget(Callback):
         )
         ends_by = datetime.now() + timedelta(seconds=self.budget_minutes * 60 - elapsed_s)
         self.plan = dataclasses.replace(plan, ends_by=ends_by.strftime("%H:%M"))
+        self._planned_here = True
         _apply(self.plan, trainer, pl_module)
         rank_zero_info(self.plan.describe())
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Shorten the plan when the epoch just ended (validation included) shows that the planned
+        epochs would end past the budget at its pace."""
+        if self.plan is None or not self._planned_here:
+            return
+        now = self.clock()
+        done = trainer.current_epoch + 1
+        if self._epoch_ended is None or done >= self.plan.epochs:  # the planning epoch: its pace is the plan's
+            self._epoch_ended = now
+            return
+        epoch_s, elapsed_s = trainer.strategy.broadcast((now - self._epoch_ended, now - self.started), src=0)
+        self._epoch_ended = now
+        room = self.budget_minutes * 60 - elapsed_s - self.plan.end_s
+        if elapsed_s + (self.plan.epochs - done) * epoch_s + self.plan.end_s <= self.budget_minutes * 60 + 1e-6:
+            return
+        epochs = done + max(0, math.floor(room / epoch_s))
+        steps = epochs * self.plan.steps_per_epoch
+        self.plan = dataclasses.replace(self.plan, epochs=epochs, steps=steps,
+                                        warmup_steps=min(self.plan.warmup_steps, steps), shortened_after=done)
+        _apply(self.plan, trainer, pl_module)
+        rank_zero_info(
+            f"note: epoch {done} took {epoch_s:.0f} s, slower than planned (other jobs on the cores?): the plan is "
+            f"shortened to {epochs:,} epochs, {steps:,} steps, to end within trainer.time_budget_minutes="
+            f"{self.budget_minutes:g}; the cosine schedule now ends at step {steps:,}."
+        )
 
 
 def _apply(plan: Plan, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
