@@ -91,7 +91,7 @@ PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_
 MC = "tests/data/test_multicrop.py::"
 RECOVER_FAST = "tests/prune/test_prune_recover.py::"
 DINO_T = "tests/tasks/test_dino.py::"
-DINO_OPT = "tests/tasks/test_dino_options.py::"
+DINO_OPTIONS = "tests/tasks/test_dino_options.py::"
 CLS = "tests/tasks/test_classify.py::"
 MAE_REFUSE = "tests/tasks/test_mae_refusals.py::"
 REGISTRY = "tests/tasks/test_registry.py::"
@@ -857,16 +857,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("dino", "vitkit/tasks/dino.py", 'if recipe.trainer.strategy.startswith("fsdp")', 'if recipe.trainer.strategy == "fsdp"',
              (DINO_T + "test_conflicts_and_the_augment_refusal_name_what_to_change",), "DINO under fsdp_full not refused"),
     Mutation("dino", "vitkit/tasks/dino_options.py", "            if low > high:", "            if low >= high:",
-             (DINO_OPT + "test_a_scale_range_may_be_one_value_but_not_reversed",), "a one-value scale range refused"),
+             (DINO_OPTIONS + "test_a_scale_range_may_be_one_value_but_not_reversed",), "a one-value scale range refused"),
     Mutation("dino", "vitkit/tasks/dino_options.py", '{"local_size": self.local_size} if self.local_crops else {}',
              '{"local_size": self.local_size}',
-             (DINO_OPT + "test_the_global_crop_defaults_to_the_images_height_and_local_crops_count_only_when_asked",),
+             (DINO_OPTIONS + "test_the_global_crop_defaults_to_the_images_height_and_local_crops_count_only_when_asked",),
              "an unused local_size refused"),
     Mutation("dino", "vitkit/tasks/dino_options.py", "tokens = (size // model.patch_size[0]) * (size // model.patch_size[1])",
              "tokens = (size // model.patch_size[1]) * (size // model.patch_size[1])",
-             (DINO_OPT + "test_the_token_limit_counts_both_sides_of_a_non_square_patch",), "the token limit counts one side of the patch twice"),
+             (DINO_OPTIONS + "test_the_token_limit_counts_both_sides_of_a_non_square_patch",), "the token limit counts one side of the patch twice"),
     Mutation("dino", "vitkit/tasks/dino_options.py", "key = \"out_dim\" if 2 * last_layer > head else", "key = \"out_dim\" if 2 * last_layer >= head else",
-             (DINO_OPT + "test_the_parameter_limit_holds_at_twice_the_head_and_backbone_and_names_the_bigger_option",),
+             (DINO_OPTIONS + "test_the_parameter_limit_holds_at_twice_the_head_and_backbone_and_names_the_bigger_option",),
              "the refusal names out_dim when hidden_dim holds as many weights"),
     Mutation("classify", "vitkit/tasks/classify.py", ") * (tau * tau) / dist_logits.numel()", ") * tau / dist_logits.numel()",
              (CLS + "test_the_distillation_loss_is_deits",), "soft distillation scaled by tau, not tau squared"),
