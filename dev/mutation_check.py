@@ -88,6 +88,13 @@ BENCH_ONNX = ("tests/test_export.py::"
               "test_the_onnx_benchmark_times_the_model_file_alone_by_its_name_and_scores_it_as_evaluate_does")
 EXPORT_COMMAND = "tests/test_export.py::test_the_export_command_writes_the_file_and_refuses_an_existing_one_without_force"
 PREDICT_TIME = "tests/cli/test_evaluate_folder.py::test_predict_times_the_model_and_not_the_reading"
+MC = "tests/data/test_multicrop.py::"
+RECOVER_FAST = "tests/prune/test_prune_recover.py::"
+DINO_T = "tests/tasks/test_dino.py::"
+DINO_OPTIONS = "tests/tasks/test_dino_options.py::"
+CLS = "tests/tasks/test_classify.py::"
+MAE_REFUSE = "tests/tasks/test_mae_refusals.py::"
+REGISTRY = "tests/tasks/test_registry.py::"
 USER_TASK = "tests/train/test_user_task.py::test_a_task_registered_in_a_script_trains_resumes_and_exports_its_encoder"
 USER_TASK_RECIPE = "tests/train/test_user_task.py"
 DENSE_TASK = "tests/train/test_dense_task.py"
@@ -767,6 +774,133 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("evaluate", "vitkit/cli/export.py", 'print(f"next: vitkit predict {path} IMAGE_OR_FOLDER',
              'print(f"next: python -c {path} IMAGE_OR_FOLDER', (EXPORT_COMMAND,),
              "export's closing line does not suggest vitkit predict on the .onnx file"),
+    # Survivors of the generated mutants (dev/mutmut_run.py) that a new test kills: kept as regressions.
+    Mutation("data", "vitkit/data/multicrop.py", "crops = ((crops - gray) * factor(SATURATION) + gray)",
+             "crops = ((crops - gray) * factor(CONTRAST) + gray)",
+             (MC + "test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_grayscale",),
+             "DINO's saturation jitter drawn with the contrast's strength"),
+    Mutation("data", "vitkit/data/multicrop.py", "* factor(CONTRAST) + mean).clamp_(0, 1)",
+             "* factor(CONTRAST) + mean).clamp_(0, None)",
+             (MC + "test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_grayscale",),
+             "a strong contrast jitter leaves pixels above 1"),
+    Mutation("data", "vitkit/data/multicrop.py", "weights = torch.tensor(LUMA, dtype=crops.dtype)",
+             "weights = torch.tensor(LUMA[::-1], dtype=crops.dtype)",
+             (MC + "test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_grayscale",),
+             "grayscale weighs the channels as BGR"),
+    Mutation("data", "vitkit/data/multicrop.py", "sigma = torch.empty(batch, 1).uniform_(*BLUR_SIGMA)",
+             "sigma = torch.empty(1, 1).uniform_(*BLUR_SIGMA)",
+             (MC + "test_gaussian_blur_is_torchvisions_at_each_images_sigma_and_leaves_the_others",),
+             "one blur sigma for the whole batch"),
+    Mutation("data", "vitkit/data/multicrop.py", "radius = min(math.ceil(3 * BLUR_SIGMA[1])",
+             "radius = min(math.ceil(2 * BLUR_SIGMA[1])", (MC + "test_the_blur_reaches_three_sigmas_of_the_largest_sigma",),
+             "the blur's kernel cut at two sigmas"),
+    Mutation("data", "vitkit/data/multicrop.py", "first = fits.int().argmax(dim=1, keepdim=True)",
+             "first = fits.int().argmax(dim=1, keepdim=True)[:1]",
+             (MC + "test_crop_boxes_follow_torchvisions_random_resized_crop_distribution",),
+             "one crop box for the whole batch"),
+    Mutation("data", "vitkit/data/multicrop.py", "(widths <= width) & (heights <= height)",
+             "(widths < width) & (heights < height)",
+             (MC + "test_crop_boxes_follow_torchvisions_random_resized_crop_distribution",),
+             "full-width and full-height crops refused"),
+    Mutation("data", "vitkit/data/multicrop.py", "theta[:, 0, 0], theta[:, 0, 2] = mirror * w / width, (2 * left + w)",
+             "theta[:, 0, 0], theta[:, 0, 2] = mirror * w / width, (2 * left + 0 * w)",
+             (MC + "test_each_crop_is_its_box_read_bilinearly_at_the_output_pixel_centres",),
+             "crops shifted half a box left of their boxes"),
+    Mutation("data", "vitkit/data/multicrop.py", 'mode="bilinear", padding_mode="border"',
+             'mode="bilinear", padding_mode="zeros"',
+             (MC + "test_a_whole_image_crop_is_the_image_mirrored_at_the_rate_asked_and_resized_as_torchvision",),
+             "crops darkened at the image's edge (zeros read past it)"),
+    Mutation("data", "vitkit/data/multicrop.py", "BLUR_PROBABILITY[0], 0.0),", "BLUR_PROBABILITY[1], 0.0),",
+             (MC + "test_each_crop_is_blurred_with_dinos_probability_for_it",), "the first global crop blurred rarely"),
+    Mutation("data", "vitkit/data/multicrop.py", "BLUR_PROBABILITY[2], 0.0)]", "BLUR_PROBABILITY[2], SOLARIZE_PROBABILITY)]",
+             (MC + "test_only_the_second_global_crop_is_solarised_and_mirroring_defaults_to_half",),
+             "local crops solarised"),
+    Mutation("data", "vitkit/data/multicrop.py", "dataset.labels, crops.one, crops)", "dataset.labels, crops.one)",
+             (MC + "test_an_in_memory_dataset_crops_each_loader_batch_in_one_call",),
+             "an in-memory dataset multi-cropped image by image, not a batch at once"),
+    Mutation("data", "vitkit/data/multicrop.py", "crops.one, dataset.in_chans)", "crops.one)",
+             (MC + "test_an_image_folder_gives_each_file_its_crops_and_other_datasets_are_refused",),
+             "a grayscale image folder multi-cropped in colour"),
+    Mutation("recovery", "vitkit/prune/recovery.py",
+             "val_after = evaluate_accuracy(recovered, val_loader, max_batches=max_batches)",
+             "val_after = evaluate_accuracy(recovered, val_loader)",
+             (RECOVER_FAST + "test_each_evaluation_stops_after_max_batches",), "recovery's evaluation ignores max_batches"),
+    Mutation("recovery", "vitkit/prune/recovery.py", '"model.reset_head=false"', '"model.reset_head=true"',
+             (RECOVER_FAST + "test_the_recovery_run_trains_the_pruned_weights_as_they_are_with_the_recipes_data_changes",),
+             "recovery replaces the pruned model's classifier"),
+    Mutation("recovery", "vitkit/prune/recovery.py", "        self.runs[step.step] = result.run_dir\n", "",
+             (RECOVER_FAST + "test_a_recipe_recovery_saves_each_steps_model_with_its_record_and_keeps_each_runs_folder",),
+             "recovery forgets each step's run folder"),
+    Mutation("recovery", "vitkit/prune/recovery.py", '"heads_pruned": {str(layer): indices', '"heads_pruned": {str(layer): []',
+             (RECOVER_FAST + "test_a_pruning_record_names_the_source_the_heads_pruned_and_the_heads_left",),
+             "a pruned file's record lists no pruned heads"),
+    Mutation("dino", "vitkit/tasks/dino.py", "hidden_dim: int = 2048, bottleneck_dim: int = 256, layers: int = 3,",
+             "hidden_dim: int = 2048, bottleneck_dim: int = 256, layers: int = 4,",
+             (DINO_T + "test_the_heads_defaults_are_dinos_and_its_last_layer_learns_unless_frozen",), "DINO's head one layer deeper by default"),
+    Mutation("dino", "vitkit/tasks/dino.py", "trunc_normal_(layer.weight, std=0.02)", "trunc_normal_(layer.weight)",
+             (DINO_T + "test_the_heads_defaults_are_dinos_and_its_last_layer_learns_unless_frozen",), "the head's MLP drawn with std 1"),
+    Mutation("dino", "vitkit/tasks/dino.py", "    if warmup_epochs == 1:", "    if warmup_epochs == 2:",
+             (DINO_T + "test_teacher_temperature_and_momentum_at_the_edges_are_dinos_schedules",), "a two-epoch warm-up never reaches the temperature"),
+    Mutation("dino", "vitkit/tasks/dino.py", "math.pi * step / max(1, total_steps)", "math.pi * step / max(2, total_steps)",
+             (DINO_T + "test_teacher_temperature_and_momentum_at_the_edges_are_dinos_schedules",), "a one-step run's momentum stops short of 1"),
+    Mutation("dino", "vitkit/tasks/dino.py", "                                 norm_last_layer=options.norm_last_layer)",
+             "                                 )", (DINO_T + "test_the_tasks_head_follows_its_options_and_defaults_to_dinos",),
+             "task.dino.norm_last_layer ignored"),
+    Mutation("dino", "vitkit/tasks/dino.py", "probs = F.softmax((teacher.float() - center) / temp, dim=-1)",
+             "probs = F.softmax(teacher.float() / temp, dim=-1)",
+             (DINO_T + "test_a_training_step_logs_the_teachers_entropy_and_weighs_by_its_images",), "the logged entropy of the uncentred teacher"),
+    Mutation("dino", "vitkit/tasks/dino.py", "model.forward_features(images), pre_logits=True)", "model.forward_features(images))",
+             (DINO_T + "test_the_student_reads_the_pooled_feature_and_its_last_layer_learns_by_default",), "DINO's head reads a classifier's logits"),
+    Mutation("dino", "vitkit/tasks/dino.py", "local_size=options.local_size, local_crops=options.local_crops,",
+             "local_size=options.local_size, local_crops=2,",
+             (DINO_T + "test_from_recipe_builds_the_crops_and_head_from_the_options_and_the_data",), "task.dino.local_crops ignored"),
+    Mutation("dino", "vitkit/tasks/dino.py", 'if recipe.trainer.strategy.startswith("fsdp")', 'if recipe.trainer.strategy == "fsdp"',
+             (DINO_T + "test_conflicts_and_the_augment_refusal_name_what_to_change",), "DINO under fsdp_full not refused"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", "            if low > high:", "            if low >= high:",
+             (DINO_OPTIONS + "test_a_scale_range_may_be_one_value_but_not_reversed",), "a one-value scale range refused"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", '{"local_size": self.local_size} if self.local_crops else {}',
+             '{"local_size": self.local_size}',
+             (DINO_OPTIONS + "test_the_global_crop_defaults_to_the_images_height_and_local_crops_count_only_when_asked",),
+             "an unused local_size refused"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", "tokens = (size // model.patch_size[0]) * (size // model.patch_size[1])",
+             "tokens = (size // model.patch_size[1]) * (size // model.patch_size[1])",
+             (DINO_OPTIONS + "test_the_token_limit_counts_both_sides_of_a_non_square_patch",), "the token limit counts one side of the patch twice"),
+    Mutation("dino", "vitkit/tasks/dino_options.py", "key = \"out_dim\" if 2 * last_layer > head else", "key = \"out_dim\" if 2 * last_layer >= head else",
+             (DINO_OPTIONS + "test_the_parameter_limit_holds_at_twice_the_head_and_backbone_and_names_the_bigger_option",),
+             "the refusal names out_dim when hidden_dim holds as many weights"),
+    Mutation("classify", "vitkit/tasks/classify.py", ") * (tau * tau) / dist_logits.numel()", ") * tau / dist_logits.numel()",
+             (CLS + "test_the_distillation_loss_is_deits",), "soft distillation scaled by tau, not tau squared"),
+    Mutation("classify", "vitkit/tasks/classify.py", "mixup_switch_prob=optim.mixup_switch_prob,", "",
+             (CLS + "test_from_recipe_threads_the_regularisers_distillation_and_test_time_augmentation",), "optim.mixup_switch_prob ignored"),
+    Mutation("classify", "vitkit/tasks/classify.py", "        if len(views) > 1:", "        if len(views) > 2:",
+             (CLS + "test_evaluation_averages_the_views_probabilities_and_reports_the_single_views_beside",),
+             "hflip's single-view accuracy not reported"),
+    Mutation("classify", "vitkit/tasks/classify.py", 'if self.tta == "hflip_shift":', 'if self.tta != "none":',
+             (CLS + "test_the_summary_records_the_test_time_augmentation_and_its_single_view_accuracies",),
+             "a mirrored-only accuracy recorded without moved views"),
+    Mutation("classify", "vitkit/tasks/classify.py", "            model.set_distilled_training(True)", "            pass",
+             (CLS + "test_distillation_trains_the_distillation_head_on_the_attached_teacher",),
+             "a distillation token's head never trained on the teacher"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "        if self.decoder_dim % 4 or self.decoder_dim % self.decoder_heads:",
+             "        if self.decoder_dim % 4 and self.decoder_dim % self.decoder_heads:",
+             (MAE_REFUSE + "test_the_decoder_width_must_be_divisible_by_4_and_by_its_heads",), "a decoder width 4 does not divide accepted"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "def check_encoder(config: ViTConfig, norm_pix_loss: bool = False)",
+             "def check_encoder(config: ViTConfig, norm_pix_loss: bool = True)",
+             (MAE_REFUSE + "test_norm_pix_loss_needs_two_pixel_values_a_patch_and_is_off_by_default",),
+             "one-pixel patches refused without norm_pix_loss"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "    return config.patch_size[0] * config.patch_size[1] * config.in_chans",
+             "    return config.patch_size[1] * config.patch_size[1] * config.in_chans",
+             (MAE_REFUSE + "test_norm_pix_loss_needs_two_pixel_values_a_patch_and_is_off_by_default",), "a patch's pixels counted as a square"),
+    Mutation("tasks", "vitkit/tasks/mae.py", "        images = batch[0]\n        return StepOutput(self.loss(model, images), len(images))",
+             "        images = batch[1]\n        return StepOutput(self.loss(model, images), len(images))",
+             (MAE_REFUSE + "test_the_steps_weigh_a_batch_by_its_images_and_train_on_its_images",), "MAE trains on the labels"),
+    Mutation("tasks", "vitkit/tasks/registry.py", "    return sorted(_TASKS)", "    return list(_TASKS)",
+             (REGISTRY + "test_a_registered_task_is_found_by_its_name_which_it_learns",), "task names in registration order"),
+    Mutation("tasks", "vitkit/tasks/registry.py", "        if known is not None and known is not cls:", "        if False:",
+             (REGISTRY + "test_a_name_belongs_to_one_class_and_only_tasks_register",), "a second class takes a registered name"),
+    Mutation("tasks", "vitkit/train/knn.py", "lr=1.0, max_iter=steps, line_search_fn", "lr=1.0, max_iter=1, line_search_fn",
+             ("tests/train/test_knn.py::test_the_linear_probe_is_the_minimiser_of_its_regularised_loss_after_its_steps",),
+             "the linear probe stops after one L-BFGS iteration"),
     # tasks as registered parts: the trainer reads each task's capabilities
     Mutation("registry", "vitkit/train/run.py", "    datamodule.task_data = module.task.split_data", "    pass",
              (DENSE_TASK,), "a task's own view of the data (its targets, DINO's crops) ignored"),
@@ -820,7 +954,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
-def _ignored(folder: str, names: list[str]) -> set[str]:
+def ignored(folder: str, names: list[str]) -> set[str]:
     """What the copy leaves out: caches everywhere; the venv, runs and datasets at the top."""
     top = Path(folder).resolve() == ROOT
     return {n for n in names if n == "__pycache__" or (top and n in (".git", ".venv", "runs", "data"))}
@@ -895,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="vitkit-mutants-") as tmp:
         work = Path(tmp) / "repo"
-        shutil.copytree(ROOT, work, ignore=_ignored)
+        shutil.copytree(ROOT, work, ignore=ignored)
         if not imports_the_copy(work):
             print("error: 'import vitkit' in the copy does not load the copy; run from the repository's venv.",
                   file=sys.stderr)
