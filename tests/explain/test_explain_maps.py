@@ -13,6 +13,8 @@ from vitkit.explain import (
     explain,
     grad_rollout,
     maps_from_capture,
+    patch_maps,
+    per_head_maps,
     to_image_grid,
 )
 from vitkit.explain.rollout import discard_smallest, fuse_heads
@@ -185,3 +187,37 @@ def test_a_near_uniform_map_is_labelled_flat_and_a_peaked_one_is_not() -> None:
     peaked = torch.zeros(4, 4)
     peaked[1, 2] = 1.0
     assert flat_note(peaked) == "" and flat_note(torch.zeros(4, 4)) == " (flat: min 1.00 of max)"
+
+
+def test_the_defaults_are_rollout_with_mean_fusion_nothing_discarded_and_the_last_blocks_heads(tiny_model,
+                                                                                               images) -> None:
+    """What the signatures promise, each against the rollout functions called with every option."""
+    capture = capture_attention(tiny_model, images)
+    rollout = attention_rollout(capture.attentions, "mean", 0.0, 1, "token")
+    image = to_image_grid(rollout, (8, 12), (32, 48))
+    torch.testing.assert_close(patch_maps(capture), rollout)
+    torch.testing.assert_close(maps_from_capture(capture), image)
+    torch.testing.assert_close(explain(tiny_model, images), image)
+    heads = per_head_maps(capture.attentions, 2, 1, "token")  # block 2 of 3: the last
+    torch.testing.assert_close(patch_maps(capture, "heads"), heads)
+    torch.testing.assert_close(maps_from_capture(capture, "heads"), to_image_grid(heads, (8, 12), (32, 48)))
+    torch.testing.assert_close(explain(tiny_model, images, "heads"), to_image_grid(heads, (8, 12), (32, 48)))
+
+
+@pytest.mark.parametrize("option", [{"head_fusion": "max"}, {"discard_ratio": 0.5}, {"pooling": "avg"}, {"layer": 0}])
+def test_each_option_of_explain_reaches_its_maps(tiny_model, images, option: dict) -> None:
+    """Each option changes the maps, to what the rollout functions give with it."""
+    capture = capture_attention(tiny_model, images)
+    if "layer" in option:
+        method, expected = "heads", per_head_maps(capture.attentions, 0, 1, "token")
+        default = per_head_maps(capture.attentions, -1, 1, "token")
+    else:
+        rollout = {"head_fusion": "mean", "discard_ratio": 0.0, "pooling": "token", **option}
+        method, expected = "rollout", attention_rollout(capture.attentions, rollout["head_fusion"],
+                                                        rollout["discard_ratio"], 1, rollout["pooling"])
+        default = attention_rollout(capture.attentions, "mean", 0.0, 1, "token")
+    assert not torch.allclose(expected, default)
+    torch.testing.assert_close(patch_maps(capture, method, **option), expected)
+    image = to_image_grid(expected, (8, 12), (32, 48))
+    torch.testing.assert_close(maps_from_capture(capture, method, **option), image)
+    torch.testing.assert_close(explain(tiny_model, images, method, **option), image)

@@ -21,10 +21,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from vitkit.train import load_recipe
 from vitkit.train.datamodule import ViTDataModule
-from vitkit.train.distributed import ShardedStrategy, clip_grad_norm
+from vitkit.train.distributed import ShardedStrategy, clip_grad_norm, clip_grad_per_param
 from vitkit.train.run import build_module
 
 MAX_NORM = 0.05
+#: The per-parameter bound: some gradients of the copy (clipped to MAX_NORM) are above it, some below.
+PER_PARAM_NORM = 0.01
 
 
 def flat_shards(grads: list[torch.Tensor], rank: int, world: int) -> list[nn.Parameter]:
@@ -70,6 +72,22 @@ def main(folder: Path) -> None:
     flat_norm = clip_grad_norm(flat_shards(unclipped, rank, world), MAX_NORM, sharded=True)
     flat_local_norm = clip_grad_norm(flat_shards(unclipped, rank, world), MAX_NORM, sharded=False)
 
+    # each parameter's gradient clipped by its own norm (DINO's clip_gradients): FSDP2's DTensor
+    # shards, and FSDP1's flat shards, against the unsharded copy clipped by hand
+    full_norms = torch.stack([q.grad.norm() for q in reference.parameters()])
+    flat_full_norms = torch.stack([grad.norm() for grad in unclipped])
+    per_param_norms = clip_grad_per_param(model.parameters(), PER_PARAM_NORM)
+    flat_per_param = flat_shards(unclipped, rank, world)
+    flat_bound = PER_PARAM_NORM * reference_norm.item() / MAX_NORM  # the unclipped gradients' scale
+    flat_per_param_norms = clip_grad_per_param(flat_per_param, flat_bound, sharded=True)
+    for q, grad in zip(reference.parameters(), unclipped):
+        q.grad.mul_((PER_PARAM_NORM / (q.grad.norm() + 1e-6)).clamp(max=1.0))
+        grad.mul_((flat_bound / (grad.norm() + 1e-6)).clamp(max=1.0))
+    per_param_error = max((p.grad.full_tensor() - q.grad).abs().max().item()
+                          for p, q in zip(model.parameters(), reference.parameters()))
+    flat_per_param_error = max((shard.grad - grad.flatten().tensor_split(world)[rank]).abs().max().item()
+                               for shard, grad in zip(flat_per_param, unclipped))
+
     for net in (model, reference):
         torch.optim.SGD(net.parameters(), lr=1.0).step()
     # the structure the export fills holds no weights: nothing but the shards stays on any rank
@@ -78,6 +96,11 @@ def main(folder: Path) -> None:
     result = {
         "norm": norm.item(), "reference_norm": reference_norm.item(), "local_norm": local_norm.item(),
         "flat_norm": flat_norm.item(), "flat_local_norm": flat_local_norm.item(), "grad_error": grad_error,
+        "per_param_norm_error": (per_param_norms - full_norms).abs().max().item(),
+        "flat_per_param_norm_error": (flat_per_param_norms - flat_full_norms).abs().max().item(),
+        "per_param_error": per_param_error, "flat_per_param_error": flat_per_param_error,
+        "clipped_share": (full_norms > PER_PARAM_NORM).float().mean().item(),
+        "flat_clipped_share": (flat_full_norms > flat_bound).float().mean().item(),
         "sharded_numel": sum(p.to_local().numel() for p in model.parameters()),
         "numel": sum(p.numel() for p in reference.parameters()), "skeleton_on_meta": skeleton_on_meta,
         "exported": exported is not None,

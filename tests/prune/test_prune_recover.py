@@ -27,6 +27,7 @@ from vitkit.prune import (
     RecoveredStep,
     iterative_pruning,
     prune_heads,
+    pruning_record,
     recover_model,
     recover_steps,
 )
@@ -161,10 +162,10 @@ def test_recover_steps_measures_each_steps_pruned_model_and_what_recover_returns
     model = tiny_model()
     batches = toy_batches(count=2, batch=8)
     records = iterative_pruning(model, batches, step_fraction=0.5, eval_loader=batches, progress=False)
-    seen: list[list[int]] = []
+    seen: list[tuple[list[int], PruningStep]] = []
 
     def recover(pruned, step: PruningStep):
-        seen.append(pruned.heads_per_layer())
+        seen.append((pruned.heads_per_layer(), step))
         recovered = copy.deepcopy(pruned)  # a new model, as a training run returns: the pruned one is unchanged
         with torch.no_grad():  # always class 2
             recovered.head.weight.zero_()
@@ -172,7 +173,7 @@ def test_recover_steps_measures_each_steps_pruned_model_and_what_recover_returns
         return recovered
 
     results = recover_steps(model, records[1:3], recover, val_loader=batches, test_loader=batches[:1])
-    assert seen == [r.heads_per_layer for r in records[1:3]]
+    assert seen == [(r.heads_per_layer, r) for r in records[1:3]]
     labels = torch.cat([y for _, y in batches])
     for result, record in zip(results, records[1:3]):
         assert result.val_acc == (record.accuracy, pytest.approx(100.0 * float((labels == 2).float().mean())))
@@ -250,3 +251,78 @@ def test_recover_model_fine_tunes_another_pruners_model_with_a_recipe_and_keeps_
     assert config["model"]["pretrained"] == str(tmp_path / "rec" / "pruned.safetensors")
     assert config["optim"]["lr"] == pytest.approx(RECIPE_LR / 10) and config["optim"]["warmup_epochs"] == 0
     assert config["data"]["mean"] == [0.5]  # the model file's normalisation reached the run
+
+
+def test_each_evaluation_stops_after_max_batches() -> None:
+    """A second batch whose labels no model gets right: with ``max_batches=1`` it is never read,
+    before or after recovery, on either split."""
+    model = tiny_model()
+    heads = {0: [1]}
+    pruned = prune_heads(copy.deepcopy(model), heads).eval()
+    images = toy_batches(count=1, batch=8)[0][0]
+    with torch.no_grad():
+        right = pruned(images).argmax(-1)
+    loader = [(images, right), (images, (right + 1) % 3)]
+    step = PruningStep(1, 7, 1 / 8, 100.0, 0, 0, None, pruned.heads_per_layer(), heads)
+    (result,) = recover_steps(model, [step], lambda given, step: copy.deepcopy(given), val_loader=loader,
+                              test_loader=loader, max_batches=1)
+    assert result.val_acc == (100.0, 100.0) and result.test_acc == (100.0, 100.0) and result.step is step
+    (result,) = recover_steps(model, [step], lambda given, step: copy.deepcopy(given), val_loader=loader,
+                              test_loader=loader)
+    assert result.val_acc == (100.0, 50.0) and result.test_acc == (50.0, 50.0)
+    (result,) = recover_steps(model, [step], lambda given, step: copy.deepcopy(given), val_loader=loader)
+    assert result.test_acc is None  # no test loader, no test accuracy
+
+
+def test_a_pruning_record_names_the_source_the_heads_pruned_and_the_heads_left() -> None:
+    pruned = prune_heads(tiny_model(), {0: [0, 2], 1: [1]})  # 4 heads a block
+    assert pruning_record("runs/x/model.safetensors", {0: [0, 2], 1: [1]}, pruned) == {
+        "source": "runs/x/model.safetensors", "heads_pruned": {"0": [0, 2], "1": [1]}, "heads_per_layer": [2, 3]}
+
+
+def test_the_recovery_run_trains_the_pruned_weights_as_they_are_with_the_recipes_data_changes(tmp_path: Path) -> None:
+    """Each override read back through the recipe loader: the pruned file, no timm file or options,
+    the classifier kept, vitkit's implementation, the schedule, the run's folder, the data changes."""
+    recipe = short_recipe(tmp_path / "runs")
+    plan = RecipeRecovery.from_recipe(recipe, epochs=3, out=tmp_path, lr=2e-4, data=["seed=7"])
+    assert plan.source == ""  # no source named: the pruning records say none
+    folder = tmp_path / "odd #: [folder]"
+    config = load_recipe(recipe, plan.overrides(folder / "pruned.safetensors", folder))
+    assert config.model.pretrained == str(folder / "pruned.safetensors") and config.model.pretrained_file is None
+    assert config.model.pretrained_kwargs == {} and config.model.reset_head is False and config.model.impl == "vitkit"
+    assert (config.trainer.max_epochs, config.optim.lr, config.optim.warmup_epochs) == (3, 2e-4, 0)
+    assert config.output.dir == str(folder) and config.data.seed == 7
+
+
+def test_a_recipe_recovery_saves_each_steps_model_with_its_record_and_keeps_each_runs_folder(
+        tmp_path: Path, monkeypatch) -> None:
+    """``train`` stubbed: what the recovery hands it (the recipe, the overrides naming the saved
+    pruned file under out/recover/step_<k>), the file's metadata, and what it returns."""
+    import vitkit.train
+
+    calls = []
+
+    def fake_train(recipe, overrides):
+        calls.append((recipe, overrides))
+        return vitkit.train.RunResult(run_dir=tmp_path / f"run{len(calls)}", summary={}, model=trained)
+
+    monkeypatch.setattr(vitkit.train, "train", fake_train)
+    model, heads = tiny_model(), {1: [0]}
+    pruned = prune_heads(copy.deepcopy(model), heads)
+    trained = copy.deepcopy(pruned)
+    recipe = short_recipe(tmp_path / "runs")
+    plan = RecipeRecovery.from_recipe(recipe, epochs=1, out=tmp_path / "out", extra={"mean": [0.5] * 3}, source="src")
+    step = PruningStep(4, 7, 1 / 8, 50.0, 0, 0, None, pruned.heads_per_layer(), heads)
+    assert plan(pruned, step) is trained and plan.runs == {4: tmp_path / "run1"}
+    folder = tmp_path / "out" / "recover" / "step_4"
+    assert calls == [(recipe, plan.overrides(folder / "pruned.safetensors", folder))]
+    saved, extra = load_model_and_extra(folder / "pruned.safetensors")
+    assert saved.heads_per_layer() == pruned.heads_per_layer() and extra["mean"] == [0.5] * 3
+    assert extra["pruning"] == pruning_record("src", heads, pruned)
+    result = recover_model(pruned, recipe, epochs=2, out=tmp_path / "alone", extra={"std": [0.2] * 3})
+    assert result.model is trained and (tmp_path / "alone" / "pruned.safetensors").is_file()
+    overrides = calls[-1][1]
+    assert f"optim.lr={RECIPE_LR * 0.1!r}" in overrides and "trainer.max_epochs=2" in overrides
+    recover_model(pruned, recipe, epochs=1, out=tmp_path / "lr", lr=3e-4, data=["seed=5"])
+    assert {"optim.lr=0.0003", "data.seed=5"} <= set(calls[-1][1])
+    assert load_model_and_extra(tmp_path / "alone" / "pruned.safetensors")[1]["std"] == [0.2] * 3

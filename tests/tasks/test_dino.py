@@ -7,6 +7,7 @@ draws forced are PIL's solarised pixels normalised; the exported model is the te
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from torchvision.transforms.functional import to_tensor
 from vitkit.data import ArrayDataset, multicrop
 from vitkit.data.multicrop import MultiCrop, multi_crop_dataset
 from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.schema import FieldError
+from vitkit.tasks.base import TaskSetup
 from vitkit.tasks.dino import (
     DinoHead,
     DinoTask,
@@ -273,3 +276,112 @@ def test_the_heads_counted_weights_are_its_parameters(in_dim: int, out_dim: int,
     head = DinoHead(in_dim, out_dim, hidden_dim=hidden, bottleneck_dim=bottleneck, layers=layers)
     counted = head_weights(in_dim, out_dim, hidden_dim=hidden, bottleneck_dim=bottleneck, layers=layers)
     assert counted == sum(p.numel() for p in head.parameters())
+
+
+def test_the_heads_defaults_are_dinos_and_its_last_layer_learns_unless_frozen() -> None:
+    """``DINOHead``'s defaults (hidden 2048, bottleneck 256, 3 layers); the last layer gets a
+    gradient in a plain call and none with ``freeze_last_layer``; its weights start as a truncated
+    normal of std 0.02 (DINO's ``_init_weights``)."""
+    torch.manual_seed(0)
+    head = DinoHead(64, 10)
+    assert [(m.in_features, m.out_features) for m in head.mlp if isinstance(m, nn.Linear)] == [(64, 2048), (2048, 2048), (2048, 256)]
+    assert head.mlp[2].weight.std().item() == pytest.approx(0.02, rel=0.01)  # timm's cut at +-2 is 100 std away
+    direction = head.last_layer.parametrizations.weight.original1
+    head(torch.randn(3, 64)).sum().backward()
+    assert direction.grad is not None and direction.grad.abs().sum() > 0
+    direction.grad = None
+    head(torch.randn(3, 64), freeze_last_layer=True).sum().backward()
+    assert direction.grad is None
+
+
+def test_teacher_temperature_and_momentum_at_the_edges_are_dinos_schedules() -> None:
+    """``np.linspace(warmup, temp, n)`` for warm-ups of one and two epochs; a run of one step
+    moves the momentum from ``base`` (step 0) to 1 (step 1), as ``cosine_scheduler`` over 1 step."""
+    for warmup_epochs in (1, 2):
+        expected = np.linspace(0.04, 0.07, warmup_epochs).tolist() + [0.07]
+        assert [teacher_temperature(e, 0.04, 0.07, warmup_epochs) for e in range(warmup_epochs + 1)] == pytest.approx(expected)
+    assert teacher_momentum(0, 1, 0.9) == pytest.approx(0.9)
+    assert teacher_momentum(1, 1, 0.9) == pytest.approx(1.0)
+
+
+def test_the_tasks_head_follows_its_options_and_defaults_to_dinos() -> None:
+    crops = MultiCrop(MEAN, STD, global_size=8, local_size=4, local_crops=2)
+    task = DinoTask(16, crops, epochs=2, options=DinoOptions(out_dim=12, hidden_dim=7, bottleneck_dim=5, head_layers=2,
+                                                              norm_last_layer=False))
+    widths = [(m.in_features, m.out_features) for m in task.student_head.mlp if isinstance(m, nn.Linear)]
+    assert widths == [(16, 7), (7, 5)] and task.student_head.last_layer.out_features == 12
+    assert task.student_head.last_layer.parametrizations.weight.original0.requires_grad  # norms learn
+    default = DinoTask(16, crops, epochs=2)
+    assert default.student_head.last_layer.out_features == DinoOptions().out_dim
+    assert not default.student_head.last_layer.parametrizations.weight.original0.requires_grad
+
+
+def test_a_training_step_logs_the_teachers_entropy_and_weighs_by_its_images() -> None:
+    """The logged entropy is ``-sum p log p`` of the teacher's centred, sharpened softmax, averaged
+    over its rows, computed here from the teacher's outputs; the step's weight is its image count."""
+    torch.manual_seed(0)
+    model, task = tiny_model(), tiny_task()
+    task.prepare(model)
+    task.center.normal_()
+    center = task.center.clone()
+    crops = task.crops((torch.rand(5, 8, 8, 1) * 255).to(torch.uint8))
+    teacher = task.teacher_outputs(crops[:2]).double()
+    out = task.training_step(model, (crops, torch.zeros(5)))
+    probs = np.exp((teacher - center.double()).numpy() / task.current_teacher_temp)
+    probs /= probs.sum(axis=1, keepdims=True)
+    entropy = -(probs * np.log(probs)).sum(axis=1).mean()
+    assert out.metrics["teacher_entropy"].item() == pytest.approx(entropy, rel=1e-4)
+    assert out.batch_size == 5
+
+
+def test_the_student_reads_the_pooled_feature_and_its_last_layer_learns_by_default() -> None:
+    """A model with a classifier still hands the head its pooled feature (not its logits)."""
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=16, depth=1,
+                                        num_heads=2, mlp_ratio=2.0))
+    task = tiny_task()
+    views = [torch.randn(2, 1, 8, 8)] * 2
+    pooled = model.forward_head(model.forward_features(torch.cat(views)), pre_logits=True)
+    out = task.student_outputs(model, views)
+    torch.testing.assert_close(out, task.student_head(pooled))
+    out.sum().backward()
+    assert task.student_head.last_layer.parametrizations.weight.original1.grad is not None
+
+
+def test_from_recipe_builds_the_crops_and_head_from_the_options_and_the_data() -> None:
+    """Each crop option reaches :class:`MultiCrop`, the data's mean and std normalise the crops,
+    ``null`` global size takes the model's; only training images are multi-cropped."""
+    model = ViTConfig(img_size=8, patch_size=2, in_chans=1, num_classes=0, embed_dim=16, depth=1, num_heads=2,
+                      dynamic_img_size=True)
+    options = DinoOptions(out_dim=12, hidden_dim=7, bottleneck_dim=5, local_crops=3, local_size=4,
+                          global_scale=(0.5, 0.9), local_scale=(0.1, 0.3))
+    setup = TaskSetup(model=model, extra={"mean": (0.3,), "std": (0.2,)}, recipe=None, epochs=7)
+    task = DinoTask.from_recipe(options, setup)
+    crops = task.crops
+    assert (crops.global_size, crops.local_size, crops.local_crops) == (8, 4, 3)
+    assert (tuple(crops.global_scale), tuple(crops.local_scale)) == ((0.5, 0.9), (0.1, 0.3))
+    assert crops.mean.flatten().tolist() == pytest.approx([0.3]) and crops.std.flatten().tolist() == pytest.approx([0.2])
+    assert task.epochs == 7 and task.student_head.mlp[0].in_features == 16 and task.student_head.last_layer.out_features == 12
+    task.set_epochs(11)
+    assert task.epochs == 11
+    base = ArrayDataset(np.zeros((4, 8, 8, 1), dtype=np.uint8), np.zeros(4, dtype=np.int64), transform=lambda image: image)
+    views, _ = task.split_data(base, "train")[0]
+    assert [tuple(v.shape) for v in views] == [(1, 8, 8)] * 2 + [(1, 4, 4)] * 3
+    assert task.split_data(base, "val") is base and task.split_data(base, "test") is base
+
+
+def test_conflicts_and_the_augment_refusal_name_what_to_change() -> None:
+    recipe = SimpleNamespace(optim=SimpleNamespace(ema=True), model=SimpleNamespace(impl="timm"),
+                             trainer=SimpleNamespace(strategy="fsdp_full"), data=SimpleNamespace(augment=SimpleNamespace(enabled=True)))
+    assert DinoTask.conflicts(DinoOptions(), recipe) == [
+        "optim.ema=true (the teacher is the average DINO keeps and releases)",
+        "model.impl=timm (DINO trains vitkit's model)", "trainer.strategy=fsdp (the teacher is not sharded)"]
+    plain = SimpleNamespace(optim=SimpleNamespace(ema=False), model=SimpleNamespace(impl="vitkit"),
+                            trainer=SimpleNamespace(strategy="ddp"))
+    assert DinoTask.conflicts(DinoOptions(), plain) == []
+    with pytest.raises(FieldError) as caught:
+        DinoTask.check_recipe(DinoOptions(), recipe)
+    assert str(caught.value) == (
+        "data.augment.enabled is true, but DINO trains on its own multi-crop views, never on data.augment's: set "
+        "data.augment.enabled=false, and shape the views with task.dino's local_crops, global_size, local_size, "
+        "global_scale and local_scale.")

@@ -176,7 +176,7 @@ def test_a_visible_patchs_pixels_reach_the_loss_only_through_the_encoder() -> No
     assert torch.equal(masked_patch_loss(prediction, moved_target, mask), masked_patch_loss(prediction, target, mask))
 
 
-@pytest.mark.parametrize("changes", [{}, {"reg_tokens": 2}, {"class_token": False, "global_pool": "avg"},
+@pytest.mark.parametrize("changes", [{}, {"reg_tokens": 2}, {"class_token": False, "global_pool": "avg", "fc_norm": False},
                                      {"rope": "axial", "num_heads": 2}])
 def test_the_encoder_at_mask_ratio_0_equals_the_plain_forward(changes: dict) -> None:
     model = encoder(**changes)

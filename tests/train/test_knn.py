@@ -115,3 +115,31 @@ def test_the_linear_probe_of_labels_unrelated_to_the_features_is_near_chance() -
     train, test = torch.randn(300, 16, generator=generator), torch.randn(300, 16, generator=generator)
     labels = torch.randint(0, 3, (600,), generator=generator)
     assert 20.0 < linear_probe_accuracy(train, labels[:300], test, labels[300:], 3) < 47.0
+
+
+def test_the_linear_probe_is_the_minimiser_of_its_regularised_loss_after_its_steps() -> None:
+    """With ``steps`` L-BFGS iterations the probe predicts as the minimiser of cross-entropy plus
+    ``weight_decay |W|^2`` on standardised features, found here by Newton's method in float64; one
+    step does not get there, and well separated clusters score exactly 100."""
+    generator = torch.Generator().manual_seed(3)
+    train, test = torch.randn(120, 4, generator=generator), torch.randn(400, 4, generator=generator)
+    labels = (train @ torch.tensor([1.0, -1.0, 0.5, 0.0]) + 0.8 * torch.randn(120, generator=generator) > 0).long()
+    test_labels = (test @ torch.tensor([1.0, -1.0, 0.5, 0.0]) > 0).long()
+    mean, std = train.double().mean(0), train.double().std(0) + 1e-6
+    x = torch.cat([(train.double() - mean) / std, torch.ones(120, 1, dtype=torch.float64)], 1)  # bias column
+    weights = torch.zeros(5, 2, dtype=torch.float64, requires_grad=True)
+
+    def objective(w: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(x @ w, labels) + 0.05 * (w[:4] ** 2).sum()
+
+    for _ in range(30):  # Newton (pinv: a bias shared by both classes changes nothing)
+        grad = torch.autograd.grad(objective(weights), weights)[0]
+        hessian = torch.autograd.functional.hessian(objective, weights.detach()).reshape(10, 10)
+        with torch.no_grad():
+            weights -= (torch.linalg.pinv(hessian) @ grad.reshape(10)).reshape(5, 2)
+    test_x = torch.cat([(test.double() - mean) / std, torch.ones(400, 1, dtype=torch.float64)], 1)
+    expected = 100.0 * ((test_x @ weights.detach()).argmax(1) == test_labels).double().mean().item()
+    assert linear_probe_accuracy(train, labels, test, test_labels, 2, weight_decay=0.05) == pytest.approx(expected)
+    assert linear_probe_accuracy(train, labels, test, test_labels, 2, weight_decay=0.05, steps=1) != pytest.approx(expected)
+    clusters = torch.tensor([[5.0, 5.0], [5.5, 5.0], [-5.0, -5.0], [-5.5, -5.0]])
+    assert linear_probe_accuracy(clusters, torch.tensor([1, 1, 0, 0]), clusters, torch.tensor([1, 1, 0, 0]), 2) == 100.0

@@ -1,6 +1,7 @@
 """A steady training step never waits for the host: after the first steps (kernel choice), no call
 that would synchronise a GPU runs, with the recipes' options on (LSA masks, registers, RoPE, EMA,
-gradient clipping, the in-memory split kept on the device). Counted on the CPU by a
+gradient clipping, the in-memory split kept on the device); nor does a token-merging model's forward
+and backward (its proportional attention hands every block a float bias). Counted on the CPU by a
 ``TorchFunctionMode`` that sees every ``item``, ``bool``, ``tolist``, ``nonzero``, ``.cpu()``,
 ``torch.equal``, data-dependent selection and boolean indexing."""
 
@@ -17,6 +18,7 @@ import torch
 from tiny_runs import tiny_recipe
 from torch.overrides import TorchFunctionMode
 
+import vitkit
 from vitkit.train import load_recipe
 from vitkit.train.datamodule import ViTDataModule
 from vitkit.train.run import build_module
@@ -80,6 +82,19 @@ def test_a_steady_training_step_makes_no_host_sync(tmp_path: Path, precision: st
     trainer.fit(module, datamodule=data)
     assert window.steps == 5
     assert dict(window.calls) == {}
+
+
+def test_a_merged_models_forward_and_backward_make_no_host_sync() -> None:
+    model = vitkit.merge_tokens(vitkit.VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, num_classes=3, locality=True, reg_tokens=2,
+        rope="axial"), 3)
+    images = torch.randn(2, 3, 16, 16)
+    with SyncCounter() as counter:
+        model(images).sum().backward()
+        with torch.inference_mode():
+            logits = model.eval()(images[:1])
+    assert dict(counter.calls) == {}
+    assert logits.shape == (1, 3) and model.forward_features(images).shape[1] == 19 - 3 * 3
 
 
 def test_the_counter_sees_a_sync() -> None:

@@ -1,6 +1,7 @@
 """vitkit's own part of FSDP training, on CPU: a tiny ViT sharded as a run shards it (torch's FSDP2
 ``fully_shard``) in 2 gloo processes (torchrun) and compared with an unsharded copy trained alike
-(tests/helpers/sharded_worker.py): clipping by the global norm of the shards, and the full weights
+(tests/helpers/sharded_worker.py): clipping by the global norm of the shards or by each parameter's
+norm over the shards (DINO's), and the full weights
 gathered on rank 0 only for export. FSDP with a weight EMA, or with what it cannot train, is
 refused. A whole run that is killed and resumed: tests/train/test_fsdp_resume.py."""
 
@@ -59,6 +60,14 @@ def test_clipping_sums_plain_tensor_shards_across_ranks_when_told_they_are_shard
 
 
 @pytest.mark.slow
+def test_per_parameter_clipping_takes_each_gradients_norm_over_the_ranks_shards(ranks: list[dict[str, float]]) -> None:
+    for result in ranks:
+        assert result["per_param_norm_error"] < 1e-7 and result["flat_per_param_norm_error"] < 1e-7
+        assert result["per_param_error"] < 1e-8 and result["flat_per_param_error"] < 1e-8
+        assert 0 < result["clipped_share"] < 1 and 0 < result["flat_clipped_share"] < 1  # some clipped, some not
+
+
+@pytest.mark.slow
 def test_export_of_an_fsdp2_sharded_module_gathers_the_whole_trained_model_on_rank_0_only(
     ranks: list[dict[str, float]],
 ) -> None:
@@ -96,7 +105,7 @@ def test_gradients_under_fsdp_are_clipped_by_vitkit_as_shards(monkeypatch: pytes
     monkeypatch.setattr(module_lib, "clip_grad_norm", lambda params, norm, sharded: calls.append((norm, sharded)))
     model = torch.nn.Linear(2, 2)
     fake = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy=ShardedStrategy()),
-                           optim_config=SimpleNamespace(clip_grad=0.5))
+                           optim_config=SimpleNamespace(clip_grad=0.5, clip_mode="norm"))
     optimizer = torch.optim.AdamW(model.parameters())
     module_lib.ViTModule.on_before_optimizer_step(fake, optimizer)  # Lightning's FSDP plugin clips by value only
     assert calls == [(0.5, True)]

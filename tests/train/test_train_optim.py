@@ -82,7 +82,7 @@ def test_a_fused_optimizer_gets_its_gradients_clipped_by_norm_and_float16_scalin
     fused = build_optimizer(model, OptimConfig())
     # Lightning's bf16 plugin would raise here; vitkit clips the (unscaled) gradients itself
     module = SimpleNamespace(parameters=model.parameters, trainer=SimpleNamespace(strategy="auto"),
-                             optim_config=SimpleNamespace(clip_grad=0.5))
+                             optim_config=SimpleNamespace(clip_grad=0.5, clip_mode="norm"))
     ViTModule.on_before_optimizer_step(module, fused)
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
     assert norm.item() == pytest.approx(0.5, rel=1e-4)

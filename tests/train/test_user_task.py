@@ -135,9 +135,11 @@ def test_a_task_without_labels_refuses_label_options_and_monitors_only_its_metri
 def test_an_unknown_task_name_is_refused_with_the_registered_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shipped = {n: t for n, t in registry._TASKS.items() if t.__module__.startswith("vitkit.")}  # not other tests' tasks
     monkeypatch.setattr(registry, "_TASKS", {**shipped, "rotation": RotationTask})
+    assert {"classify", "dino", "mae"} <= shipped.keys()  # a new shipped task joins the list below by its name
+    known = ", ".join(sorted({*shipped, "rotation"}))
     recipe = rotation_recipe(tmp_path)
     with pytest.raises(RecipeError, match=r"task\.name in a command-line override is 'rotaton', which is no registered "
-                                          r"task \(known: classify, dino, fixmatch, mae, rotation\)\. Did you mean 'rotation'\?"):
+                                          rf"task \(known: {known}\)\. Did you mean 'rotation'\?"):
         load_recipe(recipe, ["task.name=rotaton"])
     with pytest.raises(ValueError, match="already registered to RotationTask"):
         register_task("rotation")(type("Other", (Task,), {}))

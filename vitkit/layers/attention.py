@@ -335,22 +335,28 @@ class MultiHeadSelfAttention(AttentionBase):
     """Multi-head self-attention over token sequences, a ViT block's attention.
 
     Construction as :class:`AttentionBase`. Beyond timm's ``Attention`` it returns the attention
-    weights on request, takes a boolean mask or an additive bias (``attn_bias``), gates heads
-    (ablations, head importance), prunes heads physically, and rotates queries and keys by 2-D
-    RoPE from the tokens' positions.
+    weights on request, and the keys token merging matches on (ToMe), takes a boolean mask or an
+    additive bias (``attn_bias``), gates heads (ablations, head importance), prunes heads
+    physically, and rotates queries and keys by 2-D RoPE from the tokens' positions.
     """
 
     @overload
     def forward(
         self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., positions: TokenPositions | None = ...,
-        head_gates: torch.Tensor | None = ..., need_weights: Literal[False] = ...,
+        head_gates: torch.Tensor | None = ..., need_weights: Literal[False] = ..., need_keys: Literal[False] = ...,
     ) -> torch.Tensor: ...
 
     @overload
     def forward(
         self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., positions: TokenPositions | None = ...,
-        head_gates: torch.Tensor | None = ..., need_weights: Literal[True],
+        head_gates: torch.Tensor | None = ..., need_weights: Literal[True], need_keys: Literal[False] = ...,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, attn_bias: torch.Tensor | None = ..., positions: TokenPositions | None = ...,
+        head_gates: torch.Tensor | None = ..., need_weights: bool = ..., need_keys: Literal[True],
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]: ...
 
     def forward(
         self,
@@ -360,7 +366,8 @@ class MultiHeadSelfAttention(AttentionBase):
         positions: TokenPositions | None = None,
         head_gates: torch.Tensor | None = None,
         need_weights: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        need_keys: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Attend from every token of ``x`` to every token of ``x``.
 
         Args:
@@ -372,20 +379,28 @@ class MultiHeadSelfAttention(AttentionBase):
                 rotates queries and keys; ignored without RoPE.
             head_gates: ``[H]`` or ``[B, H]`` multiplying each head's output before ``W_o``.
             need_weights: also return the post-softmax weights (the explicit kernel runs).
+            need_keys: also return the keys token merging matches tokens on (ToMe's
+                ``ToMeAttention``): each token's keys after the key norm and before RoPE, averaged
+                over the heads, ``[B, N, d]``; with every head pruned, the tokens ``x`` themselves.
 
         Returns:
             ``[B, N, D]``; with ``need_weights`` the pair (output, weights ``[B, H, N, N]``, before
-            attention dropout, part of the autograd graph).
+            attention dropout, part of the autograd graph); with ``need_keys`` the triple (output,
+            weights or ``None``, keys).
         """
         self.check_tokens(x)
+        keys = x  # every head pruned: the tokens are their own keys
         if self.num_heads == 0:
             out, weights = self.no_heads(x, x.shape[1], need_weights)
         else:
             q, k, v = self.project_qkv(x)
-            q, k = self.rotate([self.q_norm(q), self.k_norm(k)], positions)
+            q, k = self.q_norm(q), self.k_norm(k)
+            if need_keys:
+                keys = k.mean(dim=1)
+            q, k = self.rotate([q, k], positions)
             if self.locality:  # LSA: no token attends to itself
                 attn_bias = without_diagonal(attn_bias, x.shape[1], x.device)
             out, weights = self.attend(q, k, v, attn_bias, head_gates, need_weights)
+        if need_keys:
+            return out, weights, keys
         return (out, weights) if need_weights else out  # type: ignore[return-value]
-
-

@@ -99,19 +99,27 @@ def prepare_bias(
             f"attn_bias must be boolean (True = may attend) or a float bias, got dtype {attn_bias.dtype}."
         )
     _check_broadcast(attn_bias, shape, "attn_bias")
-    attn_bias = attn_bias.to(like.device)
+    if attn_bias.device != like.device:
+        attn_bias = attn_bias.to(like.device)
     # No branch on the data: reading it is a host sync on an accelerator, and no Python branch on the
     # data may run while a graph is recorded (torch.compile, torch.export / ONNX). The empty-row
-    # guard is always applied (the same values, one multiply more). Only a CPU bias outside a
-    # recorded graph is read, where reading costs nothing, to keep a NaN out.
+    # guard is always applied (the same values, one multiply more).
     if attn_bias.dtype == torch.bool:
         row_has_key = attn_bias.any(dim=-1, keepdim=True)
         return attn_bias | ~row_has_key, row_has_key
-    if attn_bias.device.type == "cpu" and not torch.compiler.is_compiling() and (
-        bool(torch.isnan(attn_bias).any()) or bool((attn_bias == float("inf")).any())
-    ):
-        raise ValueError("attn_bias holds NaN or +inf; use -inf to forbid a key and finite values otherwise.")
+    check_finite_bias(attn_bias)
     attn_bias = attn_bias.to(like.dtype)
     allowed = attn_bias > float("-inf")
     row_has_key = allowed.any(dim=-1, keepdim=True)
     return attn_bias.masked_fill(~row_has_key, 0.0), row_has_key
+
+
+def check_finite_bias(attn_bias: torch.Tensor) -> None:
+    """Refuse a float bias holding NaN or +inf, on its device and without a host read
+    (``torch._assert_async``): on a CPU the ``RuntimeError`` comes at once, on an accelerator the
+    assertion fails in the device's queue and surfaces at the next sync. Skipped while a graph is
+    recorded (an exported graph has no assertion op to run it with)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
+        return
+    finite_or_forbidden = (attn_bias < float("inf")).all()  # NaN and +inf both fail "< +inf"
+    torch._assert_async(finite_or_forbidden, "attn_bias holds NaN or +inf; use -inf to forbid a key and finite values otherwise.")

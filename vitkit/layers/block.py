@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,6 +13,11 @@ from .attention import AttentionBase, AttentionOptions, MultiHeadSelfAttention
 from .mlp import ActLayer, Mlp
 from .parts import get_part, register_block
 from .positions import TokenPositions
+
+#: A merge between a block's attention and its MLP (token merging, :mod:`.token_merging`): the tokens
+#: ``[B, N, D]`` after the attention's residual and the metric ``[B, N, C]`` they are matched on (the
+#: attention's keys, ``need_keys``) to the merged tokens ``[B, N - r, D]``.
+TokenMerge = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class LayerScale(nn.Module):
@@ -107,6 +113,7 @@ class EncoderBlock(nn.Module):
         positions: TokenPositions | None = None,
         head_gates: torch.Tensor | None = None,
         need_weights: bool = False,
+        merge: TokenMerge | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``[B, N, D] -> [B, N, D]``; with ``need_weights`` also the attention's post-softmax
         weights ``[B, H, N, N]`` (part of the autograd graph).
@@ -114,10 +121,17 @@ class EncoderBlock(nn.Module):
         ``attn_bias`` (boolean mask or additive bias), ``positions`` (the tokens' positions, for RoPE) and
         ``head_gates`` (``[H]`` or ``[B, H]``) go to the attention, as in
         :meth:`MultiHeadSelfAttention.forward`. A token no query may attend to never changes the
-        other tokens' outputs (its own output depends on them: ignore it).
+        other tokens' outputs (its own output depends on them: ignore it). With ``merge`` (token
+        merging, ToMe's ``ToMeBlock``), the tokens are merged on the attention's keys between the
+        two branches, and the block returns ``[B, N - r, D]``.
         """
-        attended = self.attn(self.norm1(x), attn_bias=attn_bias, positions=positions, head_gates=head_gates, need_weights=need_weights)
-        attended, weights = attended if need_weights else (attended, None)
-        x = x + self.drop_path1(self.ls1(attended))
+        kwargs = {"attn_bias": attn_bias, "positions": positions, "head_gates": head_gates, "need_weights": need_weights}
+        if merge is None:
+            attended = self.attn(self.norm1(x), **kwargs)
+            attended, weights = attended if need_weights else (attended, None)
+            x = x + self.drop_path1(self.ls1(attended))
+        else:
+            attended, weights, keys = self.attn(self.norm1(x), need_keys=True, **kwargs)
+            x = merge(x + self.drop_path1(self.ls1(attended)), keys)
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return (x, weights) if need_weights else x

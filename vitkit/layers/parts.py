@@ -13,9 +13,14 @@ What each kind must accept (the built-in part is the reference):
 * block (:class:`~vitkit.layers.EncoderBlock`): ``(dim, num_heads, attention_options, *, mlp_ratio,
   drop_path, init_values, act_layer, attn_layer, mlp_layer, device, dtype)``; ``forward(x, *,
   attn_bias=None, positions=None, head_gates=None, need_weights=False)``; its attention as ``.attn``.
+  For token merging (:func:`vitkit.merge_tokens`) its forward also takes ``merge=None`` and, when
+  given one, calls ``x = merge(x, metric)`` once between its attention and its MLP, ``metric``
+  ``[B, N, C]`` being the attention's keys (``need_keys=True``); a block without it is refused in
+  one line when merging is turned on.
 * attention (:class:`~vitkit.layers.MultiHeadSelfAttention`): an
   :class:`~vitkit.layers.attention.AttentionBase` subclass, so head gates, pruning, maps and kernel
-  choice work; ``forward`` as the block's, without the residuals.
+  choice work; ``forward`` as the block's, without the residuals, plus ``need_keys=False`` (with
+  it, the triple ``(out, weights or None, keys [B, N, C])``) for the encoder block's token merging.
 * MLP (:class:`~vitkit.layers.Mlp`): ``(dim, hidden_dim, drop=0.0, *, act_layer, device, dtype)``
   and ``forward(x [..., D]) -> [..., D]``.
 """

@@ -17,23 +17,24 @@ Between the attention and the MLP of a block, ``r`` pairs of similar tokens are 
   the patches through it: :func:`unmerge_attention`); positions merge as sizes do, so RoPE rotates
   a merged token by the centroid of its patches.
 
-:func:`run_merging_block` runs an :class:`~.block.EncoderBlock` with the merge between its two
-branches, as ToMe's ``ToMeBlock`` runs timm's ``Block`` (whose layout the encoder block shares).
+A block merges through its own forward: it takes ``merge`` (a :class:`MergeStep`), which it calls
+between its attention and its MLP on the attention's keys (``need_keys``), as ToMe's ``ToMeBlock``
+does in timm's ``Block``; :class:`~.block.EncoderBlock` does, and so may any registered block
+(:mod:`.parts`). :func:`check_mergeable` refuses, in one line, a block whose forward takes no ``merge``.
 """
 
 from __future__ import annotations
 
-import math
+import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import nn
 
 from ..errors import UnsupportedModelError
-from .attention import MultiHeadSelfAttention
-from .attention_masks import without_diagonal
 from .block import EncoderBlock
 from .positions import TokenPositions
 
@@ -141,35 +142,33 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, num_protected: int = 0
     """
     batch, tokens, _ = metric.shape
     r = min(r, merge_limit(tokens, num_protected))
+    if r == 0:  # ToMe's do_nothing: every token kept, in its order
+        rows = torch.arange(batch * tokens, device=metric.device)
+        return TokenMerge(kept=rows, moved=rows[:0], into=rows[:0], r=0)
     protected_a, protected_b = (num_protected + 1) // 2, num_protected // 2
     with torch.no_grad():
         metric = metric / metric.norm(dim=-1, keepdim=True)
-        scores = metric[:, ::2] @ metric[:, 1::2].transpose(-1, -2)
-        scores[:, :protected_a, :] = -math.inf  # protected A tokens merge into nothing
-        scores[:, :, :protected_b] = -math.inf  # and nothing merges into protected B tokens
-        best, best_index = scores.max(dim=-1)
+        # Only the unprotected tokens are scored: ToMe's -inf rows and columns of the protected ones
+        # never win a max and sort last, so leaving them out gives the same edges and order.
+        a, b = metric[:, 2 * protected_a :: 2], metric[:, 2 * protected_b + 1 :: 2]
+        best, best_index = (a @ b.transpose(-1, -2)).max(dim=-1)
         order = best.argsort(dim=-1, descending=True)
         unmerged, source = order[:, r:], order[:, :r]
-        destination = best_index.gather(1, source)
-        if num_protected:  # ToMe sorts when there is a class token: the protected A tokens first
+        if num_protected:  # ToMe sorts when there is a class token: the unmerged A tokens by index
             unmerged = unmerged.sort(dim=1).values
         # ToMe's output order as token indices: protected, unmerged A (2i), B (2j + 1)
-        num_b = tokens // 2
-        b_tokens = torch.arange(protected_b, num_b, device=metric.device) * 2 + 1
+        device = metric.device
         kept = torch.cat([
-            torch.arange(num_protected, device=metric.device).expand(batch, -1),
-            unmerged[:, protected_a:] * 2,
-            b_tokens.expand(batch, -1),
+            torch.arange(num_protected, device=device).expand(batch, -1),
+            unmerged * 2 + 2 * protected_a,
+            torch.arange(2 * protected_b + 1, tokens, 2, device=device).expand(batch, -1),
         ], dim=1)
-        first_b = num_protected + unmerged.shape[1] - protected_a  # output position of B token protected_b
-        into = destination - protected_b + first_b
-        offsets = torch.arange(batch, device=metric.device)[:, None]
-    return TokenMerge(
-        kept=(kept + offsets * tokens).flatten(),
-        moved=(source * 2 + offsets * tokens).flatten(),
-        into=(into + offsets * kept.shape[1]).flatten(),
-        r=r,
-    )
+        into = best_index.gather(1, source) + (num_protected + unmerged.shape[1])  # the B tokens' output rows
+        moved = source * 2 + 2 * protected_a
+        if batch > 1:  # rows of the flattened batch: image i's tokens start at row i * tokens
+            image = torch.arange(batch, device=device)[:, None]
+            kept, moved, into = kept + image * tokens, moved + image * tokens, into + image * kept.shape[1]
+    return TokenMerge(kept=kept.flatten(), moved=moved.flatten(), into=into.flatten(), r=r)
 
 
 @dataclass
@@ -177,7 +176,8 @@ class MergeState:
     """What travels with merged tokens from block to block.
 
     Attributes:
-        positions: the tokens' positions; a merged token's is the size-weighted mean of its parts'.
+        positions: the tokens' positions, or ``None`` where no block reads them (no RoPE); a merged
+            token's is the size-weighted mean of its parts'.
         num_protected: leading tokens never merged (a ViT's prefix tokens).
         size: ``[B, N, 1]`` patches per token, ``None`` before the first merge (all ones).
         source: ``[B, N, N0]`` ToMe's source matrix (1 where token ``n`` holds the block-0 token),
@@ -185,7 +185,7 @@ class MergeState:
         trace_source: keep ``source`` (for maps); it starts as the identity at the first merge.
     """
 
-    positions: TokenPositions
+    positions: TokenPositions | None
     num_protected: int
     size: torch.Tensor | None = None
     source: torch.Tensor | None = None
@@ -193,7 +193,7 @@ class MergeState:
 
     def attn_bias(self) -> torch.Tensor | None:
         """Proportional attention: ``log(size)`` of every key, ``[B, 1, 1, N]``; ``None`` before
-        any merge (every size is 1)."""
+        any merge (every size is 1). Sizes are counts >= 1, so the bias is finite by construction."""
         return None if self.size is None else self.size.log()[:, None, None, :, 0]
 
     def current_source(self, num_tokens: int, like: torch.Tensor) -> torch.Tensor:
@@ -205,85 +205,74 @@ class MergeState:
 
     def merged(self, x: torch.Tensor, metric: torch.Tensor, r: int) -> tuple[torch.Tensor, MergeState]:
         """Merge ``r`` tokens of ``x`` ``[B, N, D]`` matched on ``metric`` ``[B, N, C]``: the
-        merged tokens (ToMe's ``merge_wavg``) and the state that goes with them."""
+        merged tokens (ToMe's ``merge_wavg``) and the state that goes with them.
+
+        The size-weighted tokens, the sizes and the size-weighted positions are summed by one
+        merge of their concatenation (one gather and one scatter in place of three of each)."""
         merge = bipartite_soft_matching(metric, r, self.num_protected)
         if merge.r == 0:
             return x, self
+        width = x.shape[-1]
         size = torch.ones_like(x[..., :1]) if self.size is None else self.size
-        x = merge(x * size, "sum")
-        new_size = merge(size, "sum")
+        parts = [x if self.size is None else x * size, size]
+        if self.positions is not None:
+            parts.append(self._padded_xy(size) * size)
+        summed = merge(torch.cat(parts, dim=-1), "sum")
+        # Each channel is summed on its own, so the sizes and positions hold no gradient of x: detached,
+        # they stay out of the autograd graph (and the next block's bias needs no gradient) as in ToMe.
+        counted = summed[..., width:].detach()
+        new_size = counted[..., :1]
         source = None
         if self.trace_source:
             source = merge(self.current_source(size.shape[1], x), "amax")
-        return x / new_size, MergeState(
-            self._merged_positions(merge, size, new_size), self.num_protected, new_size, source, self.trace_source
-        )
+        positions = None
+        if self.positions is not None:
+            prefix = self.num_protected
+            centroids = counted[:, prefix:, 1:] / new_size[:, prefix:]
+            positions = TokenPositions(centroids, self.positions.num_prefix, self.positions.grid)
+        state = MergeState(positions, self.num_protected, new_size, source, self.trace_source)
+        return summed[..., :width] / new_size, state
 
-    def _merged_positions(self, merge: TokenMerge, size: torch.Tensor, new_size: torch.Tensor) -> TokenPositions:
-        positions, prefix = self.positions, self.num_protected
-        xy = positions.xy.expand(size.shape[0], -1, -1).to(size.dtype)
-        padded = torch.cat([xy.new_zeros(xy.shape[0], prefix, 2), xy], dim=1)  # the prefix has no position
-        centroids = merge(padded * size, "sum")[:, prefix:] / new_size[:, prefix:]
-        return TokenPositions(centroids, positions.num_prefix, positions.grid)
-
-
-def check_mergeable(block: object) -> None:
-    """Raise :class:`~vitkit.errors.UnsupportedModelError` (one line) unless ``block`` is an
-    encoder block with vitkit's self-attention, whose keys and branches :func:`run_merging_block` reads."""
-    if type(block) is not EncoderBlock or type(block.attn).forward is not MultiHeadSelfAttention.forward:
-        attn = type(getattr(block, "attn", None)).__name__
-        raise UnsupportedModelError(
-            f"token merging runs vitkit's EncoderBlock with its MultiHeadSelfAttention (ToMe's timm Block layout), "
-            f"got {type(block).__name__} with {attn}."
-        )
+    def _padded_xy(self, size: torch.Tensor) -> torch.Tensor:
+        """``[B, N, 2]`` positions of every token, the prefix tokens' zero (they have none and never merge)."""
+        xy = self.positions.xy.expand(size.shape[0], -1, -1).to(size.dtype)
+        return torch.cat([xy.new_zeros(xy.shape[0], self.num_protected, 2), xy], dim=1)
 
 
-def run_merging_block(
-    block: EncoderBlock,
-    x: torch.Tensor,
-    state: MergeState,
-    r: int,
-    head_gates: torch.Tensor | None = None,
-    need_weights: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, MergeState]:
-    """``block`` on ``x`` ``[B, N, D]`` with proportional attention and ``r`` tokens merged
-    between its attention and its MLP (ToMe's ``ToMeBlock.forward``).
+class MergeStep:
+    """One block's merge, handed to the block's forward as ``merge`` (:data:`~.block.TokenMerge`),
+    which calls it between its attention and its MLP: ``r`` tokens merged from the state
+    ``before``; ``after`` is the state of the merged tokens once it ran (``before`` until then).
 
-    Returns:
-        ``[B, N - r, D]`` tokens, the attention weights ``[B, H, N, N]`` with ``need_weights``
-        (else ``None``) and the state of the merged tokens.
+    Called again (gradient checkpointing runs a block's forward again in the backward pass), it
+    merges from ``before`` again, so the recomputed tokens are the ones of the first call.
     """
-    attended, weights, keys = _attention_and_keys(block.attn, block.norm1(x), state, head_gates, need_weights)
-    x = x + block.drop_path1(block.ls1(attended))
-    if r > 0:
-        x, state = state.merged(x, keys, r)
-    x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
-    return x, weights, state
+
+    def __init__(self, before: MergeState, r: int) -> None:
+        self.before, self.after, self.r = before, before, r
+
+    def __call__(self, x: torch.Tensor, metric: torch.Tensor) -> torch.Tensor:
+        """``[B, N, D]`` tokens matched on ``metric`` ``[B, N, C]`` to ``[B, N - r, D]``."""
+        x, self.after = self.before.merged(x, metric, self.r)
+        return x
 
 
-def _attention_and_keys(
-    attn: MultiHeadSelfAttention,
-    x: torch.Tensor,
-    state: MergeState,
-    head_gates: torch.Tensor | None,
-    need_weights: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """``MultiHeadSelfAttention.forward`` with the size bias, which also returns the matching
-    metric: the keys (after the key norm, before RoPE) averaged over the heads, ``[B, N, d]``
-    (ToMe's ``ToMeAttention``). A block without heads matches on its normed tokens."""
-    attn.check_tokens(x)
-    bias = state.attn_bias()
-    if attn.num_heads == 0:
-        out, weights = attn.no_heads(x, x.shape[1], need_weights)
-        return out, weights, x
-    q, k, v = attn.project_qkv(x)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    keys = k.mean(dim=1)
-    q, k = attn.rotate([q, k], state.positions)
-    if attn.locality:
-        bias = without_diagonal(bias, x.shape[1], x.device)
-    out, weights = attn.attend(q, k, v, bias, head_gates, need_weights)
-    return out, weights, keys
+def check_mergeable(block: nn.Module) -> None:
+    """Raise :class:`~vitkit.errors.UnsupportedModelError` (one line) unless ``block`` merges tokens:
+    its forward takes ``merge`` (:mod:`.parts`), and an encoder block's attention returns its keys
+    (``need_keys``)."""
+    name = type(block).__name__
+    if "merge" not in inspect.signature(block.forward).parameters:
+        raise UnsupportedModelError(
+            f"token merging hands every block a merge to call between its attention and its MLP, but "
+            f"{name}.forward takes no merge= (see vitkit.layers.parts for the block contract)."
+        )
+    attn = getattr(block, "attn", None)
+    if type(block).forward is EncoderBlock.forward and "need_keys" not in inspect.signature(attn.forward).parameters:
+        raise UnsupportedModelError(
+            f"token merging matches tokens on the attention's keys, but {name}'s attention "
+            f"{type(attn).__name__}.forward takes no need_keys= (see vitkit.layers.parts for the attention contract)."
+        )
 
 
 def unmerge_tokens(tokens: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..layers import TokenPositions
 from ..layers.patch_embed import conv_stem_widths
-from ..layers.token_merging import MergeState, run_merging_block, token_counts
+from ..layers.token_merging import MergeState, MergeStep, token_counts
 from .config import ViTConfig
 from .vision_transformer import build_block
 
@@ -65,13 +65,13 @@ def _block_macs(config: ViTConfig, num_heads: int) -> int:
 
 def _merging_block_macs(config: ViTConfig, num_heads: int, num_tokens: int, r: int) -> int:
     """MACs of one block with ``num_heads`` heads merging ``r`` of one image's ``num_tokens`` tokens
-    (:func:`~vitkit.layers.token_merging.run_merging_block`), counted on the meta device."""
+    (a :class:`~vitkit.layers.token_merging.MergeStep` as its ``merge``), counted on the meta device."""
     block = build_block(config, num_heads, attn_impl="explicit", device="meta")
     tokens = torch.empty(1, num_tokens, config.embed_dim, device="meta")
     positions = TokenPositions(torch.zeros(1, num_tokens - config.num_prefix_tokens, 2, device="meta"),
                                config.num_prefix_tokens, config.grid_size)
     with FlopCounterMode(display=False) as counter:
-        run_merging_block(block, tokens, MergeState(positions, config.num_prefix_tokens), r)
+        block(tokens, positions=positions, merge=MergeStep(MergeState(positions, config.num_prefix_tokens), r))
     return counter.get_total_flops() // 2
 
 

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import ConvPatchEmbed, PatchEmbed, TokenPositions, get_part, resample_pos_embed, sincos_2d_pos_embed
 from ..layers.init_rules import reset_submodules
-from ..layers.token_merging import MergeState, check_mergeable, run_merging_block, unmerge_tokens
+from ..layers.token_merging import MergeState, MergeStep, check_mergeable, unmerge_tokens
 from .config import ViTConfig
 from .init import TOKEN_STD, init_parts
 
@@ -369,22 +369,28 @@ class VisionTransformer(nn.Module):
         x: torch.Tensor,
         gates: torch.Tensor | None,
         need_weights: bool,
-        positions: TokenPositions,
+        positions: TokenPositions | None,
         attn_bias: torch.Tensor | None,
+        merge: MergeStep | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One block on ``x`` (checkpointed when enabled); its weights only when asked for, so the
-        fused kernel runs otherwise."""
+        fused kernel runs otherwise; ``merge`` only when given (a block may take none)."""
         kwargs = {"head_gates": gates, "positions": positions, "need_weights": need_weights, "attn_bias": attn_bias}
+        if merge is not None:
+            kwargs["merge"] = merge
         out = checkpoint(block, x, use_reentrant=False, **kwargs) if self._checkpointing() else block(x, **kwargs)
         return out if need_weights else (out, None)
 
     def _run_merging_block(
         self, index: int, x: torch.Tensor, gates: torch.Tensor | None, need_weights: bool, state: MergeState
     ) -> tuple[torch.Tensor, torch.Tensor | None, MergeState]:
-        """Block ``index`` with token merging (:func:`~vitkit.layers.token_merging.run_merging_block`)."""
-        run = partial(run_merging_block, self.blocks[index], r=self.merge_schedule[index], head_gates=gates,
-                      need_weights=need_weights)
-        return checkpoint(run, x, state, use_reentrant=False) if self._checkpointing() else run(x, state)
+        """Block ``index`` with proportional attention over the merged tokens of ``state``, merging
+        its ``r`` tokens (a :class:`~vitkit.layers.token_merging.MergeStep` as its ``merge``; none
+        where ``r`` is 0)."""
+        r = self.merge_schedule[index]
+        step = MergeStep(state, r) if r > 0 else None
+        x, weights = self._run_block(self.blocks[index], x, gates, need_weights, state.positions, state.attn_bias(), step)
+        return x, weights, state if step is None else step.after
 
     def _merge_state(
         self, positions: TokenPositions, attn_bias: torch.Tensor | None, trace_source: bool
@@ -395,7 +401,8 @@ class VisionTransformer(nn.Module):
         if attn_bias is not None:
             raise ValueError("attn_bias covers the tokens before merging: run a model without token merging "
                              "(merge_tokens(model, 0)) to pass one.")
-        return MergeState(positions, self.num_prefix_tokens, trace_source=trace_source)
+        tracked = positions if self.config.rope != "none" else None  # only RoPE reads merged positions
+        return MergeState(tracked, self.num_prefix_tokens, trace_source=trace_source)
 
     def _checkpointing(self) -> bool:
         return self.grad_checkpointing and torch.is_grad_enabled()

@@ -8,11 +8,12 @@ from .classify import ClassifyTask, DistillationLoss, build_criterion
 from .dino import DinoHead, DinoTask
 from .dino_options import DinoOptions
 from .fixmatch import FixMatchOptions, FixMatchTask, fixmatch_loss
+from .ijepa import IjepaOptions, IjepaTask
 from .mae import MaeOptions, MaeTask
 from .registry import UnknownTaskError, get_task, register_task, task_names
 
 __all__ = [
     "ClassifyTask", "DinoHead", "DinoOptions", "DinoTask", "DistillationLoss", "FixMatchOptions", "FixMatchTask",
-    "MaeOptions", "MaeTask", "NoOptions", "StepOutput", "Task", "TaskSetup", "UnknownTaskError", "build_criterion",
-    "fixmatch_loss", "get_task", "register_task", "task_names",
+    "IjepaOptions", "IjepaTask", "MaeOptions", "MaeTask", "NoOptions", "StepOutput", "Task", "TaskSetup",
+    "UnknownTaskError", "build_criterion", "fixmatch_loss", "get_task", "register_task", "task_names",
 ]

@@ -99,7 +99,8 @@ class Task(nn.Module):
     #: The validation metrics ``trainer.monitor`` may select ``best.ckpt`` by, each with whether it
     #: is minimised or maximised (``last``, the latest weights, is always allowed).
     monitors: ClassVar[dict[str, Literal["min", "max"]]] = {"val/loss": "min"}
-    #: The metric of :attr:`monitors` that a recipe without ``trainer.monitor`` selects by.
+    #: The metric of :attr:`monitors` that a recipe without ``trainer.monitor`` selects by (or
+    #: ``last``: the latest weights).
     monitor: ClassVar[str] = "val/loss"
     #: ``summary.json``'s entries, each a logged validation or test metric (``{"test_acc": "test/acc1"}``).
     summary_metrics: ClassVar[dict[str, str]] = {}

@@ -173,6 +173,9 @@ class DinoTask(Task):
     Options: ClassVar[type[Config]] = DinoOptions
     uses_labels: ClassVar[bool] = False
     releases_encoder: ClassVar[bool] = True
+    #: DINO releases the teacher at the end of its schedules (momentum near 1, the decay at its end),
+    #: as the paper does; its validation loss compares a moving teacher with a moving centre.
+    monitor: ClassVar[str] = "last"
 
     def __init__(self, embed_dim: int, crops: MultiCrop, *, epochs: int, options: DinoOptions | None = None) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """What training across processes needs beyond Lightning's strategies: the FSDP strategy built
 for a ViT (torch's FSDP2 ``fully_shard`` under Lightning's ``ModelParallelStrategy``, with sharded,
-atomic checkpoints), gradient clipping by the global norm of sharded gradients, and the full weights
-of a sharded model gathered on rank 0 for export.
+atomic checkpoints), gradient clipping of sharded gradients (by their global norm, or each
+parameter's as DINO clips), and the full weights of a sharded model gathered on rank 0 for export.
 
 Lightning runs the processes (``trainer.strategy=ddp``/``fsdp``, ``trainer.num_nodes``, torchrun
 or SLURM); see docs/train.md. Under FSDP each rank holds a shard of every parameter and of its
@@ -105,6 +105,21 @@ def gather_into(skeleton: nn.Module, wrapped: nn.Module, prefix: str = "") -> nn
     return skeleton
 
 
+def _is_shard(grad: torch.Tensor, sharded: bool) -> bool:
+    """Whether ``grad`` is this rank's part of a gradient spread over the ranks: a ``DTensor`` says
+    so itself (a ``Replicate`` placement is the whole gradient on every rank), a plain tensor is
+    one if ``sharded`` (FSDP1's flat shards)."""
+    if isinstance(grad, DTensor):
+        return not all(isinstance(p, Replicate) for p in grad.placements)
+    return sharded
+
+
+def _all_reduce(tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` over the processes in place, when there are several."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+
+
 def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, sharded: bool = False) -> torch.Tensor:
     """Scale the gradients of ``parameters`` in place so that their global L2 norm is at most
     ``max_norm`` (as ``torch.nn.utils.clip_grad_norm_``), and return that norm before clipping.
@@ -128,17 +143,48 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, sharded:
     replicated = torch.zeros((), dtype=torch.float32, device=device)  # the same on every rank
     for grad, part in zip(grads, local):
         square = part.detach().float().square().sum()
-        is_shard = (
-            not all(isinstance(p, Replicate) for p in grad.placements) if isinstance(grad, DTensor) else sharded
-        )
-        if is_shard:
+        if _is_shard(grad, sharded):
             summed += square
         else:
             replicated += square
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(summed)
+    _all_reduce(summed)
     norm = (summed + replicated).sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for part in local:
         part.detach().mul_(scale.to(part.device, part.dtype))
     return norm
+
+
+def clip_grad_per_param(parameters: Iterable[torch.Tensor], max_norm: float, sharded: bool = False) -> torch.Tensor:
+    """Scale each parameter's gradient in place so that its own L2 norm is at most ``max_norm``,
+    as DINO's ``clip_gradients`` (Caron et al. 2021, arXiv 2104.14294): a gradient of norm ``n``
+    is multiplied by ``max_norm / (n + 1e-6)`` where that is below 1, the others are left as they
+    are; no host sync (DINO reads each norm on the host).
+
+    Args:
+        parameters: this rank's parameters, the same list on every rank; their gradients may be
+            FSDP2 ``DTensor`` shards (each norm is then that of the whole gradient, every rank's part).
+        max_norm: the largest norm a gradient keeps.
+        sharded: the plain-tensor gradients are this rank's shards (FSDP1), as :func:`clip_grad_norm`.
+
+    Returns:
+        ``[P]`` float32 each parameter's gradient norm before clipping (0 for one without a
+        gradient), on the gradients' device.
+    """
+    parameters = list(parameters)
+    grads = [p.grad for p in parameters]
+    local = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
+    device = next((part.device for part in local if part is not None), parameters[0].device)
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    squares = torch.stack([zero if part is None else part.detach().float().square().sum() for part in local])
+    if sharded or any(isinstance(grad, DTensor) for grad in grads):  # DDP's replicas need no collective
+        shards = torch.tensor([grad is not None and _is_shard(grad, sharded) for grad in grads], device=device)
+        summed = torch.where(shards, squares, zero)  # every rank's part of one gradient, summed over the ranks
+        _all_reduce(summed)
+        squares = torch.where(shards, summed, squares)
+    norms = squares.sqrt()
+    scales = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for part, scale in zip(local, scales):
+        if part is not None:
+            part.detach().mul_(scale.to(part.device, part.dtype))
+    return norms

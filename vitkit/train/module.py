@@ -23,9 +23,9 @@ from ..schema import FieldError, RecipeError
 from ..tasks import Task, TaskSetup
 from .checkpoint_format import adopt_automatic_steps, load_ema, non_finite_tensors, save_ema
 from .config import RecipeConfig
-from .distributed import clip_grad_norm, gather_into, is_sharded, meta_skeleton, shard
+from .distributed import clip_grad_norm, clip_grad_per_param, gather_into, is_sharded, meta_skeleton, shard
 from .lightning_compat import HOOK_NAME_ATTRIBUTE, attached_trainer, batches_started, loggers_write_this_step
-from .optim import Horizon, OptimConfig, build_optimizer, refresh_lr, warmup_cosine
+from .optim import Horizon, OptimConfig, WeightDecaySchedule, build_optimizer, refresh_lr, warmup_cosine
 from .pure_bf16 import PureBf16
 
 #: How many recent losses a non-finite-loss error reports.
@@ -103,6 +103,7 @@ class ViTModule(L.LightningModule):
         #: The training loss of the latest logging step, for the progress bar.
         self.shown_loss: float | None = None
         self.horizon: Horizon | None = None  # the learning-rate schedule's (configure_optimizers)
+        self.decay_schedule: WeightDecaySchedule | None = None  # optim.weight_decay_end's (configure_optimizers)
         self.automatic_optimization = False  # :meth:`training_step` takes the optimiser step itself
         #: Under FSDP, the model's structure taken before sharding, its weights on the meta device
         #: (no memory), which :meth:`export_model` fills on rank 0 with the gathered weights.
@@ -206,6 +207,8 @@ class ViTModule(L.LightningModule):
         with torch.autocast(self.device.type, enabled=False):
             optimizer.zero_grad(set_to_none=True)
             self.manual_backward(loss)  # float16: scaled; the pure-bf16 copy's gradients move in on_after_backward
+            if self.decay_schedule is not None:  # the decay of the step the scheduler is at
+                self.decay_schedule.apply(scheduler.last_epoch)
             optimizer.step()  # float16: unscaled, then clipped (the hook), then stepped unless not finite
             scheduler.step()
         return loss
@@ -256,6 +259,9 @@ class ViTModule(L.LightningModule):
         warmup_steps = round(self.optim_config.warmup_epochs * total_steps / max(1, self.trainer.max_epochs))
         self.horizon = Horizon(warmup_steps, total_steps, floor=self.optim_config.min_lr / self.optim_config.lr)
         scheduler = warmup_cosine(optimizer, self.horizon)
+        end = self.optim_config.weight_decay_end
+        if end is not None:
+            self.decay_schedule = WeightDecaySchedule(optimizer, self.horizon, self.optim_config.weight_decay, end)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
 
     def set_schedule(self, warmup_steps: int, total_steps: int, epochs: int) -> None:
@@ -267,14 +273,17 @@ class ViTModule(L.LightningModule):
         self.task.set_epochs(epochs)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Clip the gradients to ``optim.clip_grad`` by their global norm, just before the step
-        (float16's loss scale is already taken out: Lightning unscales before this hook). Under
-        FSDP the norm is that of every rank's shards together (Lightning's FSDP plugin clips by
-        value only)."""
+        """Clip the gradients to ``optim.clip_grad`` by their global norm (or, with
+        ``optim.clip_mode: per_param``, each parameter's gradient by its own norm), just before the
+        step (float16's loss scale is already taken out: Lightning unscales before this hook).
+        Under FSDP a norm is that of every rank's shards together (Lightning's FSDP plugin clips
+        by value only)."""
         max_norm = self.optim_config.clip_grad
         if not max_norm:
             return
-        if is_sharded(self.trainer.strategy):
+        if self.optim_config.clip_mode == "per_param":
+            clip_grad_per_param(self.parameters(), max_norm, sharded=is_sharded(self.trainer.strategy))
+        elif is_sharded(self.trainer.strategy):
             clip_grad_norm(self.parameters(), max_norm, sharded=True)
         else:
             torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)

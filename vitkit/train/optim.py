@@ -1,12 +1,15 @@
 """The recipe's ``optim`` section (:class:`OptimConfig`) and what it builds: AdamW without weight
-decay on norms, biases, position embeddings and the class token, with an optional layer-wise
-learning-rate decay (BEiT, Bao et al. 2021, https://arxiv.org/abs/2106.08254, as timm), and a
-linear-warmup + cosine learning-rate schedule stepped every iteration."""
+decay on norms, biases, position embeddings and the class token (or, as DINO, on norms and biases
+only), with an optional layer-wise learning-rate decay (BEiT, Bao et al. 2021,
+https://arxiv.org/abs/2106.08254, as timm), a linear-warmup + cosine learning-rate schedule stepped
+every iteration, and an optional cosine weight-decay schedule (DINO, Caron et al. 2021,
+https://arxiv.org/abs/2104.14294: 0.04 to 0.4)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
@@ -22,7 +25,15 @@ class OptimConfig(Config):
 
     Attributes:
         lr: peak learning rate (reached after warmup), for ``trainer.batch_size`` per device.
-        weight_decay: AdamW decoupled decay; norms, biases, ``pos_embed`` and ``cls_token`` get none.
+        weight_decay: AdamW decoupled decay; norms, biases, ``pos_embed`` and ``cls_token`` get none
+            (the latter two do with ``decay_embeddings``).
+        weight_decay_end: the decay at the last step, reached on a half cosine from ``weight_decay``
+            over the run's steps (no warm-up), as DINO's ``cosine_scheduler`` (0.04 to 0.4);
+            ``null``: ``weight_decay`` throughout.
+        decay_embeddings: decay the parameters the model exempts (its ``no_weight_decay()``:
+            ``pos_embed``, ``cls_token``, register and distillation tokens, mixed-RoPE
+            frequencies) like any weight matrix, leaving only 1-d parameters (norms, LayerScale)
+            and biases undecayed: DINO's ``get_params_groups``.
         betas: AdamW betas.
         eps: AdamW epsilon.
         warmup_epochs: linear warmup length (fractions allowed).
@@ -36,7 +47,9 @@ class OptimConfig(Config):
             with their block (BEiT's rule, as freezing ``blocks:N`` freezes them with it); timm's
             Eva keeps them in one model-level tensor that learns at scale 1, up to
             ``layer_decay ** -depth`` times faster.
-        clip_grad: max global gradient norm; ``null`` disables clipping.
+        clip_grad: the largest gradient norm left unscaled; ``null`` disables clipping.
+        clip_mode: ``norm``: the norm of all gradients together (timm's and Lightning's default);
+            ``per_param``: each parameter's own gradient norm, as DINO's ``clip_gradients``.
         label_smoothing: target smoothing (also applied to mixed targets).
         mixup: Mixup alpha (0 disables); cutmix: CutMix alpha (0 disables).
         mixup_prob: probability of mixing a batch; mixup_switch_prob: of CutMix instead of Mixup.
@@ -46,12 +59,15 @@ class OptimConfig(Config):
 
     lr: float = field(default=1e-3, metadata=bounds(gt=0))
     weight_decay: float = field(default=0.05, metadata=bounds(ge=0))
+    weight_decay_end: float | None = field(default=None, metadata=bounds(ge=0))
+    decay_embeddings: bool = False
     betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=bounds(ge=0, lt=1))
     eps: float = field(default=1e-8, metadata=bounds(gt=0))
     warmup_epochs: float = field(default=0.0, metadata=bounds(ge=0))
     min_lr: float = field(default=1e-6, metadata=bounds(ge=0))
     layer_decay: float | None = field(default=None, metadata=bounds(gt=0, le=1))
     clip_grad: float | None = field(default=1.0, metadata=bounds(gt=0))
+    clip_mode: Literal["norm", "per_param"] = "norm"
     label_smoothing: float = field(default=0.0, metadata=bounds(ge=0, lt=1))
     mixup: float = field(default=0.0, metadata=bounds(ge=0))
     cutmix: float = field(default=0.0, metadata=bounds(ge=0))
@@ -61,9 +77,15 @@ class OptimConfig(Config):
     ema_decay: float = field(default=0.9998, metadata=bounds(gt=0, lt=1))
 
     def validate(self) -> None:
-        """``min_lr`` at most ``lr``."""
+        """``min_lr`` at most ``lr``; a weight-decay schedule starts from a decay."""
         if self.min_lr > self.lr:
             raise ValueError(f"optim.min_lr ({self.min_lr:g}) exceeds optim.lr ({self.lr:g}); lower min_lr.")
+        if self.weight_decay_end is not None and self.weight_decay == 0:
+            raise ValueError(
+                f"optim.weight_decay_end ({self.weight_decay_end:g}) schedules the decayed parameters' decay, but "
+                "optim.weight_decay is 0, so none is decayed; set optim.weight_decay (DINO's 0.04), or "
+                "optim.weight_decay_end=null."
+            )
 
     @property
     def mixes(self) -> bool:
@@ -71,14 +93,17 @@ class OptimConfig(Config):
         return (self.mixup > 0 or self.cutmix > 0) and self.mixup_prob > 0
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
+def param_groups(
+    model: nn.Module, weight_decay: float, layer_decay: float | None = None, *, decay_embeddings: bool = False
+) -> list[dict]:
     """timm's parameter groups over the parameters that require a gradient (frozen ones are in none).
 
     Without ``layer_decay``, timm's ``param_groups_weight_decay``: decayed weight matrices, and
     undecayed 1-d parameters (norm scales, biases, LayerScale) plus the names in
     ``model.no_weight_decay()`` (``pos_embed``, ``cls_token``), in timm's order (undecayed first;
     :func:`vitkit.io.upgrade_checkpoint` reorders checkpoints written in vitkit's former order).
-    ``weight_decay=0`` gives one group.
+    ``weight_decay=0`` gives one group. ``decay_embeddings`` leaves ``no_weight_decay()`` out: only
+    1-d parameters and biases go undecayed, DINO's ``get_params_groups``.
 
     With ``layer_decay``, timm's ``param_groups_layer_decay`` over ``model.group_matcher()``: a
     decayed and an undecayed group per layer, in timm's order, each with ``lr_scale =
@@ -87,7 +112,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     mixed-RoPE frequencies are its own and take its scale (timm's Eva leaves its shared frequency
     tensor at 1; see :class:`~vitkit.train.config.OptimConfig`).
     """
-    skip = getattr(model, "no_weight_decay", set)()
+    skip = set() if decay_embeddings else getattr(model, "no_weight_decay", set)()
     if layer_decay is not None:
         return param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
     return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
@@ -110,20 +135,27 @@ def build_optimizer(
     ``lr_scale`` under ``config.layer_decay``), fused (one kernel over all parameters) wherever torch supports
     it and ``allow_fused``, else torch's default multi-tensor (foreach) implementation. The
     trainable parameters of ``extra`` (a task's decoder or projection head) follow in groups of
-    their own at the full rate, norms and biases undecayed; a module without any adds no group.
+    their own at the full rate, norms and biases undecayed (and what ``extra.no_weight_decay()``
+    names, unless ``config.decay_embeddings``); a module without any adds no group.
 
     The fused step applies the same update as the foreach one to float rounding (tested), in a
     fraction of its time (docs/benchmarks.md has the measurement).
     """
-    groups = param_groups(model, config.weight_decay, config.layer_decay)
+    groups = param_groups(model, config.weight_decay, config.layer_decay, decay_embeddings=config.decay_embeddings)
     if extra is not None and any(p.requires_grad for p in extra.parameters()):
-        groups += param_groups(extra, config.weight_decay)
+        groups += param_groups(extra, config.weight_decay, decay_embeddings=config.decay_embeddings)
     for group in groups:  # each group's own peak; warmup_cosine's factor then scales it (min_lr too)
         group["lr"] = config.lr * group.get("lr_scale", 1.0)
     fused = allow_fused and fused_supported([p for group in groups for p in group["params"]])
     return torch.optim.AdamW(
         groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=True if fused else None
     )
+
+
+def half_cosine(progress: float, start: float, end: float) -> float:
+    """``start`` at ``progress`` 0 to ``end`` at 1 on a half cosine: ``end + (start - end) (1 +
+    cos(pi progress)) / 2``."""
+    return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 @dataclass
@@ -143,7 +175,7 @@ class Horizon:
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return half_cosine(progress, 1.0, self.floor)
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, horizon: Horizon) -> torch.optim.lr_scheduler.LambdaLR:
@@ -158,6 +190,35 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, horizon: Horizon) -> torch.o
     recipe, or from its time budget's stored plan.
     """
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: horizon.factor(step))
+
+
+class WeightDecaySchedule:
+    """The decayed groups' weight decay on a half cosine from ``start`` to ``end`` over
+    ``horizon.total_steps`` steps, without warm-up, as DINO's ``wd_schedule`` (``cosine_scheduler(
+    0.04, 0.4, epochs, niter_per_ep)``: ``end + (start - end) (1 + cos(pi step / total)) / 2`` at
+    step ``step``); the undecayed groups stay at 0. The value depends on the step alone and the
+    horizon is read at every step, so a resumed run or a time budget's moved horizon continues it.
+
+    Args:
+        optimizer: its groups with a weight decay above 0 are the decayed ones.
+        horizon: the learning-rate schedule's, whose ``total_steps`` the decay spans.
+        start, end: the decay at step 0 and at ``total_steps`` (and after).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, horizon: Horizon, start: float, end: float) -> None:
+        self.optimizer, self.horizon, self.start, self.end = optimizer, horizon, start, end
+        self.decayed = [group["weight_decay"] > 0 for group in optimizer.param_groups]
+
+    def value(self, step: int) -> float:
+        """The weight decay of step ``step`` (0-based)."""
+        return half_cosine(min(1.0, step / max(1, self.horizon.total_steps)), self.start, self.end)
+
+    def apply(self, step: int) -> None:
+        """Set the decayed groups' weight decay for step ``step``; call it before that step."""
+        decay = self.value(step)
+        for group, decayed in zip(self.optimizer.param_groups, self.decayed):
+            if decayed:
+                group["weight_decay"] = decay
 
 
 def refresh_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
