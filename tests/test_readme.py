@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
+from tiny_runs import shipped_tasks
 
 from vitkit.kernels import AUTOTUNER
 from vitkit.tasks import registry
@@ -44,7 +45,7 @@ def test_readme_snippet_runs_as_written(page: Path, code: str, tmp_path: Path, m
     for state in ("_cache_path", "_cache_path_set", "_disk"):  # a snippet points the autotuner at a cache file
         monkeypatch.setattr(AUTOTUNER, state, getattr(AUTOTUNER, state))
     # the snippet's tasks register into a registry of the shipped tasks only, dropped afterwards
-    monkeypatch.setattr(registry, "_TASKS", {n: t for n, t in registry._TASKS.items() if t.__module__.startswith("vitkit.")})
+    monkeypatch.setattr(registry, "_TASKS", shipped_tasks())
     module = types.ModuleType("readme_snippet")  # a dataclass in a snippet looks its module up
     monkeypatch.setitem(sys.modules, module.__name__, module)
     name = page.relative_to(ROOT)

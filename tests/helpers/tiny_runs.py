@@ -148,3 +148,11 @@ def gray_folder(root: Path, mode: str = "L") -> Path:
                 pixels = rng.integers(0, 255, (10, 12) if mode == "L" else (10, 12, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(root / split / name / f"{index}.png")
     return root
+
+
+def shipped_tasks() -> dict[str, type]:
+    """The registry's tasks that vitkit ships (not those other test files registered when imported):
+    the registry a test starts from when it registers tasks of its own or lists the registered names."""
+    from vitkit.tasks import registry
+
+    return {name: task for name, task in registry._TASKS.items() if task.__module__.startswith("vitkit.")}

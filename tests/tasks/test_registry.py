@@ -4,6 +4,7 @@ class, an unknown name is refused in one line that lists the registered ones and
 from __future__ import annotations
 
 import pytest
+from tiny_runs import shipped_tasks
 
 from vitkit.errors import VitkitError
 from vitkit.tasks import Task, registry
@@ -12,8 +13,9 @@ from vitkit.tasks.registry import UnknownTaskError, get_task, register_task, tas
 
 @pytest.fixture(autouse=True)
 def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test registers into a copy: the built-in tasks stay as they were."""
-    monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
+    """Each test registers into a copy of the shipped tasks: they stay as they were, and other test
+    files' tasks are not in it."""
+    monkeypatch.setattr(registry, "_TASKS", shipped_tasks())
 
 
 @pytest.mark.parametrize("name", ["Rotation", "two words", "3d", "jigsaw-puzzle"])

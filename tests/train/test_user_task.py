@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from tiny_runs import ROOT, SHORT, tiny_recipe
+from tiny_runs import ROOT, SHORT, shipped_tasks, tiny_recipe
 from torch import nn
 
 import vitkit
@@ -133,7 +133,7 @@ def test_a_task_without_labels_refuses_label_options_and_monitors_only_its_metri
 
 
 def test_an_unknown_task_name_is_refused_with_the_registered_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shipped = {n: t for n, t in registry._TASKS.items() if t.__module__.startswith("vitkit.")}  # not other tests' tasks
+    shipped = shipped_tasks()
     monkeypatch.setattr(registry, "_TASKS", {**shipped, "rotation": RotationTask})
     assert {"classify", "dino", "mae"} <= shipped.keys()  # a new shipped task joins the list below by its name
     known = ", ".join(sorted({*shipped, "rotation"}))
