@@ -14,14 +14,12 @@ from ..tasks import Task, get_task, task_names
 @dataclass(init=False, eq=False)
 class TaskConfig(Config):
     """The training objective: a task registered under ``name`` (:func:`vitkit.tasks.task_names`:
-    ``classify``, ``dino``, ``mae`` and any registered in the user's script) and its options, the
-    section ``task.<name>`` (parsed with the task's :attr:`~vitkit.tasks.Task.Options`).
+    the shipped ones, listed in docs/tasks.md, and any registered in the user's script) and its
+    options, the section ``task.<name>`` (parsed with the task's :attr:`~vitkit.tasks.Task.Options`).
 
     Attributes:
-        name: ``classify``: supervised classification on the data's labels (with the ``optim``
-            section's Mixup, CutMix and label smoothing and the ``distill`` section's teacher);
-            ``dino``: DINO self-distillation of a headless encoder, labels unused (``task.dino``);
-            ``mae``: masked-autoencoder pre-training of a headless encoder, labels unused (``task.mae``).
+        name: the registered task's name; what it trains and which recipe sections it reads are the
+            task's (its class's docstring and capabilities).
         options: the named task's options (its section, or its defaults).
         knn_every: a task that releases an encoder also measures the weighted k-NN accuracy of its
             features (:mod:`vitkit.train.pretraining`) every this many epochs (``null``: at the end only).
