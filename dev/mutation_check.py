@@ -62,6 +62,7 @@ IJEPA_RUN = "tests/train/test_ijepa_pretraining.py::test_pretraining_releases_th
 MERGED_POSITIONS = "tests/models/test_token_merging.py::test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts"
 MERGE_CONTRACT = "tests/models/test_token_merging_contract.py::"
 MERGED_BIAS = "tests/models/test_token_merging.py::test_an_attention_bias_for_a_merging_model_is_refused_not_ignored"
+MERGE_EDGES = "tests/models/test_token_merging_edges.py::"
 MERGED_MAPS = ("tests/explain/test_explain_merged_tokens.py::"
                "test_gradient_maps_of_a_two_patch_merge_copy_the_gradient_and_halve_the_attention")
 DEVICE_LOADER = "tests/train/test_data_on_device.py::test_the_device_loader_drops_the_last_incomplete_training_batch_only"
@@ -686,6 +687,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("layers", "vitkit/layers/token_merging.py", '    if "merge" not in inspect.signature(block.forward).parameters:',
              "    if False:", (MERGE_CONTRACT + "test_a_block_or_an_attention_that_cannot_merge_is_refused_in_one_line",),
              "a block that cannot merge is accepted, and merging silently does nothing"),
+    # survivors of mutmut's run over token_merging.py (docs/reliability.md), killed by tests written for them
+    Mutation("layers", "vitkit/layers/token_merging.py",
+             """raise ValueError(f"schedule must be 'constant' or 'decreasing', got {schedule!r}.")""",
+             "raise ValueError(None)", (MERGE_EDGES + "test_a_schedule_that_cannot_apply_is_refused_saying_why",),
+             "an unknown merge schedule refused without saying which schedules there are"),
+    Mutation("layers", "vitkit/layers/token_merging.py",
+             """raise ValueError("a list of r gives every block's count: it takes no schedule.")""",
+             "raise ValueError(None)", (MERGE_EDGES + "test_a_schedule_that_cannot_apply_is_refused_saying_why",),
+             "a list of r with a schedule refused without saying why"),
+    Mutation("layers", "vitkit/layers/token_merging.py", 'attn = getattr(block, "attn", None)', 'attn = getattr(block, "attn")',
+             (MERGE_EDGES + "test_a_block_that_takes_merge_is_mergeable_whatever_its_attention_is_called",),
+             "a merging block without an attn attribute fails with an AttributeError"),
+    Mutation("layers", "vitkit/layers/token_merging.py", "xy = self.positions.xy.expand(size.shape[0], -1, -1).to(size.dtype)",
+             "xy = self.positions.xy.expand(size.shape[0], -1, -1)",
+             (MERGE_EDGES + "test_a_bfloat16_rope_model_merges_in_bfloat16_as_the_float32_model_does",),
+             "float32 positions turn a bfloat16 RoPE model's merged tokens to float32"),
+    Mutation("layers", "vitkit/layers/token_merging.py", "spread = source / source.sum(dim=-1, keepdim=True)",
+             "spread = source / source.sum(dim=-2, keepdim=True)", ("tests/models/test_token_unmerging.py",),
+             "a merged key's attention copied to each of its patches instead of shared among them"),
+    Mutation("layers", "vitkit/layers/token_merging.py", "return source.transpose(1, 2).to(tokens.dtype) @ tokens",
+             "return source.transpose(1, 2) @ tokens", ("tests/models/test_token_unmerging.py",),
+             "unmerged tokens of a float64 model fail on the float32 source"),
+    Mutation("layers", "vitkit/layers/token_merging.py", 'return torch.einsum("bqi,bhqk,bkj->bhij", source, gradient, source)',
+             'return torch.einsum("bqi,bhqk,bkj->bhij", source, gradient, source / source.sum(dim=-1, keepdim=True))',
+             ("tests/models/test_token_unmerging.py",), "a merged key's gradient shared among its patches, not copied"),
     Mutation("layers", "vitkit/layers/attention.py", "                keys = k.mean(dim=1)", "                keys = v.mean(dim=1)",
              (MERGE_CONTRACT + "test_the_attention_returns_its_normed_keys_averaged_over_the_heads_before_rope",),
              "token merging matches tokens on the values instead of the keys"),

@@ -53,6 +53,20 @@ SUBJECTS: dict[str, tuple[str, tuple[str, ...]]] = {
                                                   "tests/train/test_task_refusals.py")),
     "classify": ("vitkit/tasks/classify.py", ("tests/tasks/test_classify.py", "tests/train/test_task_refusals.py")),
     "registry": ("vitkit/tasks/registry.py", ("tests/tasks/test_registry.py", "tests/train/test_task_refusals.py")),
+    # the timm ViT-S/16 comparison (25 s) repeats the tiny models' check at a larger size
+    "token_merging": ("vitkit/layers/token_merging.py", (
+        "tests/models/test_token_merging.py", "tests/models/test_token_merging_contract.py",
+        "tests/models/test_token_unmerging.py", "tests/models/test_token_merging_edges.py",
+        "-k", "not vit_small_patch16_224")),
+    # the training runs (5-18 s each) leave out all but the refusals, the time budget and the unlabeled folder
+    "fixmatch": ("vitkit/tasks/fixmatch.py", (
+        "tests/tasks/test_fixmatch.py", "tests/tasks/test_fixmatch_recipe.py", "tests/tasks/test_fixmatch_training.py",
+        "-k", "not an_epoch_passes and not mu_sets_the_epochs and not pure_bfloat16")),
+    "randaugment": ("vitkit/data/randaugment.py", ("tests/data/test_randaugment.py",)),
+    "ijepa_masks": ("vitkit/tasks/ijepa_masks.py", ("tests/tasks/test_ijepa.py",)),
+    "ijepa": ("vitkit/tasks/ijepa.py", ("tests/tasks/test_ijepa.py", "tests/train/test_ijepa_pretraining.py",
+                                       "-k", "not releases_the_target_encoder and not resumes")),
+    "base": ("vitkit/tasks/base.py", ("tests/tasks/test_task_base.py", "tests/train/test_task_slot.py")),
 }
 
 

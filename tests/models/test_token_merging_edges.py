@@ -1,0 +1,52 @@
+"""Token merging's edges that the comparisons with ToMe do not reach: the schedule refusals say
+what is wrong, a block that merges through its forward needs no ``attn`` attribute, and a
+bfloat16 model with RoPE merges its tokens' positions in bfloat16 as a float32 one does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import vitkit
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.layers.token_merging import check_mergeable, merge_schedule
+
+
+@pytest.mark.parametrize(("r", "schedule", "sentence"), [
+    (2, "linear", "schedule must be 'constant' or 'decreasing', got 'linear'."),
+    ([1, 1], "decreasing", "a list of r gives every block's count: it takes no schedule."),
+])
+def test_a_schedule_that_cannot_apply_is_refused_saying_why(r: int | list[int], schedule: str, sentence: str) -> None:
+    with pytest.raises(ValueError) as error:
+        merge_schedule(r, 2, schedule)  # type: ignore[arg-type]
+    assert str(error.value) == sentence
+
+
+class MergingWithoutAttn(nn.Module):
+    """A block that merges between its two branches and names its token mixer otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, *, merge=None) -> torch.Tensor:  # noqa: ANN001
+        x = x + self.mixer(x)
+        return x if merge is None else merge(x, x)
+
+
+def test_a_block_that_takes_merge_is_mergeable_whatever_its_attention_is_called() -> None:
+    check_mergeable(MergingWithoutAttn())  # no attn attribute to ask for need_keys: it merges through its forward
+
+
+def test_a_bfloat16_rope_model_merges_in_bfloat16_as_the_float32_model_does() -> None:
+    torch.manual_seed(0)
+    config = ViTConfig(img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, num_classes=5, mlp_ratio=2.0,
+                       rope="axial")
+    model = vitkit.merge_tokens(VisionTransformer(config).eval(), 4)
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        reference = model(images)
+        half = model.to(torch.bfloat16)(images.bfloat16())
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), reference, atol=0.02, rtol=0.05)
