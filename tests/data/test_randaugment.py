@@ -163,6 +163,17 @@ def test_cutout_is_usbs_square_filled_with_the_mean_colour() -> None:
     assert int((out[2, 0] == 10).sum()) == 6 * 6
 
 
+def test_a_cutout_past_the_left_or_top_border_starts_at_the_first_column_or_row() -> None:
+    augment = BatchRandAugment(num_ops=0, cutout=0.5, fill=(10.0,))
+    # side v = 0.5 * 0.5 * 20 = 5; centre (0.05 * 20, 0.5 * 16) = (1, 8): corner (int(max(0, 1 - 2.5)), int(8 - 2.5)) = (0, 5),
+    # so columns 0 to 4 and rows 5 to 9; the centre (10, 0.8) likewise gives columns 7 to 11 and rows 0 to 4
+    out = augment.cut(torch.full((2, 1, 16, 20), 200.0), torch.tensor([[0.5, 0.05, 0.5], [0.5, 0.5, 0.05]]))
+    expected = torch.full((2, 1, 16, 20), 200.0)
+    expected[0, :, 5:10, 0:5] = 10.0
+    expected[1, :, 0:5, 7:12] = 10.0
+    assert torch.equal(out, expected)
+
+
 def test_every_strong_view_gets_a_cutout_of_usbs_mean_size() -> None:
     torch.manual_seed(0)
     out = BatchRandAugment(num_ops=0, cutout=0.5, fill=(10.0,))(torch.full((4000, 1, 32, 32), 200.0))
