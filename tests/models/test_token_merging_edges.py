@@ -1,6 +1,8 @@
 """Token merging's edges that the comparisons with ToMe do not reach: the schedule refusals say
-what is wrong, a block that merges through its forward needs no ``attn`` attribute, and a
-bfloat16 model with RoPE merges its tokens' positions in bfloat16 as a float32 one does."""
+what is wrong, a matching with nothing to merge keeps every token, the matching protects no token
+unless told and merges by the mean of the A token and its B token (worked out by hand), a block
+that merges through its forward needs no ``attn`` attribute, and a bfloat16 model with RoPE
+merges its tokens' positions in bfloat16 as a float32 one does."""
 
 from __future__ import annotations
 
@@ -10,17 +12,38 @@ from torch import nn
 
 import vitkit
 from vitkit import VisionTransformer, ViTConfig
-from vitkit.layers.token_merging import check_mergeable, merge_schedule
+from vitkit.layers.token_merging import bipartite_soft_matching, check_mergeable, merge_schedule
 
 
 @pytest.mark.parametrize(("r", "schedule", "sentence"), [
     (2, "linear", "schedule must be 'constant' or 'decreasing', got 'linear'."),
     ([1, 1], "decreasing", "a list of r gives every block's count: it takes no schedule."),
+    (-1, "constant", "r must be >= 0 tokens per block, got -1."),
+    ([1, -2], "constant", "r must be >= 0 tokens per block, got [1, -2]."),
 ])
 def test_a_schedule_that_cannot_apply_is_refused_saying_why(r: int | list[int], schedule: str, sentence: str) -> None:
     with pytest.raises(ValueError) as error:
         merge_schedule(r, 2, schedule)  # type: ignore[arg-type]
     assert str(error.value) == sentence
+
+
+@pytest.mark.parametrize(("r", "protected"), [(0, 0), (3, 4)])  # nothing asked; one token unprotected of 5
+def test_a_matching_with_nothing_to_merge_keeps_every_token_in_its_order(r: int, protected: int) -> None:
+    x = torch.randn(2, 5, 4)
+    merge = bipartite_soft_matching(x, r, protected)
+    assert merge.r == 0
+    for mode in ("sum", "mean", "amax"):
+        assert torch.equal(merge(x, mode), x)
+
+
+def test_unprotected_tokens_merge_by_the_mean_of_the_a_token_and_its_b_token() -> None:
+    # A = tokens 0 and 2, B = tokens 1 and 3; token 0 has token 1's direction, token 2 is orthogonal to both B tokens
+    x = torch.tensor([[[2.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]])
+    merge = bipartite_soft_matching(x, 1)  # no protected token by default: token 0 may merge
+    merged = merge(x)
+    # ToMe's order: the unmerged A token (2), then the B tokens (1 holding 0, then 3); mean of tokens 0 and 1
+    assert torch.equal(merged, torch.tensor([[[0.0, 0.0, 1.0], [1.5, 0.0, 0.0], [0.0, 1.0, 0.0]]]))
+    assert torch.equal(merge(x, "sum")[0, 1], torch.tensor([3.0, 0.0, 0.0]))
 
 
 class MergingWithoutAttn(nn.Module):
