@@ -1,8 +1,9 @@
 """FixMatch built from a recipe (``FixMatchTask.from_recipe``): the weak view is the data section's
 flip and shift, the strong view takes ``task.fixmatch``'s operations and Cutout size, evaluation
 takes the trainer's test-time augmentation with the black border of the data's normalisation
-(none by default); the training step takes the pseudo-labels' temperature; a labelled split not
-held in memory is refused naming what was given."""
+(none by default); the training step takes the pseudo-labels' temperature and logs its terms;
+recipes FixMatch cannot read are refused by key and sentence, and a labelled split not held in
+memory naming what was given."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from vitkit.data import DataInfo
 from vitkit.data.config import AugmentConfig
 from vitkit.data.unlabeled import FixMatchViews
 from vitkit.models import ViTConfig
+from vitkit.schema import FieldError
 from vitkit.tasks import FixMatchOptions, FixMatchTask, TaskSetup, fixmatch_loss
 
 EXTRA = {"mean": (0.5,), "std": (0.25,), "img_size": (8, 8), "in_chans": 1, "class_names": ["a", "b", "c"]}
@@ -65,7 +67,10 @@ def test_the_training_step_takes_the_pseudo_labels_temperature_from_its_options(
         task = FixMatchTask(views, lambda: np.zeros((0, 8, 8, 1), np.uint8),
                             FixMatchOptions(threshold=0.0, mu=2, temperature=temperature))
         torch.manual_seed(1)
-        losses[temperature] = task.training_step(model, (labelled, labels, unlabeled)).loss.detach()
+        out = task.training_step(model, (labelled, labels, unlabeled))
+        losses[temperature] = out.loss.detach()
+    assert set(out.metrics) == {"acc1", "loss_labelled", "loss_unlabeled", "mask_rate"}
+    assert out.metrics["mask_rate"].item() == 1.0  # threshold 0: every pseudo-label counts
     # the step's draws in its order: the unlabeled weak views, the labelled weak views, the strong views
     torch.manual_seed(1)
     weak, weak_labelled, strong = views.weak(unlabeled.flatten(0, 1)), views.weak(labelled), views.strong(unlabeled.flatten(0, 1))
@@ -75,6 +80,41 @@ def test_the_training_step_takes_the_pseudo_labels_temperature_from_its_options(
     torch.testing.assert_close(losses[0.5], soft.total)
     torch.testing.assert_close(losses[None], hard.total)
     assert not torch.isclose(soft.total, hard.total)
+    right = (model(weak_labelled).argmax(dim=1) == labels).float().mean().item() * 100
+    assert out.metrics["acc1"]().item() == pytest.approx(right)
+
+
+def test_the_loss_thresholds_at_the_papers_095_by_default() -> None:
+    weak = torch.log(torch.tensor([[0.96, 0.04], [0.94, 0.06]]))
+    out = fixmatch_loss(torch.zeros(1, 2), torch.tensor([0]), weak, torch.zeros(2, 2))
+    assert out.mask.tolist() == [1.0, 0.0]
+
+
+def data_section(**changes: object) -> SimpleNamespace:
+    fields = dict(name="imagefolder", in_memory=True, train_per_class=5, augment=AugmentConfig(crop="pad", padding=2))
+    resolved = SimpleNamespace(**{**fields, **changes})
+    return SimpleNamespace(resolved=lambda: resolved)
+
+
+def recipe_with(data: SimpleNamespace) -> SimpleNamespace:
+    return SimpleNamespace(data=data, optim=SimpleNamespace(mixup=0.0, cutmix=0.0, label_smoothing=0.0),
+                           distill=SimpleNamespace(type="none"))
+
+
+@pytest.mark.parametrize(("changes", "key", "problem"), [
+    ({"train_per_class": None}, "task.name",
+     "is 'fixmatch', which reads unlabeled images beside the labelled ones, but every training image is labelled: set "
+     "data.train_per_class (the training images it leaves out are the unlabeled ones) or task.fixmatch.unlabeled_root "
+     "(a folder of images)."),
+    ({"in_memory": False}, "data.in_memory",
+     "is false, but FixMatch draws its views of the labelled images on the device from memory: set data.in_memory=true."),
+])
+def test_a_recipe_fixmatch_cannot_read_is_refused_by_its_key(changes: dict, key: str, problem: str) -> None:
+    with pytest.raises(FieldError) as error:
+        FixMatchTask.check_recipe(FixMatchOptions(), recipe_with(data_section(**changes)))
+    assert (error.value.key, error.value.problem) == (key, problem)
+    FixMatchTask.check_recipe(FixMatchOptions(), recipe_with(data_section()))  # an image folder in memory trains
+    FixMatchTask.check_recipe(FixMatchOptions(), recipe_with(data_section(name="cifar10", in_memory=False)))
 
 
 def test_a_labelled_split_not_in_memory_is_refused_naming_its_type() -> None:
