@@ -19,12 +19,17 @@ from vitkit.layers.token_merging import bipartite_soft_matching, check_mergeable
     (2, "linear", "schedule must be 'constant' or 'decreasing', got 'linear'."),
     ([1, 1], "decreasing", "a list of r gives every block's count: it takes no schedule."),
     (-1, "constant", "r must be >= 0 tokens per block, got -1."),
-    ([1, -2], "constant", "r must be >= 0 tokens per block, got [1, -2]."),
+    ((1, -2), "constant", "r must be >= 0 tokens per block, got [1, -2]."),
 ])
-def test_a_schedule_that_cannot_apply_is_refused_saying_why(r: int | list[int], schedule: str, sentence: str) -> None:
+def test_a_schedule_that_cannot_apply_is_refused_saying_why(r: int | tuple[int, ...], schedule: str, sentence: str) -> None:
     with pytest.raises(ValueError) as error:
         merge_schedule(r, 2, schedule)  # type: ignore[arg-type]
     assert str(error.value) == sentence
+
+
+def test_a_decreasing_schedule_over_two_blocks_goes_from_2r_to_0() -> None:
+    # ToMe's parse_r with r = (2, -1): from r (1 + 1) = 4 to r (1 - 1) = 0 in steps of (0 - 4) / (2 - 1)
+    assert merge_schedule(2, 2, "decreasing") == [4, 0]
 
 
 @pytest.mark.parametrize(("r", "protected"), [(0, 0), (3, 4)])  # nothing asked; one token unprotected of 5
@@ -40,6 +45,7 @@ def test_unprotected_tokens_merge_by_the_mean_of_the_a_token_and_its_b_token() -
     # A = tokens 0 and 2, B = tokens 1 and 3; token 0 has token 1's direction, token 2 is orthogonal to both B tokens
     x = torch.tensor([[[2.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]])
     merge = bipartite_soft_matching(x, 1)  # no protected token by default: token 0 may merge
+    assert merge.r == 1
     merged = merge(x)
     # ToMe's order: the unmerged A token (2), then the B tokens (1 holding 0, then 3); mean of tokens 0 and 1
     assert torch.equal(merged, torch.tensor([[[0.0, 0.0, 1.0], [1.5, 0.0, 0.0], [0.0, 1.0, 0.0]]]))
