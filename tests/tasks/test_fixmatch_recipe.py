@@ -121,3 +121,12 @@ def test_a_labelled_split_not_in_memory_is_refused_naming_its_type() -> None:
     task = built(FixMatchOptions())
     with pytest.raises(TypeError, match="from memory, not a TensorDataset"):
         task.split_data(TensorDataset(torch.zeros(2, 1)), "train")
+
+
+def test_an_augmentation_the_views_cannot_batch_is_refused_by_the_task_name() -> None:
+    data = data_section(augment=AugmentConfig(crop="random_resized", hflip=0.5))
+    with pytest.raises(FieldError) as error:
+        FixMatchTask.check_recipe(FixMatchOptions(), recipe_with(data))
+    assert error.value.key == "task.name"
+    assert error.value.problem.startswith("is 'fixmatch', whose weak and strong views run on whole batches, but ")
+    assert "random_resized" in error.value.problem
