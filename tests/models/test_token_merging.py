@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -110,6 +111,36 @@ def test_decreasing_schedule_matches_tome() -> None:
     images = torch.randn(2, 3, 160, 160)
     with torch.no_grad():
         torch.testing.assert_close(model(images), tome_apply_patch(source, (8, -1.0))(images), rtol=0, atol=1e-4)
+
+
+def test_prop_attn_off_matches_tomes_prop_attn_false_and_changes_the_logits() -> None:
+    """ToMe's ``apply_patch(model, prop_attn=False)``: no ``log(size)`` bias in the attention, the
+    merged tokens still size-weighted averages."""
+    source = timm.create_model("test_vit", pretrained=False).eval()
+    with torch.no_grad():
+        source.pos_embed.normal_(0, 0.5)
+    images = torch.randn(2, 3, 160, 160, generator=torch.Generator().manual_seed(1))
+    model = vitkit.merge_tokens(vitkit.from_timm(source).eval(), 8, prop_attn=False)
+    assert model.config.merge_prop_attn is False
+    with torch.no_grad():
+        reference_off = tome_apply_patch(copy.deepcopy(source), 8, prop_attn=False)(images)
+        reference_on = tome_apply_patch(copy.deepcopy(source), 8)(images)
+        ours = model(images)
+    assert (reference_on - reference_off).abs().max() > 1e-3  # the bias matters on these weights
+    torch.testing.assert_close(ours, reference_off, rtol=0, atol=1e-4)
+
+
+def test_prop_attn_is_recorded_kept_by_a_new_r_and_switched_back_on(tmp_path) -> None:
+    model = vitkit.merge_tokens(tiny(), 4, prop_attn=False)
+    with torch.no_grad():
+        off = model(images())
+    loaded = vitkit.load_model(vitkit.save_model(model, tmp_path / "merged")).eval()
+    assert loaded.config.merge_prop_attn is False
+    vitkit.merge_tokens(loaded, [4, 4, 4, 4])  # a new r keeps the model's prop_attn
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images()), off)
+        on = vitkit.merge_tokens(loaded, 4, prop_attn=True)(images())
+    assert (on - off).abs().max() > 1e-4
 
 
 # ----------------------------------------------------------------------------------- invariants
