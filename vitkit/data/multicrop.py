@@ -5,11 +5,11 @@ Each image gives two global crops and ``local_crops`` small ones. Every crop is 
 crop (torchvision's ``RandomResizedCrop`` distribution: an area fraction uniform in ``scale``, an
 aspect ratio log-uniform in ``[3/4, 4/3]``, ten attempts, else the whole image), mirrored with
 probability 1/2, then, as DINO: colour jitter with probability 0.8 (brightness and contrast 0.4,
-saturation 0.2, hue 0.1; a grayscale image has neither saturation nor hue, and gets neither), grayscale with probability 0.2
-(colour images only), Gaussian blur (probability 1 for the first global crop, 0.1 for the second,
-0.5 for the local ones) and solarisation (the second global crop, probability 0.2). DINO blurs
-224-px crops with a radius up to 2 pixels; :data:`BLUR_SIGMA` keeps a blur that still removes
-texture, not shape, on 16-32 px crops.
+saturation 0.2, hue 0.1; a grayscale image has neither saturation nor hue, and gets neither),
+grayscale with probability 0.2 (colour images only), Gaussian blur (probability 1 for the first
+global crop, 0.1 for the second, 0.5 for the local ones) and solarisation (the second global crop,
+probability 0.2). DINO blurs 224-px crops with a radius up to 2 pixels; :data:`BLUR_SIGMA` keeps
+a blur that still removes texture, not shape, on 16-32 px crops.
 
 The crops of a whole batch are cut and resized in one ``grid_sample`` call per crop, so a batch of
 small in-memory images costs a few milliseconds, not a Python loop per image.

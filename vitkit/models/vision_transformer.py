@@ -549,8 +549,8 @@ class VisionTransformer(nn.Module):
         """
         if self.config.distilled:
             return self._distilled_head(features, pre_logits)
-        pooled = self.head_drop(self.fc_norm(self.pool(features)))
-        return pooled if pre_logits else self.head(self.head_bn(pooled))
+        pooled = self.fc_norm(self.pool(features))  # the batch norm sees the features before dropout
+        return self.head_drop(pooled) if pre_logits else self.head(self.head_drop(self.head_bn(pooled)))
 
     def _distilled_head(
         self, features: torch.Tensor, pre_logits: bool
