@@ -319,10 +319,12 @@ def test_integer_bias_and_nan_or_positive_infinite_biases_are_refused() -> None:
     with pytest.raises(ValueError, match="boolean .* or a float bias"):
         msa(x, attn_bias=torch.zeros(TOKENS, TOKENS, dtype=torch.long))
     for bad in (float("nan"), float("inf")):  # checked on the device, without a host read: torch's assertion error
-        bias = torch.zeros(TOKENS, TOKENS)
-        bias[2, 3] = bad
-        with pytest.raises(RuntimeError, match="NaN or \\+inf"):
-            msa(x, attn_bias=bias)
+        for others in (0.0, float("-inf")):  # among forbidden keys too: not taken for an empty row
+            bias = torch.zeros(TOKENS, TOKENS)
+            bias[2] = others
+            bias[2, 3] = bad
+            with pytest.raises(RuntimeError, match="NaN or \\+inf"):
+                msa(x, attn_bias=bias)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
