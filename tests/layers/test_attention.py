@@ -302,6 +302,8 @@ def test_attn_mask_that_does_not_broadcast_raises_naming_both_shapes() -> None:
         msa(x, attn_bias=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\(2, 7, 7\)"):  # [B, N, M] aligns B with H: rejected
         msa(x, attn_bias=torch.ones(BATCH, TOKENS, TOKENS, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(1, 2, 1, 7, 7\)"):  # more axes than the attention's four
+        msa(x, attn_bias=torch.ones(1, BATCH, 1, TOKENS, TOKENS, dtype=torch.bool))
 
 
 def test_key_padding_mask_of_wrong_shape_or_dtype_raises() -> None:
