@@ -99,7 +99,7 @@ class TokenMerge:
     ``index_add`` on rows are many times faster on a CPU than ``gather`` and ``scatter_reduce``
     with an index expanded over the channels), from ToMe's ``unm_idx``, ``src_idx`` and ``dst_idx``.
     At batch 1 the A and B tokens are strided views of the input: applying a merge builds no index
-    and copies nothing but its output.
+    and copies none of its input.
 
     Attributes:
         unmerged: ``[B * (N_A - r)]`` A rows kept, in ToMe's order.
