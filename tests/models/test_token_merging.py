@@ -26,6 +26,7 @@ from vitkit.layers.token_merging import MergeState, bipartite_soft_matching, mer
 from vitkit.models import vit_flops
 from vitkit.prune import prune_heads
 from vitkit.schema import ConfigError
+from vitkit.timing import OpClock
 
 # ------------------------------------------------------------------------------- the functions
 
@@ -71,6 +72,32 @@ def test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts() -
     # ToMe's order: the unmerged A token (2), then the B tokens (1, and 3 holding 0)
     assert merged.size.flatten().tolist() == [1.0, 1.0, 4.0]
     assert merged.positions.xy.tolist() == [[[0.0, 1.0], [1.0, 0.0], [1.5, 1.5]]]
+
+
+def test_the_proportional_bias_is_log_size_per_key_built_once_per_merge() -> None:
+    """The bias is ``log(size)`` of each key, ``[B, 1, 1, N]``; merging in the first block only, the
+    three blocks after it attend with that one merge's bias: one ``log``, not one per block."""
+    state = MergeState(None, 0, size=torch.tensor([[[1.0], [3.0], [2.0]]]))
+    bias = state.attn_bias()
+    assert torch.equal(bias, torch.tensor([1.0, 3.0, 2.0]).log().view(1, 1, 1, 3))
+    assert state.attn_bias() is bias
+    model = vitkit.merge_tokens(tiny(), [10, 0, 0, 0])
+    timer = OpClock()
+    with torch.no_grad(), timer:
+        model(images())
+    assert timer.calls["aten.log"] == 1
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_single_images_merge_computes_no_row_offsets(batch: int) -> None:
+    """At batch 1 the A and B tokens are views of the input rows: matching and merging run no
+    ``arange`` and no index arithmetic; a batch of two offsets each image's rows (one ``arange``)."""
+    metric, x = torch.randn(batch, 17, 8), torch.randn(batch, 17, 6)
+    timer = OpClock()
+    with timer:
+        bipartite_soft_matching(metric, 4, 1)(x, "sum")
+    assert timer.calls["aten.arange"] == batch - 1
+    assert timer.calls["aten.add"] == 3 * (batch - 1)
 
 
 # ----------------------------------------------------------------------- the model, against timm
