@@ -6,6 +6,7 @@ model trained without and one trained with merging, each merged at the same sche
     vitkit train fashion_mnist_fast model.patch_size=4 model.merge_tokens=16 trainer.precision=32-true \\
         trainer.max_epochs=3 trainer.limit_train_batches=80 trainer.num_threads=1 output.dir=merged
     python dev/merging_table.py --plain PLAIN.ckpt --merged MERGED.ckpt --schedules 0 16 20 32,16,0,0
+    python dev/merging_table.py --plain PLAIN.ckpt --schedules 0 16 20 --speed-only     # the speed columns
 
 A schedule is one r for every block (``16``), one per block (``32,16,0,0``) or ToMe's decreasing
 schedule from ``2r`` down to 0 (``12d``: 24, 16, 8, 0). Speed: the plain model's weights merged at
@@ -88,25 +89,28 @@ def main(argv: list[str] | None = None) -> None:
                         help="r, r per block (comma-separated), or r followed by d (ToMe's decreasing schedule)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--max-test-images", type=int, default=10_000)
+    parser.add_argument("--speed-only", action="store_true", help="time the schedules, measure no accuracy (n/a)")
     args = parser.parse_args(argv)
     plain, plain_extra = load_model_and_extra(args.plain)
     schedules = {text: parse_schedule(text, plain.config.depth) for text in args.schedules}
     models = {name: merged_copy(plain, schedule) for name, schedule in schedules.items()}
     batch64 = seconds_per_call(models, 64, args.rounds)
     batch1 = seconds_per_call(models, 1, 4 * args.rounds)
-    accuracy = {"without": top1(plain, plain_extra, schedules, args.max_test_images)}
-    if args.merged is not None:
+    accuracy = {}
+    if not args.speed_only:
+        accuracy["without"] = top1(plain, plain_extra, schedules, args.max_test_images)
+    if args.merged is not None and not args.speed_only:
         trained, trained_extra = load_model_and_extra(args.merged)
         accuracy["with"] = top1(trained, trained_extra, schedules, args.max_test_images)
     base = args.schedules[0]
     print("| schedule | r per block | GFLOPs | b64 ms (speed-up) | b1 ms (speed-up) | top-1 trained without | top-1 trained with |")
     print("|---|---|---|---|---|---|---|")
     for name, model in models.items():
-        trained_with = f"{accuracy['with'][name]:.2f}%" if "with" in accuracy else "n/a"
+        without, trained_with = (f"{accuracy[key][name]:.2f}%" if key in accuracy else "n/a" for key in ("without", "with"))
         counts = token_counts(model.config.num_tokens, model.num_prefix_tokens, schedules[name])
         merged = [before - after for before, after in zip(counts, counts[1:])]  # clamped as ToMe clamps
         print(f"| {name} | {merged} | {vit_flops(model.config) / 1e9:.3g} | {batch64[name] * 1e3:.1f} ({batch64[base] / batch64[name]:.2f}x) "
-              f"| {batch1[name] * 1e3:.2f} ({batch1[base] / batch1[name]:.2f}x) | {accuracy['without'][name]:.2f}% | {trained_with} |")
+              f"| {batch1[name] * 1e3:.2f} ({batch1[base] / batch1[name]:.2f}x) | {without} | {trained_with} |")
 
 
 if __name__ == "__main__":

@@ -246,7 +246,7 @@ def load_pretrained(
         reset_head: keep the weights' classifier (``False``), or leave the model's fresh one
             (``True``); ``None``: reset when the classes differ (their count, or their names where
             both ``class_names`` and the weights record them), as timm's ``num_classes=``, or
-            the final norm moved.
+            the final norm moved, or ``head_bn`` added or removed (a fresh batch norm).
         class_names: the classes the model will be trained on, if known.
 
     Returns:
@@ -254,8 +254,8 @@ def load_pretrained(
 
     Raises:
         PretrainedError: the model's architecture differs from the weights' beyond image size,
-            channels, classes and the free fields, or ``reset_head=False`` with other classes or
-            with the final norm moved.
+            channels, classes and the free fields, or ``reset_head=False`` with other classes,
+            with the final norm moved or with ``head_bn`` changed.
     """
     if not isinstance(weights, PretrainedWeights):
         weights = read_pretrained(weights)
@@ -264,11 +264,18 @@ def load_pretrained(
         weights.class_names is not None and class_names is not None and tuple(weights.class_names) != tuple(class_names)
     )
     moved_norm = source.use_fc_norm != target.use_fc_norm  # its classifier read other features
-    reset = (other_classes or moved_norm) if reset_head is None else reset_head
+    other_bn = source.head_bn != target.head_bn  # so did it with a batch norm added or taken away
+    reset = (other_classes or moved_norm or other_bn) if reset_head is None else reset_head
     if not reset and target.num_classes != source.num_classes:
         raise PretrainedError(
             f"keeping the classifier of {weights.description}, which has {source.num_classes} classes, in a model of "
             f"{target.num_classes}: reset the head (reset_head=True, or leave it unset)."
+        )
+    if other_bn and not reset:
+        raise PretrainedError(
+            f"keeping the classifier of {weights.description} with head_bn {'added' if target.head_bn else 'removed'}: "
+            "it was trained on other features; reset the head (reset_head=True, or leave it unset), or keep the "
+            "weights' head_bn."
         )
     if moved_norm and not reset:
         raise PretrainedError(
@@ -280,6 +287,8 @@ def load_pretrained(
     fresh = ("head.", "head_dist.") if reset else ()  # the model's own classifier, as its init scheme drew it
     if moved_norm:  # MAE's fine-tuning: a new norm after average pooling, the encoder's last norm dropped
         fresh += ("norm.", "fc_norm.")
+    if other_bn:  # MAE's linear probe: a fresh BatchNorm before the new classifier
+        fresh += ("head_bn.",)
     if fresh:
         state = {key: value for key, value in state.items() if not key.startswith(fresh)}
         state.update({key: value for key, value in model.state_dict().items() if key.startswith(fresh)})

@@ -1,12 +1,12 @@
 """DINO's batched multi-crop (``vitkit.data.multicrop``) against torchvision, piece by piece: the
 colour jitter and grayscale are torchvision's ``adjust_brightness``, ``adjust_contrast``,
-``adjust_saturation`` and ``rgb_to_grayscale`` at the factors drawn; the blur is torchvision's
+``adjust_saturation``, ``adjust_hue`` and ``rgb_to_grayscale`` at the factors drawn; the blur is torchvision's
 ``gaussian_blur`` at the sigma drawn; the crop boxes follow ``RandomResizedCrop.get_params``'s
 distribution; a whole-image crop is the image, mirrored or resized as torchvision would; each
 crop gets DINO's blur and solarisation probabilities; folders and grayscale arrays are cropped too.
 
 The factors are replayed from the same seed in the order the batched code draws them (one draw
-per image for each of jitter, brightness, contrast, saturation, grayscale; one sigma per image),
+per image for each of jitter, brightness, contrast, saturation, hue, grayscale; one sigma per image),
 the pixels then computed independently by torchvision."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def force(monkeypatch, **values) -> None:
 
 
 @pytest.mark.parametrize("chans", [3, 1])
-def test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_grayscale(chans: int) -> None:
+def test_color_jitter_is_torchvisions_brightness_contrast_saturation_hue_and_grayscale(chans: int) -> None:
     crops = images01(32, chans, 5, 6)  # enough images that a strong jitter pushes pixels past 0 and 1
     torch.manual_seed(3)
     jittered = color_jitter(crops.clone())
@@ -46,6 +46,7 @@ def test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_graysca
     jitter = torch.rand(32) < 0.8
     brightness, contrast = torch.empty(32).uniform_(0.6, 1.4), torch.empty(32).uniform_(0.6, 1.4)
     saturation = torch.empty(32).uniform_(0.8, 1.2) if chans == 3 else None
+    hue = torch.empty(32).uniform_(0.9, 1.1) - 1 if chans == 3 else None
     gray = torch.rand(32) < 0.2 if chans == 3 else torch.zeros(32, dtype=torch.bool)
     assert jitter.any() and not jitter.all() and (gray.any() or chans == 1)
     for i, image in enumerate(crops):
@@ -53,11 +54,41 @@ def test_color_jitter_is_torchvisions_brightness_contrast_saturation_and_graysca
         if jitter[i]:
             expected = TF.adjust_contrast(TF.adjust_brightness(expected, float(brightness[i])), float(contrast[i]))
             if chans == 3:
-                expected = TF.adjust_saturation(expected, float(saturation[i]))
+                expected = TF.adjust_hue(TF.adjust_saturation(expected, float(saturation[i])), float(hue[i]))
         if gray[i]:
             expected = TF.rgb_to_grayscale(expected, num_output_channels=3)
         # torchvision's luma weight for red is 0.2989, vitkit's 0.299: up to 1e-4 a pixel, then blended
         torch.testing.assert_close(jittered[i], expected, rtol=0, atol=5e-4)
+
+
+def test_hue_is_torchvisions_adjust_hue_at_each_images_forced_shift() -> None:
+    """Shifts up to half the colour wheel either way, on random colours, gray pixels (no hue) and
+    pixels whose largest channel is tied (red and blue, green and blue)."""
+    crops = images01(12, 3, 5, 6)
+    crops[0] = 0.5
+    crops[1, :, :2] = crops[1, :1, :2]
+    crops[2] = torch.tensor([1.0, 0.2, 1.0]).view(3, 1, 1)
+    crops[3] = torch.tensor([0.1, 0.7, 0.7]).view(3, 1, 1)
+    shifts = torch.tensor([0.3, -0.2, 0.25, 0.1, 0.5, -0.5, 0.0, 0.05, -0.05, 0.45, -0.35, 0.1])
+    turned = multicrop.adjust_hue(crops, shifts.view(-1, 1, 1, 1))
+    for image, shift, ours in zip(crops, shifts, turned):
+        torch.testing.assert_close(ours, TF.adjust_hue(image, float(shift)), rtol=0, atol=1e-5)
+    assert (turned[4:] - crops[4:]).abs().amax(dim=(1, 2, 3))[[0, 1, 3]].min() > 0.05  # the colours did turn
+
+
+def test_a_forced_hue_strength_turns_colour_crops_and_leaves_gray_ones(monkeypatch) -> None:
+    force(monkeypatch, JITTER_PROBABILITY=1.0, BRIGHTNESS=0.0, CONTRAST=0.0, SATURATION=0.0, HUE=0.5,
+          GRAYSCALE_PROBABILITY=0.0)
+    crops = images01(8, 3, 4, 4)
+    torch.manual_seed(5)
+    jittered = color_jitter(crops.clone())
+    torch.manual_seed(5)  # jitter, brightness, contrast, saturation, then the hue's draws
+    torch.rand(8), torch.empty(8).uniform_(1, 1), torch.empty(8).uniform_(1, 1), torch.empty(8).uniform_(1, 1)
+    hue = torch.empty(8).uniform_(0.5, 1.5) - 1
+    for image, shift, ours in zip(crops, hue, jittered):
+        torch.testing.assert_close(ours, TF.adjust_hue(image, float(shift)), rtol=0, atol=1e-5)
+    gray = images01(8, 1, 4, 4)
+    torch.testing.assert_close(color_jitter(gray.clone()), gray)
 
 
 def test_gaussian_blur_is_torchvisions_at_each_images_sigma_and_leaves_the_others() -> None:

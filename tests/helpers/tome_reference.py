@@ -108,7 +108,7 @@ class ToMeAttention(Attention):
         return self.proj(x), k.mean(1)
 
 
-def tome_apply_patch(model, r, trace_source=True):
+def tome_apply_patch(model, r, trace_source=True, prop_attn=True):
     base = model.__class__
 
     class ToMeVisionTransformer(base):
@@ -121,7 +121,7 @@ def tome_apply_patch(model, r, trace_source=True):
     model.__class__ = ToMeVisionTransformer
     model.r = r
     model._tome_info = {
-        "r": r, "size": None, "source": None, "trace_source": trace_source, "prop_attn": True,
+        "r": r, "size": None, "source": None, "trace_source": trace_source, "prop_attn": prop_attn,
         "class_token": model.cls_token is not None,
         "distill_token": getattr(model, "dist_token", None) is not None,
     }

@@ -302,6 +302,8 @@ def test_attn_mask_that_does_not_broadcast_raises_naming_both_shapes() -> None:
         msa(x, attn_bias=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\(2, 7, 7\)"):  # [B, N, M] aligns B with H: rejected
         msa(x, attn_bias=torch.ones(BATCH, TOKENS, TOKENS, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(1, 2, 1, 7, 7\)"):  # more axes than the attention's four
+        msa(x, attn_bias=torch.ones(1, BATCH, 1, TOKENS, TOKENS, dtype=torch.bool))
 
 
 def test_key_padding_mask_of_wrong_shape_or_dtype_raises() -> None:
@@ -319,10 +321,12 @@ def test_integer_bias_and_nan_or_positive_infinite_biases_are_refused() -> None:
     with pytest.raises(ValueError, match="boolean .* or a float bias"):
         msa(x, attn_bias=torch.zeros(TOKENS, TOKENS, dtype=torch.long))
     for bad in (float("nan"), float("inf")):  # checked on the device, without a host read: torch's assertion error
-        bias = torch.zeros(TOKENS, TOKENS)
-        bias[2, 3] = bad
-        with pytest.raises(RuntimeError, match="NaN or \\+inf"):
-            msa(x, attn_bias=bias)
+        for others in (0.0, float("-inf")):  # among forbidden keys too: not taken for an empty row
+            bias = torch.zeros(TOKENS, TOKENS)
+            bias[2] = others
+            bias[2, 3] = bad
+            with pytest.raises(RuntimeError, match="NaN or \\+inf"):
+                msa(x, attn_bias=bias)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])

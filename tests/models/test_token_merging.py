@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from vitkit.layers.token_merging import MergeState, bipartite_soft_matching, mer
 from vitkit.models import vit_flops
 from vitkit.prune import prune_heads
 from vitkit.schema import ConfigError
+from vitkit.timing import OpClock
 
 # ------------------------------------------------------------------------------- the functions
 
@@ -72,6 +74,32 @@ def test_a_merged_tokens_position_is_the_size_weighted_centroid_of_its_parts() -
     assert merged.positions.xy.tolist() == [[[0.0, 1.0], [1.0, 0.0], [1.5, 1.5]]]
 
 
+def test_the_proportional_bias_is_log_size_per_key_built_once_per_merge() -> None:
+    """The bias is ``log(size)`` of each key, ``[B, 1, 1, N]``; merging in the first block only, the
+    three blocks after it attend with that one merge's bias: one ``log``, not one per block."""
+    state = MergeState(None, 0, size=torch.tensor([[[1.0], [3.0], [2.0]]]))
+    bias = state.attn_bias()
+    assert torch.equal(bias, torch.tensor([1.0, 3.0, 2.0]).log().view(1, 1, 1, 3))
+    assert state.attn_bias() is bias
+    model = vitkit.merge_tokens(tiny(), [10, 0, 0, 0])
+    timer = OpClock()
+    with torch.no_grad(), timer:
+        model(images())
+    assert timer.calls["aten.log"] == 1
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_single_images_merge_computes_no_row_offsets(batch: int) -> None:
+    """At batch 1 the A and B tokens are views of the input rows: matching and merging run no
+    ``arange`` and no index arithmetic; a batch of two offsets each image's rows (one ``arange``)."""
+    metric, x = torch.randn(batch, 17, 8), torch.randn(batch, 17, 6)
+    timer = OpClock()
+    with timer:
+        bipartite_soft_matching(metric, 4, 1)(x, "sum")
+    assert timer.calls["aten.arange"] == batch - 1
+    assert timer.calls["aten.add"] == 3 * (batch - 1)
+
+
 # ----------------------------------------------------------------------- the model, against timm
 
 TIMM_MODELS = {
@@ -110,6 +138,36 @@ def test_decreasing_schedule_matches_tome() -> None:
     images = torch.randn(2, 3, 160, 160)
     with torch.no_grad():
         torch.testing.assert_close(model(images), tome_apply_patch(source, (8, -1.0))(images), rtol=0, atol=1e-4)
+
+
+def test_prop_attn_off_matches_tomes_prop_attn_false_and_changes_the_logits() -> None:
+    """ToMe's ``apply_patch(model, prop_attn=False)``: no ``log(size)`` bias in the attention, the
+    merged tokens still size-weighted averages."""
+    source = timm.create_model("test_vit", pretrained=False).eval()
+    with torch.no_grad():
+        source.pos_embed.normal_(0, 0.5)
+    images = torch.randn(2, 3, 160, 160, generator=torch.Generator().manual_seed(1))
+    model = vitkit.merge_tokens(vitkit.from_timm(source).eval(), 8, prop_attn=False)
+    assert model.config.merge_prop_attn is False
+    with torch.no_grad():
+        reference_off = tome_apply_patch(copy.deepcopy(source), 8, prop_attn=False)(images)
+        reference_on = tome_apply_patch(copy.deepcopy(source), 8)(images)
+        ours = model(images)
+    assert (reference_on - reference_off).abs().max() > 1e-3  # the bias matters on these weights
+    torch.testing.assert_close(ours, reference_off, rtol=0, atol=1e-4)
+
+
+def test_prop_attn_is_recorded_kept_by_a_new_r_and_switched_back_on(tmp_path) -> None:
+    model = vitkit.merge_tokens(tiny(), 4, prop_attn=False)
+    with torch.no_grad():
+        off = model(images())
+    loaded = vitkit.load_model(vitkit.save_model(model, tmp_path / "merged")).eval()
+    assert loaded.config.merge_prop_attn is False
+    vitkit.merge_tokens(loaded, [4, 4, 4, 4])  # a new r keeps the model's prop_attn
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images()), off)
+        on = vitkit.merge_tokens(loaded, 4, prop_attn=True)(images())
+    assert (on - off).abs().max() > 1e-4
 
 
 # ----------------------------------------------------------------------------------- invariants

@@ -185,19 +185,19 @@ def fixmatch_task(options: FixMatchOptions, augment: AugmentConfig | None = None
     return FixMatchTask(views, lambda: np.zeros((0, 8, 8, 1), np.uint8), options)
 
 
-def random_batch(mu: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_batch(mu: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng(seed)
     labelled = torch.from_numpy(rng.integers(0, 256, (4, 8, 8, 1), dtype=np.uint8))
     unlabeled = torch.from_numpy(rng.integers(0, 256, (4, mu, 8, 8, 1), dtype=np.uint8))
-    return labelled, torch.tensor([0, 1, 2, 0]), unlabeled
+    return labelled, torch.tensor([0, 1, 2, 0]), unlabeled, torch.arange(4 * mu).view(4, mu)
 
 
 def test_the_weak_view_pseudo_labels_the_strong_view_which_alone_learns() -> None:
     task = fixmatch_task(FixMatchOptions(threshold=0.5, mu=2))
     model = Recorder(64)
-    labelled, labels, unlabeled = random_batch(mu=2)
+    labelled, labels, unlabeled, indices = random_batch(mu=2)
     torch.manual_seed(0)
-    out = task.training_step(model, (labelled, labels, unlabeled))
+    out = task.training_step(model, (labelled, labels, unlabeled, indices))
     (weak_in, weak_grad), (joint_in, joint_grad) = model.seen
     normalised = (unlabeled.flatten(0, 1).permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.25  # no weak augmentation here
     assert not weak_grad and joint_grad  # pseudo-labels without gradient, the labelled and strong views with
@@ -219,14 +219,14 @@ def test_the_weak_view_pseudo_labels_the_strong_view_which_alone_learns() -> Non
 
 
 def test_the_task_reads_threshold_and_lambda_u_from_its_options() -> None:
-    labelled, labels, unlabeled = random_batch(mu=3, seed=1)
+    batch = random_batch(mu=3, seed=1)
     losses = {}
     for key, options in {"base": FixMatchOptions(threshold=0.5, mu=3), "strict": FixMatchOptions(threshold=1.0, mu=3),
                          "unweighted": FixMatchOptions(threshold=0.5, mu=3, lambda_u=0.0)}.items():
         torch.manual_seed(0)
         model = Recorder(64)
         torch.manual_seed(1)
-        out = fixmatch_task(options).training_step(model, (labelled, labels, unlabeled))
+        out = fixmatch_task(options).training_step(model, batch)
         losses[key] = (out.loss.item(), out.metrics["loss_labelled"].item(), out.metrics["loss_unlabeled"].item())
     assert losses["base"][2] > 0
     assert losses["strict"][2] == 0 and losses["strict"][0] == pytest.approx(losses["strict"][1])
@@ -262,15 +262,16 @@ def test_mu_sets_the_unlabeled_batch_and_an_epoch_passes_over_each_unlabeled_ima
     batches = list(DataLoader(data, batch_size=2, shuffle=True))
     assert len(batches) == 4
     seen_unlabeled, seen_labelled = [], []
-    for labelled, labels, unlabeled in batches:
+    for labelled, labels, unlabeled, indices in batches:
         assert labelled.shape == (2, 4, 4, 1) and labelled.dtype == torch.uint8
         assert unlabeled.shape == (2, 3, 4, 4, 1)  # mu x the labelled batch
+        assert indices.tolist() == unlabeled[..., 0, 0, 0].tolist()  # each image's index is its place: FlexMatch's record
         seen_unlabeled += unlabeled[..., 0, 0, 0].flatten().tolist()
         seen_labelled += labelled[:, 0, 0, 0].tolist()
         assert labels.tolist() == [value % 3 for value in labelled[:, 0, 0, 0].tolist()]
     assert sorted(seen_unlabeled) == list(range(24))
     assert sorted(seen_labelled) == [0, 0, 1, 1, 2, 2, 3, 4]  # samples 0..7 read labelled images i mod 5
-    second = [value for _, _, unlabeled in DataLoader(data, batch_size=2, shuffle=True)
+    second = [value for _, _, unlabeled, _ in DataLoader(data, batch_size=2, shuffle=True)
               for value in unlabeled[..., 0, 0, 0].flatten().tolist()]
     assert sorted(second) == list(range(24)) and second != seen_unlabeled  # a new order each pass
 

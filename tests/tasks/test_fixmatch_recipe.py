@@ -67,7 +67,7 @@ def test_the_training_step_takes_the_pseudo_labels_temperature_from_its_options(
         task = FixMatchTask(views, lambda: np.zeros((0, 8, 8, 1), np.uint8),
                             FixMatchOptions(threshold=0.0, mu=2, temperature=temperature))
         torch.manual_seed(1)
-        out = task.training_step(model, (labelled, labels, unlabeled))
+        out = task.training_step(model, (labelled, labels, unlabeled, torch.arange(8).view(4, 2)))
         losses[temperature] = out.loss.detach()
     assert set(out.metrics) == {"acc1", "loss_labelled", "loss_unlabeled", "mask_rate"}
     assert out.metrics["mask_rate"].item() == 1.0  # threshold 0: every pseudo-label counts

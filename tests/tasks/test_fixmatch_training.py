@@ -133,6 +133,7 @@ def test_the_shipped_recipe_is_the_papers_defaults_on_ten_labels_a_class_from_an
     options = config.task.options
     assert (config.task.name, options.threshold, options.mu, options.lambda_u, options.temperature) == \
         ("fixmatch", 0.95, 7, 1.0, None)
+    assert options.threshold_mode == "fixed"
     assert config.data.name == "fashion_mnist" and config.data.train_per_class == 10 and options.unlabeled_root is None
     assert config.model.pretrained == "runs/mae_fashion_mnist/latest/model.safetensors"
     assert config.optim.ema and config.trainer.time_budget_minutes == 15

@@ -222,11 +222,12 @@ def test_a_variants_default_pooling_keeps_the_weights_own(tmp_path: Path) -> Non
 
 
 def test_a_model_saved_with_token_merging_fine_tunes_without_it(tmp_path: Path) -> None:
-    path = tiny_weights(tmp_path, merge_tokens=2)  # merging is an inference option, not architecture
+    path = tiny_weights(tmp_path, merge_tokens=2, merge_prop_attn=False)  # inference options, not architecture
     assert read_model(path)[0].merge_tokens == 2
     module = built(finetune_recipe(tmp_path, str(path), merge_tokens=0))
     assert module.model.config.merge_tokens == 0
     assert built(finetune_recipe(tmp_path, str(path), merge_tokens=1)).model.config.merge_tokens == 1
+    assert built(finetune_recipe(tmp_path, str(path), merge_prop_attn=True)).model.config.merge_prop_attn
 
 
 def test_pretrained_references_are_checked_before_anything_runs(tmp_path: Path) -> None:

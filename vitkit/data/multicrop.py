@@ -5,11 +5,11 @@ Each image gives two global crops and ``local_crops`` small ones. Every crop is 
 crop (torchvision's ``RandomResizedCrop`` distribution: an area fraction uniform in ``scale``, an
 aspect ratio log-uniform in ``[3/4, 4/3]``, ten attempts, else the whole image), mirrored with
 probability 1/2, then, as DINO: colour jitter with probability 0.8 (brightness and contrast 0.4,
-saturation 0.2; hue, which a grayscale image lacks, is left out), grayscale with probability 0.2
-(colour images only), Gaussian blur (probability 1 for the first global crop, 0.1 for the second,
-0.5 for the local ones) and solarisation (the second global crop, probability 0.2). DINO blurs
-224-px crops with a radius up to 2 pixels; :data:`BLUR_SIGMA` keeps a blur that still removes
-texture, not shape, on 16-32 px crops.
+saturation 0.2, hue 0.1; a grayscale image has neither saturation nor hue, and gets neither),
+grayscale with probability 0.2 (colour images only), Gaussian blur (probability 1 for the first
+global crop, 0.1 for the second, 0.5 for the local ones) and solarisation (the second global crop,
+probability 0.2). DINO blurs 224-px crops with a radius up to 2 pixels; :data:`BLUR_SIGMA` keeps
+a blur that still removes texture, not shape, on 16-32 px crops.
 
 The crops of a whole batch are cut and resized in one ``grid_sample`` call per crop, so a batch of
 small in-memory images costs a few milliseconds, not a Python loop per image.
@@ -35,8 +35,9 @@ BLUR_SIGMA = (0.1, 1.0)
 BLUR_PROBABILITY = (1.0, 0.1, 0.5)
 #: Probability of solarising the second global crop (DINO's).
 SOLARIZE_PROBABILITY = 0.2
-#: DINO's colour jitter: probability, brightness, contrast and saturation strengths.
-JITTER_PROBABILITY, BRIGHTNESS, CONTRAST, SATURATION = 0.8, 0.4, 0.4, 0.2
+#: DINO's colour jitter: probability, brightness, contrast and saturation strengths, and the hue's
+#: (a turn of the colour wheel of up to 0.1 either way, torchvision's ``hue``).
+JITTER_PROBABILITY, BRIGHTNESS, CONTRAST, SATURATION, HUE = 0.8, 0.4, 0.4, 0.2, 0.1
 #: DINO's probability of a grayscale crop (colour images only).
 GRAYSCALE_PROBABILITY = 0.2
 #: Attempts of the random resized crop before it falls back to the whole image (torchvision's).
@@ -146,8 +147,9 @@ def resized_crops(pixels: torch.Tensor, size: int, scale: tuple[float, float], h
 
 def color_jitter(crops: torch.Tensor) -> torch.Tensor:
     """DINO's colour jitter on ``[B, C, H, W]`` values in ``[0, 1]``, per image with probability
-    :data:`JITTER_PROBABILITY` (brightness, then contrast, then saturation for colour images; torchvision
-    draws their order), then grayscale with probability :data:`GRAYSCALE_PROBABILITY` (colour only)."""
+    :data:`JITTER_PROBABILITY` (brightness, then contrast, then saturation and hue for colour images;
+    torchvision draws their order), then grayscale with probability :data:`GRAYSCALE_PROBABILITY`
+    (colour only)."""
     batch = len(crops)
     jitter = (torch.rand(batch) < JITTER_PROBABILITY).view(-1, 1, 1, 1)
 
@@ -161,9 +163,27 @@ def color_jitter(crops: torch.Tensor) -> torch.Tensor:
     if crops.shape[1] == 3:
         gray = _gray(crops)
         crops = ((crops - gray) * factor(SATURATION) + gray).clamp_(0, 1)
+        crops = adjust_hue(crops, factor(HUE) - 1)
         to_gray = (torch.rand(batch) < GRAYSCALE_PROBABILITY).view(-1, 1, 1, 1)
         crops = torch.where(to_gray, _gray(crops).expand_as(crops), crops)
     return crops
+
+
+def adjust_hue(crops: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Turn the hue of each ``[B, 3, H, W]`` RGB image in ``[0, 1]`` by its ``shift`` (``[B, 1, 1, 1]``,
+    a fraction of the colour wheel in ``[-0.5, 0.5]``), saturation and value kept: torchvision's
+    ``adjust_hue`` (RGB to HSV, hue shifted modulo 1, back), with a shift per image and the way back
+    written as ``v - c * clamp(min(k, 4 - k), 0, 1)``, ``k = (n + 6h) mod 6`` for ``n = 5, 3, 1``."""
+    value, low = crops.amax(dim=1, keepdim=True), crops.amin(dim=1, keepdim=True)
+    chroma = value - low
+    red, green, blue = crops.split(1, dim=1)
+    step = torch.where(chroma > 0, chroma, torch.ones_like(chroma))  # a gray pixel: hue 0, chroma 0
+    sextant = torch.where(
+        value == red, (green - blue) / step, torch.where(value == green, 2 + (blue - red) / step, 4 + (red - green) / step)
+    )
+    hue = torch.remainder(sextant / 6 + shift, 1.0) * 6
+    k = torch.remainder(torch.tensor([5.0, 3.0, 1.0], dtype=crops.dtype, device=crops.device).view(1, 3, 1, 1) + hue, 6)
+    return value - chroma * torch.minimum(k, 4 - k).clamp(0, 1)
 
 
 def _gray(crops: torch.Tensor) -> torch.Tensor:

@@ -30,9 +30,9 @@ from .imagefolder import SplitFiles, drop_unreadable, image_files
 from .info import DataInfo
 from .randaugment import BatchRandAugment
 
-#: A sample of :class:`SemiSupervisedStream`: a labelled ``uint8 [H, W, C]`` image, its label, and
-#: ``mu`` unlabeled ``uint8 [mu, H, W, C]`` images.
-Sample = tuple[torch.Tensor, int, torch.Tensor]
+#: A sample of :class:`SemiSupervisedStream`: a labelled ``uint8 [H, W, C]`` image, its label,
+#: ``mu`` unlabeled ``uint8 [mu, H, W, C]`` images and their places ``long [mu]`` among the unlabeled ones.
+Sample = tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]
 
 
 class UnlabeledDataError(VitkitError, ValueError):
@@ -78,10 +78,10 @@ class SemiSupervisedStream(Dataset):
     An epoch is one pass over the unlabeled images in a random order: ``len(unlabeled) // mu``
     samples, each a labelled image (sample ``i`` reads labelled image ``i mod L``, so a shuffled
     epoch shows each of the ``L`` labelled images equally often, give or take one), its label and
-    the next ``mu`` unlabeled images of the pass. A DataLoader's batch of ``B`` samples is then
-    ``(labelled [B, H, W, C], labels [B], unlabeled [B, mu, H, W, C])``. The pass is a permutation
-    of torch's generator (seeded by the run), drawn again when it runs out; each loader worker
-    holds its own pass.
+    the next ``mu`` unlabeled images of the pass with their indices. A DataLoader's batch of ``B``
+    samples is then ``(labelled [B, H, W, C], labels [B], unlabeled [B, mu, H, W, C], indices
+    [B, mu])``. The pass is a permutation of torch's generator (seeded by the run), drawn again when
+    it runs out; each loader worker holds its own pass.
 
     Args:
         labelled: the labelled training split, in memory.
@@ -113,10 +113,11 @@ class SemiSupervisedStream(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
         """The samples of one batch: the labelled images ``indices`` name and ``mu`` unlabeled
-        images each, the next of the pass."""
+        images each, the next of the pass, with their indices."""
         labelled = torch.as_tensor(indices, dtype=torch.long) % len(self.labelled)
-        unlabeled = self.unlabeled[self._next(len(indices) * self.mu)].unflatten(0, (len(indices), self.mu))
-        return list(zip(self.labelled[labelled].unbind(0), self.labels[labelled.numpy()].tolist(), unlabeled.unbind(0)))
+        places = self._next(len(indices) * self.mu).unflatten(0, (len(indices), self.mu))
+        return list(zip(self.labelled[labelled].unbind(0), self.labels[labelled.numpy()].tolist(),
+                        self.unlabeled[places].unbind(0), places.unbind(0)))
 
     def _next(self, count: int) -> torch.Tensor:
         """The next ``count`` indices of the pass over the unlabeled images (a new permutation

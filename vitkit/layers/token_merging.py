@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -92,21 +92,27 @@ def token_counts(num_tokens: int, num_protected: int, schedule: Sequence[int]) -
 class TokenMerge:
     """One block's bipartite matching: which A tokens merge into which B tokens.
 
-    Kept as row indices into the flattened ``[B * N, C]`` tokens (``index_select`` and
-    ``index_add_`` on rows are many times faster on a CPU than ``gather`` and ``scatter_reduce``
+    The tokens split as ToMe splits them: the ``num_protected`` leading tokens, then the A tokens
+    (every other token from ``2 * ceil(num_protected / 2)``) and the B tokens (every other token
+    from ``2 * floor(num_protected / 2) + 1``). The merge is kept as row indices into the A and B
+    tokens of the flattened batch, ``[B * N_A, C]`` and ``[B * N_B, C]`` (``index_select`` and
+    ``index_add`` on rows are many times faster on a CPU than ``gather`` and ``scatter_reduce``
     with an index expanded over the channels), from ToMe's ``unm_idx``, ``src_idx`` and ``dst_idx``.
+    At batch 1 the A and B tokens are strided views of the input: applying a merge builds no index
+    and copies none of its input.
 
     Attributes:
-        kept: ``[B * (N - r)]`` rows of the output, in ToMe's order: the protected tokens, the
-            unmerged A tokens, then the B tokens.
-        moved: ``[B * r]`` rows of the A tokens merged away.
-        into: ``[B * r]`` output rows they merge into (their B tokens').
+        unmerged: ``[B * (N_A - r)]`` A rows kept, in ToMe's order.
+        moved: ``[B * r]`` A rows merged away.
+        into: ``[B * r]`` B rows they merge into.
+        num_protected: leading tokens never merged.
         r: tokens it removes from each image.
     """
 
-    kept: torch.Tensor
+    unmerged: torch.Tensor
     moved: torch.Tensor
     into: torch.Tensor
+    num_protected: int
     r: int
 
     def __call__(self, x: torch.Tensor, mode: MergeMode = "mean") -> torch.Tensor:
@@ -114,17 +120,21 @@ class TokenMerge:
         ``mode`` (``"sum"``, ``"mean"`` or ``"amax"``, the B token included, as ToMe's
         ``scatter_reduce``); the protected tokens first and unchanged, then the unmerged A tokens,
         then the B tokens (ToMe's order)."""
+        if self.r == 0:  # ToMe's do_nothing
+            return x
         batch, _, channels = x.shape
-        rows = x.reshape(-1, channels)
-        out = rows.index_select(0, self.kept)
-        moved = rows.index_select(0, self.moved)
+        protected = self.num_protected
+        a = x[:, 2 * ((protected + 1) // 2) :: 2].reshape(-1, channels)  # views at batch 1
+        b = x[:, 2 * (protected // 2) + 1 :: 2].reshape(-1, channels)
+        moved = a.index_select(0, self.moved)
         if mode == "sum":
-            out = out.index_add(0, self.into, moved)
+            b = b.index_add(0, self.into, moved)
         else:
             with warnings.catch_warnings():  # torch calls index_reduce beta; it is exact
                 warnings.filterwarnings("ignore", message="index_reduce\\(\\) is in beta")
-                out = out.index_reduce(0, self.into, moved, mode, include_self=True)
-        return out.view(batch, -1, channels)
+                b = b.index_reduce(0, self.into, moved, mode, include_self=True)
+        parts = [a.index_select(0, self.unmerged).view(batch, -1, channels), b.view(batch, -1, channels)]
+        return torch.cat([x[:, :protected], *parts] if protected else parts, dim=1)
 
 
 def bipartite_soft_matching(metric: torch.Tensor, r: int, num_protected: int = 0) -> TokenMerge:
@@ -142,33 +152,25 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, num_protected: int = 0
     """
     batch, tokens, _ = metric.shape
     r = min(r, merge_limit(tokens, num_protected))
-    if r == 0:  # ToMe's do_nothing: every token kept, in its order
-        rows = torch.arange(batch * tokens, device=metric.device)
-        return TokenMerge(kept=rows, moved=rows[:0], into=rows[:0], r=0)
-    protected_a, protected_b = (num_protected + 1) // 2, num_protected // 2
+    if r == 0:
+        empty = torch.empty(0, dtype=torch.long, device=metric.device)
+        return TokenMerge(unmerged=empty, moved=empty, into=empty, num_protected=num_protected, r=0)
     with torch.no_grad():
-        metric = metric / metric.norm(dim=-1, keepdim=True)
+        metric = metric / torch.linalg.vector_norm(metric, dim=-1, keepdim=True)  # not Tensor.norm's Python wrapper
         # Only the unprotected tokens are scored: ToMe's -inf rows and columns of the protected ones
         # never win a max and sort last, so leaving them out gives the same edges and order.
-        a, b = metric[:, 2 * protected_a :: 2], metric[:, 2 * protected_b + 1 :: 2]
-        best, best_index = (a @ b.transpose(-1, -2)).max(dim=-1)
+        a = metric[:, 2 * ((num_protected + 1) // 2) :: 2]
+        b = metric[:, 2 * (num_protected // 2) + 1 :: 2]
+        best, best_index = torch.bmm(a, b.transpose(1, 2)).max(dim=-1)
         order = best.argsort(dim=-1, descending=True)
-        unmerged, source = order[:, r:], order[:, :r]
+        unmerged, moved = order[:, r:], order[:, :r]
         if num_protected:  # ToMe sorts when there is a class token: the unmerged A tokens by index
             unmerged = unmerged.sort(dim=1).values
-        # ToMe's output order as token indices: protected, unmerged A (2i), B (2j + 1)
-        device = metric.device
-        kept = torch.cat([
-            torch.arange(num_protected, device=device).expand(batch, -1),
-            unmerged * 2 + 2 * protected_a,
-            torch.arange(2 * protected_b + 1, tokens, 2, device=device).expand(batch, -1),
-        ], dim=1)
-        into = best_index.gather(1, source) + (num_protected + unmerged.shape[1])  # the B tokens' output rows
-        moved = source * 2 + 2 * protected_a
-        if batch > 1:  # rows of the flattened batch: image i's tokens start at row i * tokens
-            image = torch.arange(batch, device=device)[:, None]
-            kept, moved, into = kept + image * tokens, moved + image * tokens, into + image * kept.shape[1]
-    return TokenMerge(kept=kept.flatten(), moved=moved.flatten(), into=into.flatten(), r=r)
+        into = best_index.gather(1, moved)
+        if batch > 1:  # rows of the flattened batch: image i's A tokens start at row i * N_A
+            image = torch.arange(batch, device=metric.device)[:, None]
+            unmerged, moved, into = unmerged + image * a.shape[1], moved + image * a.shape[1], into + image * b.shape[1]
+    return TokenMerge(unmerged.flatten(), moved.flatten(), into.flatten(), num_protected, r)
 
 
 @dataclass
@@ -190,11 +192,16 @@ class MergeState:
     size: torch.Tensor | None = None
     source: torch.Tensor | None = None
     trace_source: bool = False
+    _bias: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def attn_bias(self) -> torch.Tensor | None:
-        """Proportional attention: ``log(size)`` of every key, ``[B, 1, 1, N]``; ``None`` before
-        any merge (every size is 1). Sizes are counts >= 1, so the bias is finite by construction."""
-        return None if self.size is None else self.size.log()[:, None, None, :, 0]
+        """Proportional attention: ``log(size)`` of every key, ``[B, 1, 1, N]`` (the shape SDPA
+        broadcasts over heads and queries); ``None`` before any merge (every size is 1). Built
+        once per merge: the blocks that merge nothing after it reuse it. Sizes are counts >= 1,
+        so the bias is finite by construction."""
+        if self._bias is None and self.size is not None:
+            self._bias = self.size.log().reshape(self.size.shape[0], 1, 1, -1)
+        return self._bias
 
     def current_source(self, num_tokens: int, like: torch.Tensor) -> torch.Tensor:
         """``[B, N, N0]`` source of the current tokens (the identity before any merge)."""
@@ -213,7 +220,7 @@ class MergeState:
         if merge.r == 0:
             return x, self
         width = x.shape[-1]
-        size = torch.ones_like(x[..., :1]) if self.size is None else self.size
+        size = x.new_ones(*x.shape[:2], 1) if self.size is None else self.size
         parts = [x if self.size is None else x * size, size]
         if self.positions is not None:
             parts.append(self._padded_xy(size) * size)

@@ -51,6 +51,9 @@ class ViTConfig(Config):
     arXiv:2309.16588); ``no_embed_class`` adds the position embedding to the patches only;
     ``pre_norm`` is CLIP's LayerNorm before the blocks (the patch projection then has no bias);
     ``fc_norm`` moves the final norm after pooling (``None``: when ``global_pool == 'avg'``);
+    ``head_bn`` puts a ``BatchNorm1d(affine=False, eps=1e-6)`` between the pooled features and the
+    classifier, MAE's linear probe (He et al. 2021, arXiv 2111.06377, ``main_linprobe.py``; timm
+    has no such head);
     ``global_pool='map'`` is SigLIP's attention-pooling head (timm's ``AttentionPoolLatent``);
     ``act_layer`` is the MLPs' activation; ``distilled`` adds DeiT's distillation token and head
     (Touvron et al. 2021, arXiv:2012.12877).
@@ -73,6 +76,9 @@ class ViTConfig(Config):
     (Xavier-uniform, scaled-down ``W_o``), ``'timm'`` or ``'jax'``.
     ``merge_tokens`` is an inference option, not a weight: ToMe's ``r``, the tokens each block
     merges (one count for all, or one per block; :func:`vitkit.merge_tokens` sets it, 0 = none).
+    ``merge_prop_attn`` is ToMe's ``prop_attn``: while merging, ``log(size)`` of each key is added
+    to the attention scores (proportional attention); ``False`` leaves the scores as they are, the
+    sizes still weighting the merged averages. It applies only while ``merge_tokens`` merges.
     Each field's allowed range is in its metadata (``MAX_*`` above); :meth:`validate` adds the
     cross-field rules (divisibility, :data:`MAX_TOKENS`, :data:`MAX_PARAMETERS`).
     """
@@ -113,12 +119,14 @@ class ViTConfig(Config):
     no_embed_class: bool = False
     pre_norm: bool = False
     fc_norm: bool | None = None
+    head_bn: bool = False
     act_layer: ActLayer = "gelu"
     distilled: bool = False
     block: str = "encoder"
     attn_layer: str = "self_attention"
     mlp_layer: str = "mlp"
     merge_tokens: int | list[int] = field(default=0, metadata=bounds(ge=0, le=MAX_TOKENS))
+    merge_prop_attn: bool = True
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first inconsistent hyper-parameter."""
@@ -193,6 +201,9 @@ class ViTConfig(Config):
         if self.distilled and self.fc_norm:
             raise FieldError("fc_norm", "cannot be set with distilled=True: timm's DeiT (VisionTransformerDistilled) reads "
                              "its two tokens without fc_norm, so no twin would match; leave fc_norm unset.")
+        if self.distilled and self.head_bn:
+            raise FieldError("head_bn", "cannot be set with distilled=True: it normalises the one head's input, and a "
+                             "distilled model has two heads; leave head_bn false.")
         if self.distilled and (self.reg_tokens or self.no_embed_class):
             raise ValueError("distilled=True has no register tokens or no_embed_class (timm's DeiT has neither); "
                              "set reg_tokens=0 and no_embed_class=False.")

@@ -16,7 +16,7 @@ from .vision_transformer import VisionTransformer
 
 
 def merge_tokens(
-    model: VisionTransformer, r: int | Sequence[int], schedule: Schedule = "constant"
+    model: VisionTransformer, r: int | Sequence[int], schedule: Schedule = "constant", prop_attn: bool | None = None
 ) -> VisionTransformer:
     """Make ``model`` merge tokens (ToMe) in every forward; ``r = 0`` undoes it.
 
@@ -27,6 +27,10 @@ def merge_tokens(
             registers), which never merge; later blocks are clamped to that, as ToMe does.
         schedule: with an int ``r``, ``"constant"`` or ToMe's ``"decreasing"`` schedule
             (``2r`` in the first block down to 0 in the last).
+        prop_attn: ToMe's ``prop_attn``: ``True`` adds ``log(size)`` of every key to the attention
+            scores, so a merged token counts as the patches it holds; ``False`` does not (the
+            merged tokens are still size-weighted averages); ``None`` keeps the model's setting
+            (``config.merge_prop_attn``, on unless set otherwise).
 
     Returns:
         ``model`` itself, changed in place.
@@ -37,5 +41,5 @@ def merge_tokens(
         ValueError: a model whose blocks are not vitkit's encoder block with its self-attention.
     """
     counts = r if schedule == "constant" else merge_schedule(r, len(model.blocks), schedule)
-    model.set_token_merging(counts)
+    model.set_token_merging(counts, prop_attn)
     return model

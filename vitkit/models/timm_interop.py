@@ -217,6 +217,7 @@ def timm_twin_lacks(config: ViTConfig) -> list[TwinGap]:
         TwinGap("locality self-attention", {"locality": False}) if config.locality else None,
         TwinGap("a convolutional stem", {"patch_embed": "linear"}) if config.patch_embed != "linear" else None,
         TwinGap("token merging (timm's ViTs merge no tokens)", {"merge_tokens": 0}) if any(config.merge_per_block()) else None,
+        TwinGap("a BatchNorm before the classifier (head_bn)", {"head_bn": False}) if config.head_bn else None,
         TwinGap(f"per-layer or narrow heads (timm needs the same full head count in every layer; this model has "
                 f"{heads} of width {config.resolved_head_dim()})")
         if len(set(heads)) != 1 or config.resolved_head_dim() * heads[0] != config.embed_dim else None,

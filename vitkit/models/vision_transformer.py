@@ -150,6 +150,7 @@ class VisionTransformer(nn.Module):
         self.attn_pool = self._attention_pool(config, **factory) if config.global_pool == "map" else nn.Identity()
         self.fc_norm = nn.LayerNorm(dim, eps=config.norm_eps, **factory) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(config.drop_rate) if config.drop_rate > 0 else nn.Identity()
+        self.head_bn = nn.BatchNorm1d(dim, eps=1e-6, affine=False, **factory) if config.head_bn else nn.Identity()
         self.head = nn.Linear(dim, config.num_classes, **factory) if config.num_classes > 0 else nn.Identity()
         with_dist_head = config.distilled and config.num_classes > 0
         self.head_dist = nn.Linear(dim, config.num_classes, **factory) if with_dist_head else nn.Identity()
@@ -264,18 +265,20 @@ class VisionTransformer(nn.Module):
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm\.", (99999,))],
         )
 
-    def set_token_merging(self, r: int | Sequence[int]) -> None:
+    def set_token_merging(self, r: int | Sequence[int], prop_attn: bool | None = None) -> None:
         """Merge ``r`` tokens in every block (an int) or ``r[l]`` in block ``l`` (a list), 0 for
         none: ToMe between each block's attention and MLP, recorded in ``config.merge_tokens``
         (an inference option saved with the model, not a weight). :func:`vitkit.merge_tokens`
-        also builds ToMe's schedules.
+        also builds ToMe's schedules. ``prop_attn`` (ToMe's flag, ``config.merge_prop_attn``)
+        switches proportional attention on or off; ``None`` keeps the model's setting.
 
         Raises:
             vitkit.schema.ConfigError: a count below 0, a list of another length than ``depth``,
                 or more tokens than the first block can merge.
             ValueError: blocks other than vitkit's encoder block with its self-attention.
         """
-        config = self.config.replace(merge_tokens=r if isinstance(r, int) else list(r))
+        prop_attn = self.config.merge_prop_attn if prop_attn is None else prop_attn
+        config = self.config.replace(merge_tokens=r if isinstance(r, int) else list(r), merge_prop_attn=prop_attn)
         schedule = config.merge_per_block()
         if any(schedule):
             for block in self.blocks:
@@ -384,12 +387,13 @@ class VisionTransformer(nn.Module):
     def _run_merging_block(
         self, index: int, x: torch.Tensor, gates: torch.Tensor | None, need_weights: bool, state: MergeState
     ) -> tuple[torch.Tensor, torch.Tensor | None, MergeState]:
-        """Block ``index`` with proportional attention over the merged tokens of ``state``, merging
-        its ``r`` tokens (a :class:`~vitkit.layers.token_merging.MergeStep` as its ``merge``; none
-        where ``r`` is 0)."""
+        """Block ``index`` over the merged tokens of ``state``, with proportional attention unless
+        ``config.merge_prop_attn`` is off, merging its ``r`` tokens (a
+        :class:`~vitkit.layers.token_merging.MergeStep` as its ``merge``; none where ``r`` is 0)."""
         r = self.merge_schedule[index]
         step = MergeStep(state, r) if r > 0 else None
-        x, weights = self._run_block(self.blocks[index], x, gates, need_weights, state.positions, state.attn_bias(), step)
+        bias = state.attn_bias() if self.config.merge_prop_attn else None
+        x, weights = self._run_block(self.blocks[index], x, gates, need_weights, state.positions, bias, step)
         return x, weights, state if step is None else step.after
 
     def _merge_state(
@@ -535,7 +539,9 @@ class VisionTransformer(nn.Module):
     def forward_head(
         self, features: torch.Tensor, pre_logits: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Pool ``[B, N, D]`` tokens (:meth:`pool`) and classify: ``[B, num_classes]``.
+        """Pool ``[B, N, D]`` tokens (:meth:`pool`) and classify: ``[B, num_classes]``; with
+        ``head_bn``, the pooled ``[B, D]`` features are batch-normalised before the classifier
+        (``pre_logits`` returns them unnormalised).
 
         With ``distilled``, the class and distillation tokens each go through their own head and
         the two logits are averaged (``pre_logits``: the two pooled tokens are); in training mode
@@ -543,8 +549,8 @@ class VisionTransformer(nn.Module):
         """
         if self.config.distilled:
             return self._distilled_head(features, pre_logits)
-        pooled = self.head_drop(self.fc_norm(self.pool(features)))
-        return pooled if pre_logits else self.head(pooled)
+        pooled = self.fc_norm(self.pool(features))  # the batch norm sees the features before dropout
+        return self.head_drop(pooled) if pre_logits else self.head(self.head_drop(self.head_bn(pooled)))
 
     def _distilled_head(
         self, features: torch.Tensor, pre_logits: bool

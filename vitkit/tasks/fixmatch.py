@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -45,10 +45,15 @@ from ..evaluation import TestTimeAugmentation, black_level
 from ..schema import Config, FieldError, bounds
 from .base import StepOutput, TaskSetup
 from .classify import ClassifyTask
+from .flexmatch import FlexThresholds
 from .registry import register_task
 
-#: A training batch: labelled ``uint8 [B, H, W, C]``, labels ``[B]``, unlabeled ``uint8 [B, mu, H, W, C]``.
-Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import Callback
+
+#: A training batch: labelled ``uint8 [B, H, W, C]``, labels ``[B]``, unlabeled ``uint8 [B, mu, H, W, C]``
+#: and the unlabeled images' indices ``long [B, mu]``.
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -57,6 +62,9 @@ class FixMatchOptions(Config):
 
     Attributes:
         threshold: the confidence a weak view's top class needs to become a pseudo-label (tau, 0.95).
+        threshold_mode: ``fixed``: ``threshold`` for every image (FixMatch's); ``flex``: FlexMatch's
+            class-wise thresholds, rising to ``threshold`` as each class is learnt
+            (:mod:`vitkit.tasks.flexmatch`).
         mu: unlabeled images per labelled one in a step (7): the unlabeled batch is ``mu`` times
             ``trainer.batch_size``.
         lambda_u: the weight of the unlabeled term (1).
@@ -70,6 +78,7 @@ class FixMatchOptions(Config):
     """
 
     threshold: float = field(default=0.95, metadata=bounds(ge=0, le=1))
+    threshold_mode: Literal["fixed", "flex"] = "fixed"
     mu: int = field(default=7, metadata=bounds(ge=1, le=1024))
     lambda_u: float = field(default=1.0, metadata=bounds(ge=0))
     temperature: float | None = field(default=None, metadata=bounds(gt=0))
@@ -105,7 +114,7 @@ def fixmatch_loss(
     weak_logits: torch.Tensor,
     strong_logits: torch.Tensor,
     *,
-    threshold: float = 0.95,
+    threshold: float | torch.Tensor = 0.95,
     lambda_u: float = 1.0,
     temperature: float | None = None,
 ) -> FixMatchLoss:
@@ -116,7 +125,7 @@ def fixmatch_loss(
         labels: ``[B]`` their classes.
         weak_logits: ``[U, K]`` the unlabeled images' weak views' logits (no gradient flows through them).
         strong_logits: ``[U, K]`` the same images' strong views' logits.
-        threshold: the confidence a pseudo-label needs.
+        threshold: the confidence a pseudo-label needs: one for all, or ``[U]`` one per image.
         lambda_u: the unlabeled term's weight.
         temperature: ``None``: hard pseudo-labels; else soft ones at this temperature.
     """
@@ -141,6 +150,7 @@ class FixMatchTask(ClassifyTask):
             training split is first read: a run that never trains never reads them).
         options: threshold, ``mu``, ``lambda_u`` and pseudo-label temperature
             (:class:`FixMatchOptions`; its strong-view options are the ``views``').
+        flex: FlexMatch's record of the unlabeled images (``threshold_mode: flex``), or ``None``.
         tta, val_tta, fill: classification's test-time augmentation.
     """
 
@@ -148,11 +158,13 @@ class FixMatchTask(ClassifyTask):
 
     def __init__(
         self, views: FixMatchViews, unlabeled: Callable[[], np.ndarray], options: FixMatchOptions, *,
-        tta: TestTimeAugmentation = "none", val_tta: TestTimeAugmentation | None = None, fill: torch.Tensor | None = None,
+        flex: FlexThresholds | None = None, tta: TestTimeAugmentation = "none",
+        val_tta: TestTimeAugmentation | None = None, fill: torch.Tensor | None = None,
     ) -> None:
         super().__init__(None, nn.CrossEntropyLoss(), tta=tta, val_tta=val_tta, fill=fill)
         self.views = views
         self.options = options
+        self.flex = flex
         self._read_unlabeled = unlabeled
         self._unlabeled: np.ndarray | None = None
 
@@ -198,8 +210,13 @@ class FixMatchTask(ClassifyTask):
         info = DataInfo.from_extra(extra)
         views = FixMatchViews(recipe.data.resolved().augment, info, strong_ops=options.strong_ops, cutout=options.cutout)
         read = partial(unlabeled_images, recipe.data, info, options.unlabeled_root)
-        return cls(views, read, options, tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta,
+        flex = FlexThresholds(info.num_classes) if options.threshold_mode == "flex" else None
+        return cls(views, read, options, flex=flex, tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta,
                    fill=black_level(extra["mean"], extra["std"]))
+
+    def callbacks(self) -> list[Callback]:
+        """FlexMatch's record, whose state a checkpoint carries (none with a fixed threshold)."""
+        return [self.flex] if self.flex is not None else []
 
     def split_data(self, dataset: Dataset, split: Literal["train", "val", "test"]) -> Dataset:
         """The training split with the unlabeled images, ``mu`` to a labelled one; the others as built.
@@ -213,17 +230,22 @@ class FixMatchTask(ClassifyTask):
             raise TypeError(f"FixMatch reads the labelled split from memory, not a {type(dataset).__name__}.")
         if self._unlabeled is None:
             self._unlabeled = self._read_unlabeled()
+        if self.flex is not None:
+            self.flex.bind(len(self._unlabeled))
         return SemiSupervisedStream(dataset, self._unlabeled, self.options.mu)
 
     def training_step(self, model: nn.Module, batch: Batch) -> StepOutput:
-        labelled, labels, unlabeled = batch
+        labelled, labels, unlabeled, indices = batch
         unlabeled = unlabeled.flatten(0, 1)
         with torch.no_grad():
             weak_logits = model(self.views.weak(unlabeled))
         logits = model(torch.cat([self.views.weak(labelled), self.views.strong(unlabeled)]))
         labelled_logits, strong_logits = logits[: len(labels)], logits[len(labels):]
         options = self.options
-        loss = fixmatch_loss(labelled_logits, labels, weak_logits, strong_logits, threshold=options.threshold,
+        threshold: float | torch.Tensor = options.threshold
+        if self.flex is not None:
+            threshold = self.flex.thresholds(weak_logits.detach().float().softmax(dim=-1), indices.flatten(), threshold)
+        loss = fixmatch_loss(labelled_logits, labels, weak_logits, strong_logits, threshold=threshold,
                              lambda_u=options.lambda_u, temperature=options.temperature)
         metrics: dict[str, Any] = {
             "acc1": lambda: accuracy(labelled_logits.detach(), labels)[0],

@@ -45,8 +45,10 @@ FREE_FIELDS = (
     "init",
     "out_init_scale",
     "merge_tokens",  # an inference option (ToMe's r), not a weight
+    "merge_prop_attn",  # ToMe's prop_attn, an inference option too
     "global_pool",  # token or avg pooling: with fc_norm, MAE's fine-tuning (the final norm moves after pooling)
     "fc_norm",
+    "head_bn",  # MAE's linear probe: a fresh BatchNorm before the classifier
     "img_size",
     "in_chans",
     "num_classes",
@@ -54,7 +56,7 @@ FREE_FIELDS = (
 
 #: Free fields that only a recipe's own key changes: a ``model.name`` variant's default is no
 #: choice, so the weights' value stays (an MAE encoder's init, its pooling).
-WEIGHTS_DEFAULT_FIELDS = ("init", "global_pool", "fc_norm")
+WEIGHTS_DEFAULT_FIELDS = ("init", "global_pool", "fc_norm", "head_bn")
 
 #: How messages name the recipe's keys of the weights to start from.
 RECIPE_KEYS = SourceKeys("model.pretrained", "model.pretrained_file", "model.pretrained_kwargs")
