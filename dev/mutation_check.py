@@ -1114,6 +1114,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("train", "vitkit/tasks/fixmatch.py", '"acc1": lambda: accuracy(labelled_logits.detach(), labels)[0],',
              '"acc": lambda: accuracy(labelled_logits.detach(), labels)[0],', (FIXMATCH_RECIPE,),
              "FixMatch logs its training accuracy under another name than classification's"),
+    Mutation("train", "vitkit/tasks/fixmatch.py", 'raise FieldError("unlabeled_root", "is empty;', 'raise FieldError("root", "is empty;',
+             (FIXMATCH_RECIPE,), "an empty task.fixmatch.unlabeled_root refused under another key"),
     # the Task contract's defaults (mutmut over base.py)
     Mutation("train", "vitkit/tasks/base.py", "        return cls(setup.model, options)", "        return cls(setup.model, None)",
              ("tests/tasks/test_task_base.py",), "a task built by default without its options"),

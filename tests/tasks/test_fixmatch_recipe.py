@@ -130,3 +130,11 @@ def test_an_augmentation_the_views_cannot_batch_is_refused_by_the_task_name() ->
     assert error.value.key == "task.name"
     assert error.value.problem.startswith("is 'fixmatch', whose weak and strong views run on whole batches, but ")
     assert "random_resized" in error.value.problem
+
+
+def test_an_empty_unlabeled_root_is_refused_by_its_key() -> None:
+    options = FixMatchOptions()
+    options.unlabeled_root = ""
+    with pytest.raises(FieldError) as error:
+        options.validate()
+    assert (error.value.key, error.value.problem) == ("unlabeled_root", "is empty; give the folder of unlabeled images, or null.")
