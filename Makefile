@@ -22,8 +22,9 @@ demo: setup
 	$(PY) tools/attention_maps.py runs/quickstart/latest/model.safetensors \
 		--test-images 6 --out runs/quickstart/latest/attention_maps
 
+# one worker per core (pytest-xdist); a file's tests stay in one worker (a page's snippets share a namespace)
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 lint: setup
 	$(PY) -m ruff check .

@@ -12,6 +12,17 @@ import torch
 from tiny_runs import RENDEZVOUS
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n auto``), each worker gets its share of the cores:
+    torch's threads in the worker and ``OMP_NUM_THREADS`` for the tools its tests start. Two workers
+    each running torch on every core would contend for them (OpenMP threads spin while they wait)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
 @pytest.fixture(autouse=True)
 def seed() -> int:
     """Seed torch's global RNG before every test, so random inputs, initialisations and
