@@ -40,10 +40,15 @@ def load_tool() -> Callable[[str], ModuleType]:
 
 @pytest.fixture(autouse=True)
 def _no_leaked_rendezvous() -> Iterator[None]:
-    """Each test leaves ``os.environ``'s distributed rendezvous as it found it: an in-process FSDP
-    or DDP run sets ``MASTER_PORT`` and the ranks, and a later run would join them."""
+    """Each test leaves ``os.environ``'s distributed rendezvous and torch's default process group
+    as it found them: an in-process FSDP or DDP run sets ``MASTER_PORT`` and the ranks, and a later
+    run would join them; a group it leaves initialised makes a later single-process call behave as
+    a rank of it (``torch.distributed.checkpoint.save`` no longer warns that it saves alone)."""
     before = {key: os.environ.get(key) for key in RENDEZVOUS}
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
     yield
+    if not grouped and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     for key, value in before.items():
         if value is None:
             os.environ.pop(key, None)
