@@ -66,12 +66,13 @@ class FlexThresholds(Callback):
         confidence, guess = probs.max(dim=-1)
         beta = self.learning_effect[guess]
         thresholds = tau * (beta / (2.0 - beta))
-        confident = confidence.ge(tau)
-        self.kept[indices.to(probs.device)[confident]] = guess[confident]
+        # no host read (a GPU step would wait on it): the record and the effects change by torch.where
+        indices = indices.to(probs.device)
+        self.kept[indices] = torch.where(confidence.ge(tau), guess, self.kept[indices])
         counts = torch.bincount(self.kept + 1, minlength=len(self.learning_effect) + 1)
-        most = int(counts.max())
-        if most < len(self.kept):
-            self.learning_effect = (counts[1:].double() / most).float()
+        most = counts.max()
+        effect = (counts[1:].double() / most).float()
+        self.learning_effect = torch.where(most < len(self.kept), effect, self.learning_effect)
         return thresholds
 
     def state_dict(self) -> dict[str, Any]:
