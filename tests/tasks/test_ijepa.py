@@ -127,6 +127,15 @@ def test_the_default_masks_on_a_4x4_grid_keep_the_invariants() -> None:
                 assert len(block) == height * width == targets.shape[2] and len(set(block.tolist())) == len(block)
 
 
+@pytest.mark.timeout(60)  # a sampler that never drops its last constraint would loop forever
+def test_a_context_that_no_placement_keeps_drops_every_constraint_and_overlaps_the_targets() -> None:
+    """One target spanning the 4x4 grid leaves a whole-grid context no patch outside it: after 20
+    tries its one constraint is dropped, and the context is the whole grid, the target's 16 patches."""
+    masks = MultiBlockMasks((4, 4), targets=1, target_scale=(1.0, 1.0), target_aspect=(1.0, 1.0))
+    context, targets = masks.sample(2, torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
+    assert context.tolist() == [list(range(16))] * 2 and targets.tolist() == [[list(range(16))] * 2]
+
+
 def test_the_batch_is_cut_to_its_shortest_context_keeping_the_first_in_grid_order() -> None:
     masks = MultiBlockMasks((4, 4))
     generator = torch.Generator().manual_seed(5)
@@ -262,6 +271,9 @@ def test_blocks_that_cannot_keep_more_than_min_keep_are_refused() -> None:
     with pytest.raises(ValueError, match="context blocks of 4 patches"):
         MultiBlockMasks((4, 4), target_scale=(0.5, 0.5), context_scale=(0.25, 0.25), min_keep=4)
     small_task(encoder(), min_keep=1, target_scale=(0.25, 0.3))  # 2x2 targets: 4 patches
+    # int(8 * 0.2) = 1 patch at most on a 2x4 grid, which the refusal names rows first
+    with pytest.raises(ValueError, match="^target blocks of 1 patches on the 2x4 grid can never keep more than min_keep=1"):
+        MultiBlockMasks((2, 4), min_keep=1)
 
 
 @pytest.mark.parametrize(("options", "key"), [({"predictor_dim": 18}, "predictor_dim"),
