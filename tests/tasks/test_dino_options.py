@@ -47,11 +47,20 @@ def test_crop_refusals_name_the_key_and_the_fix() -> None:
     DinoOptions(local_crops=0, global_size=8).check_model(model())  # its own size needs no dynamic_img_size
 
 
+def test_crop_refusals_name_a_non_square_patch_or_image_by_both_sides() -> None:
+    """6 is a multiple of a 2 x 4 patch's height, not of its width; 8 is the height of an 8 x 16
+    image, not its size: a refusal naming one side would contradict itself."""
+    assert refusal(DinoOptions(local_crops=2, local_size=6), model(patch_size=(2, 4), dynamic_img_size=True)) == (
+        "task.dino.local_size is 6, not a multiple of the model's patch size 2x4.")
+    assert refusal(DinoOptions(local_crops=0, global_size=8), model(img_size=(8, 16))).startswith(
+        "task.dino.global_size is 8, not the model's img_size 8x16: set model.dynamic_img_size=true")
+
+
 def test_the_token_limit_counts_both_sides_of_a_non_square_patch() -> None:
     """A 728-pixel crop in 2 x 4 patches is 364 * 182 = 66,248 patches, past 65,536; 720 is 64,800."""
     tall = model(patch_size=(2, 4), dynamic_img_size=True)
     assert refusal(DinoOptions(local_crops=0, global_size=728), tall).startswith(
-        "task.dino.global_size is 728: 66,248 patches of 2 pixels, more than the limit of 65,536")
+        "task.dino.global_size is 728: 66,248 patches of 2x4 pixels, more than the limit of 65,536")
     DinoOptions(local_crops=0, global_size=720).check_model(tall)
 
 

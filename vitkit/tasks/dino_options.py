@@ -27,6 +27,11 @@ def head_weights(in_dim: int, out_dim: int, *, hidden_dim: int, bottleneck_dim: 
     return mlp + (bottleneck_dim + 1) * out_dim
 
 
+def side(size: tuple[int, int]) -> str:
+    """A ``(height, width)`` as a refusal names it: ``16`` when square, ``16x8`` otherwise."""
+    return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
+
+
 @dataclass
 class DinoOptions(Config):
     """DINO self-distillation (Caron et al. 2021, arXiv 2104.14294); defaults are
@@ -90,16 +95,16 @@ class DinoOptions(Config):
         """
         for key, size in self.crop_sizes(model).items():
             if any(size % p for p in model.patch_size):
-                raise FieldError(f"task.dino.{key}", f"is {size}, not a multiple of the model's patch size {model.patch_size[0]}.")
+                raise FieldError(f"task.dino.{key}", f"is {size}, not a multiple of the model's patch size {side(model.patch_size)}.")
             tokens = (size // model.patch_size[0]) * (size // model.patch_size[1])
             if tokens > MAX_TOKENS:
                 raise FieldError(
-                    f"task.dino.{key}", f"is {size}: {tokens:,} patches of {model.patch_size[0]} pixels, more than the "
+                    f"task.dino.{key}", f"is {size}: {tokens:,} patches of {side(model.patch_size)} pixels, more than the "
                     f"limit of {MAX_TOKENS:,}; use smaller crops or a larger model.patch_size."
                 )
             if (size, size) != tuple(model.img_size) and not model.dynamic_img_size:
                 raise FieldError(
-                    f"task.dino.{key}", f"is {size}, not the model's img_size {model.img_size[0]}: set "
+                    f"task.dino.{key}", f"is {size}, not the model's img_size {side(model.img_size)}: set "
                     "model.dynamic_img_size=true (the position embedding is resampled to each crop's grid)."
                 )
         head = head_weights(model.embed_dim, self.out_dim, hidden_dim=self.hidden_dim, bottleneck_dim=self.bottleneck_dim,
