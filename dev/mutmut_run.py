@@ -75,7 +75,7 @@ def mutmut_section(module: str, tests: list[str]) -> str:
     quoted = ", ".join(f'"{test}"' for test in tests)
     return (f'\n[tool.mutmut]\nsource_paths = ["vitkit"]\nonly_mutate = ["{module}"]\n'
             f'pytest_add_cli_args_test_selection = [{quoted}]\npytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
-            'also_copy = ["tests"]\n')
+            'also_copy = ["tests", "recipes"]\n')  # the recipes link: tests that load a shipped recipe by path
 
 
 def verdicts(work: Path, env: dict[str, str]) -> dict[str, str]:

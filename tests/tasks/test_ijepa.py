@@ -9,14 +9,17 @@ from functools import partial
 from types import SimpleNamespace
 
 import ijepa_reference as reference
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.schema import FieldError
+from vitkit.tasks import ijepa
 from vitkit.tasks.ijepa import IjepaOptions, IjepaTask, JepaPredictor, jepa_loss, jepa_targets, target_momentum
 from vitkit.tasks.ijepa_masks import MultiBlockMasks, block_size
+from vitkit.tasks.mae import decoder_weights
 
 
 def encoder(**changes: object) -> VisionTransformer:
@@ -75,6 +78,29 @@ def test_the_masks_are_the_reference_collators_for_the_same_draws(case: dict, mo
         _, (reference_context,), reference_targets = collator([torch.zeros(1)] * 16)
         assert torch.equal(context, reference_context)
         assert torch.equal(targets, torch.stack(reference_targets))
+
+
+def test_a_training_steps_masks_are_the_reference_collators_call_of_the_steps_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference seeds its batch's block sizes with its call count and draws the corners from
+    torch's global generator: the task after ``k`` steps draws call ``k``'s masks, whatever the global seed."""
+    case = REFERENCE_CASES[0]
+    model = encoder(img_size=56, patch_size=4)  # the case's 14x14 grid
+    task = small_task(model, targets=case["npred"], target_scale=case["pred_mask_scale"], target_aspect=case["aspect_ratio"],
+                      context_scale=case["enc_mask_scale"], min_keep=case["min_keep"])
+    drawn = []
+    monkeypatch.setattr(task, "loss", lambda model, images, context, targets: drawn.append((context, targets)) or torch.zeros(()))
+    monkeypatch.setattr(reference, "torch", EveryPlacement())
+    collator = reference.MaskCollator(nenc=1, **case)
+    for step, seed in ((0, 5), (1, 5), (2, 7)):
+        task.steps.fill_(step)
+        torch.manual_seed(seed)
+        out = task.training_step(model, (torch.zeros(3, 3, 56, 56), None))
+        torch.manual_seed(seed)
+        _, (reference_context,), reference_targets = collator([torch.zeros(1)] * 3)
+        context, targets = drawn[-1]
+        assert torch.equal(context, reference_context) and torch.equal(targets, torch.stack(reference_targets))
+        assert out.batch_size == 3 and out.metrics.keys() == {"context_patches"}
+        assert out.metrics["context_patches"].item() == reference_context.shape[1]
 
 
 def test_the_second_reference_case_relaxes_the_contexts_constraints() -> None:
@@ -173,6 +199,32 @@ def test_the_predictor_equals_the_references_with_its_weights() -> None:
     tokens = torch.randn(3, context.shape[1], 24)
     expected = theirs(tokens.clone(), context, list(targets))
     assert torch.allclose(mine(tokens, context, targets), expected, atol=1e-5)
+    eps = [module.eps for module in theirs.modules() if isinstance(module, nn.LayerNorm)]
+    assert [module.eps for module in mine.modules() if isinstance(module, nn.LayerNorm)] == eps == [1e-6] * 5
+
+
+def test_a_non_square_grids_positions_are_the_references_column_then_row_embedding() -> None:
+    """The reference's 2-D table (its grid built as ``meshgrid(w, h)``, the column's channels first)
+    on a 2x3 grid: square grids cannot tell a transposed table from the right one."""
+    grid = np.stack(np.meshgrid(np.arange(3.0), np.arange(2.0))).reshape(2, 1, 2, 3)
+    expected = torch.from_numpy(reference.get_2d_sincos_pos_embed_from_grid(16, grid)).float()
+    assert torch.allclose(JepaPredictor(8, (2, 3), dim=16, depth=1, num_heads=2).pos_embed, expected, atol=1e-6)
+
+
+def test_the_predictors_mlp_ratio_sets_its_blocks_hidden_width() -> None:
+    assert JepaPredictor(8, (2, 2), dim=16, depth=1, num_heads=2, mlp_ratio=2.0).blocks[0].mlp.fc1.out_features == 32
+
+
+def test_under_bfloat16_autocast_the_predictors_blocks_see_a_bfloat16_sequence() -> None:
+    """The encoder's bfloat16 tokens, the fixed positions and the mask tokens join one sequence in
+    the autocast dtype: no float32 copy of the sequence through the blocks."""
+    predictor = JepaPredictor(8, (4, 4), dim=16, depth=1, num_heads=2)
+    seen = []
+    predictor.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+    context, targets = MultiBlockMasks((4, 4)).sample(2, torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        predictor(torch.randn(2, context.shape[1], 8, dtype=torch.bfloat16), context, targets)
+    assert seen == [torch.bfloat16]
 
 
 def test_the_predictors_init_is_the_references_with_deeper_output_projections_scaled_down() -> None:
@@ -191,6 +243,8 @@ def test_the_predictors_init_is_the_references_with_deeper_output_projections_sc
 def test_the_momentum_follows_the_references_linear_schedule() -> None:
     momenta = list(reference.reference_momenta((0.996, 1.0), ipe=7, num_epochs=3))
     assert [target_momentum(i, 21, 0.996, 1.0) for i in range(22)] == pytest.approx(momenta, abs=1e-12)
+    # a one-step run: the first step at the start value, the end reached after it
+    assert target_momentum(0, 1, 0.9, 1.0) == 0.9 and target_momentum(1, 1, 0.9, 1.0) == 1.0
 
 
 def test_the_target_encoder_follows_the_model_with_the_momentum_of_the_step_taken() -> None:
@@ -260,13 +314,14 @@ def test_evaluation_uses_the_same_masks_every_time() -> None:
                                      {"merge_tokens": 2}])
 def test_a_tokenizer_that_mixes_patches_is_refused(changes: dict) -> None:
     key = next(iter(changes))
-    with pytest.raises(FieldError, match=f"^model.{key} .*I-JEPA's context encoder"):
+    with pytest.raises(FieldError, match=rf"^model.{key} .*\(I-JEPA's context encoder, like MAE's encoder, sees only some patches\)$"):
         small_task(encoder(**changes))
 
 
 def test_blocks_that_cannot_keep_more_than_min_keep_are_refused() -> None:
     """The default targets on a 4x4 grid can be 1 patch: a min_keep of 1 would make sampling loop forever."""
-    with pytest.raises(FieldError, match="^task.ijepa.min_keep is 1, but target blocks of 1 patches"):
+    with pytest.raises(FieldError, match="^task.ijepa.min_keep is 1, but target blocks of 1 patches .* Lower min_keep, or "
+                       "raise target_scale or context_scale.$"):
         small_task(encoder(), min_keep=1)
     with pytest.raises(ValueError, match="context blocks of 4 patches"):
         MultiBlockMasks((4, 4), target_scale=(0.5, 0.5), context_scale=(0.25, 0.25), min_keep=4)
@@ -276,16 +331,54 @@ def test_blocks_that_cannot_keep_more_than_min_keep_are_refused() -> None:
         MultiBlockMasks((2, 4), min_keep=1)
 
 
-@pytest.mark.parametrize(("options", "key"), [({"predictor_dim": 18}, "predictor_dim"),
-                                              ({"target_scale": (0.3, 0.2)}, "target_scale")])
-def test_options_out_of_shape_are_refused(options: dict, key: str) -> None:
-    with pytest.raises(FieldError, match=key):
+@pytest.mark.parametrize(("options", "key", "sentence"), [
+    ({"predictor_dim": 18}, "predictor_dim", "must be divisible by 4 (its sin-cos position embedding) and by predictor_heads (4), got 18."),
+    ({"predictor_dim": 20, "predictor_heads": 8}, "predictor_dim", "must be divisible by 4 (its sin-cos position embedding) and "
+     "by predictor_heads (8), got 20."),  # by 4, not by the heads
+    ({"predictor_dim": 6, "predictor_heads": 3}, "predictor_dim", "must be divisible by 4 (its sin-cos position embedding) and "
+     "by predictor_heads (3), got 6."),  # by the heads, not by 4
+    ({"target_scale": (0.3, 0.2)}, "target_scale", "must be a range (low, high) with low <= high, got (0.3, 0.2)."),
+])
+def test_options_out_of_shape_are_refused(options: dict, key: str, sentence: str) -> None:
+    with pytest.raises(FieldError) as error:
         IjepaOptions(**options)
+    assert (error.value.key, error.value.problem) == (key, sentence)
+
+
+def test_a_range_of_one_value_is_a_fixed_share() -> None:
+    options = IjepaOptions(target_scale=(0.25, 0.25), target_aspect=(1.0, 1.0), context_scale=(1.0, 1.0))
+    assert options.masks((4, 4)).smallest_blocks() == (4, 16)
+
+
+def test_a_task_built_without_options_takes_the_defaults() -> None:
+    task = IjepaTask(encoder().config)
+    assert task.masks == IjepaOptions().masks((4, 4)) and task.predictor.embed.out_features == 64
+    assert task.momentum == (0.996, 1.0)
+
+
+def test_the_step_counter_is_exact_past_float32s_whole_numbers() -> None:
+    model = encoder()
+    task = small_task(model)
+    task.after_optimizer_step(model, step=2**24 + 1, total_steps=2**25)
+    assert int(task.steps) == 2**24 + 1  # float32 would round it to 2**24
 
 
 def test_a_predictor_past_the_parameter_limit_is_refused() -> None:
-    with pytest.raises(FieldError, match="^task.ijepa.predictor_dim"):
+    with pytest.raises(FieldError, match="^task.ijepa.predictor_dim is 65536 with predictor_depth 64: a predictor of about .* "
+                       "weights, which with the context and target encoders' exceeds the limit of"):
         IjepaTask(encoder().config, IjepaOptions(predictor_dim=65536, predictor_heads=1, predictor_depth=64))
+
+
+def test_the_parameter_limit_counts_the_predictor_and_two_encoders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accepted at the limit, refused one weight past it; a third encoder is not counted."""
+    config, options = encoder().config, IjepaOptions(predictor_dim=16, predictor_heads=2, predictor_depth=1)
+    total = decoder_weights(32, 32, dim=16, depth=1) + 2 * config.num_weights()
+    for limit in (total, total + config.num_weights() // 2):
+        monkeypatch.setattr(ijepa, "MAX_PARAMETERS", limit)
+        IjepaTask(config, options)
+    monkeypatch.setattr(ijepa, "MAX_PARAMETERS", total - 1)
+    with pytest.raises(FieldError, match="^task.ijepa.predictor_dim"):
+        IjepaTask(config, options)
 
 
 def test_conflicts_name_the_options_the_target_encoder_rules_out() -> None:
