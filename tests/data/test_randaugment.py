@@ -1,7 +1,9 @@
 """FixMatch's strong augmentation batched in torch (``vitkit.data.randaugment``): each operation
 equals USB's PIL operation (``semilearn/datasets/augmentation/randaugment.py``, written out below)
 on the same image and magnitude, for grayscale and RGB images; the random draws cover every
-operation and magnitudes across their ranges; Cutout's square has USB's size and fill."""
+operation and magnitudes across their ranges; Cutout's square has USB's size and fill; the parts
+equal PIL's past what RandAugment's ranges reach (equalize's larger images, blends past their ends,
+every posterize bit count); no tensor is made off the batch's device."""
 
 from __future__ import annotations
 
@@ -12,7 +14,16 @@ import PIL.ImageOps
 import pytest
 import torch
 
-from vitkit.data.randaugment import OPERATION_NAMES, OPERATIONS, BatchRandAugment
+from vitkit.data.randaugment import (
+    OPERATION_NAMES,
+    OPERATIONS,
+    BatchRandAugment,
+    autocontrast,
+    blend,
+    equalize,
+    grayscale,
+    posterize,
+)
 
 # ---- microsoft/Semi-supervised-learning, semilearn/datasets/augmentation/randaugment.py (MIT), as written there
 
@@ -182,3 +193,77 @@ def test_every_strong_view_gets_a_cutout_of_usbs_mean_size() -> None:
     # E[(v + 0.5)^2] = 93.6 px unclipped; the border clips some
     assert 0.97 < (sides > 0).float().mean() and 75 < sides.mean() < 93.6
     assert bool((BatchRandAugment(num_ops=0, cutout=0.0)(torch.full((8, 1, 32, 32), 200.0)) == 200).all())
+
+
+def as_batch(array: np.ndarray) -> torch.Tensor:
+    """``uint8 [N, H, W, C]`` images as the float ``[N, C, H, W]`` batch the augmentation takes."""
+    return torch.from_numpy(array).permute(0, 3, 1, 2).float()
+
+
+def pil_each(array: np.ndarray, operation: object) -> np.ndarray:
+    """``operation`` (a PIL image to a PIL image) on each ``uint8 [N, H, W, C]`` image, as ``[N, C, H, W]``."""
+    out = [np.asarray(operation(PIL.Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image))) for image in array]
+    return np.stack([image[..., None] if image.ndim == 2 else image for image in out]).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("chans", [1, 3])
+def test_equalize_equals_pils_where_its_step_is_above_one_and_where_it_is_zero(chans: int) -> None:
+    """The images of the test above have 480 pixels, whose ``step`` is 1 (``lut`` = the count below):
+    64 x 64 images (steps near 16) round by ``step // 2`` and differ channel by channel; 8 x 8 images
+    have ``step`` 0, which PIL leaves as they are."""
+    large = np.concatenate([images(4, chans, seed=9).repeat(4, axis=1).repeat(3, axis=2)[:, :64, :64],
+                            np.random.default_rng(1).integers(0, 256, (2, 64, 64, chans), dtype=np.uint8)])
+    small = images(3, chans, seed=10)[:, :8, :8]
+    for array in (large, small):
+        ours = equalize(as_batch(array))
+        assert ours.dtype == torch.float32
+        assert np.array_equal(ours.numpy(), pil_each(array, PIL.ImageOps.equalize))
+    assert not np.array_equal(pil_each(large, PIL.ImageOps.equalize), large.transpose(0, 3, 1, 2))
+
+
+def test_autocontrast_stretches_two_neighbouring_values_to_black_and_white_and_keeps_a_flat_channel() -> None:
+    """Hand-computed, as PIL's: a channel of values 100 and 101 becomes 0 and 255; a channel of one
+    value (77, or 0) stays as it is; a channel of 0 and 255 too."""
+    checks = np.indices((3, 3)).sum(axis=0) % 2  # a 3 x 3 checkerboard of 0 and 1
+    image = np.stack([100 + checks, np.full((3, 3), 77), 255 * checks], axis=-1)[None].astype(np.uint8)
+    ours = autocontrast(as_batch(image))
+    assert ours.dtype == torch.float32
+    assert ours[0].tolist() == [(255 * checks).tolist(), np.full((3, 3), 77).tolist(), (255 * checks).tolist()]
+    assert np.array_equal(ours.numpy(), pil_each(image, PIL.ImageOps.autocontrast))
+    assert torch.equal(autocontrast(torch.zeros(1, 1, 2, 2)), torch.zeros(1, 1, 2, 2))
+    assert BatchRandAugment().apply(as_batch(image), torch.zeros(1, dtype=torch.long), torch.zeros(1)).dtype == torch.float32
+
+
+@pytest.mark.parametrize(("enhance", "factor"), [(PIL.ImageEnhance.Brightness, 1.9), (PIL.ImageEnhance.Color, 2.5)])
+def test_a_blend_past_its_ends_is_clipped_to_0_and_255_as_pils_enhancers(enhance: type, factor: float) -> None:
+    """RandAugment's factors (0.05 to 0.95) stay between the two images; a factor above 1 extrapolates,
+    above 255 (brightness) and below 0 (colour, away from the grey), where PIL clips."""
+    array = images(4, 3, seed=11)
+    batch = as_batch(array)
+    degenerate = torch.zeros_like(batch) if enhance is PIL.ImageEnhance.Brightness else grayscale(batch).expand_as(batch)
+    ours = blend(degenerate, batch, torch.full((4,), factor))
+    theirs = pil_each(array, lambda image: enhance(image).enhance(factor))
+    assert (theirs == 255).any() and (theirs == 0).any()
+    assert (ours.numpy() == theirs).mean() >= 0.999
+
+
+def test_posterize_keeps_the_top_bits_for_each_count_from_1_to_8_as_pil() -> None:
+    array = images(8, 3, seed=12)
+    bits = torch.arange(1, 9)
+    theirs = np.stack([pil_each(array[i : i + 1], lambda image, b=int(b): PIL.ImageOps.posterize(image, b))[0]
+                       for i, b in enumerate(bits)])
+    assert np.array_equal(posterize(as_batch(array), bits).numpy(), theirs)
+
+
+def test_the_grey_of_a_one_row_rgb_image_is_its_luma() -> None:
+    array = images(3, 3, seed=13)[:, :1]  # 1 x 24 pixels
+    grey = grayscale(as_batch(array))
+    assert grey.shape == (3, 1, 1, 24)
+    assert np.abs(grey.numpy() - pil_each(array, lambda image: image.convert("L"))).max() <= 1
+
+
+def test_every_tensor_is_made_on_the_batchs_device() -> None:
+    """On the meta device (no data), a tensor made on the host meets the batch's and fails: every
+    operation runs on every image (each keeps the one it drew), and Cutout follows."""
+    out = BatchRandAugment(num_ops=2, cutout=0.5, fill=(1.0, 2.0, 3.0))(torch.empty(4, 3, 8, 8, device="meta"))
+    assert out.device.type == "meta" and out.shape == (4, 3, 8, 8)
