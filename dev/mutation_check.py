@@ -1255,7 +1255,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              "left = (unit[:, 1] * width - side / 2).clamp_min(1).floor()",
              ("tests/data/test_randaugment.py::test_a_cutout_past_the_left_or_top_border_starts_at_the_first_column_or_row",),
              "a Cutout square past the left border leaves the first column uncut (mutmut's survivor)"),
-    # survivors of mutmut's partial run over randaugment.py (docs/reliability.md), killed by tests written for them
+    # survivors of mutmut's run over randaugment.py (docs/reliability.md), killed by tests written for them
+    Mutation("data", "vitkit/data/randaugment.py", "def __init__(self, num_ops: int = 3,", "def __init__(self, num_ops: int = 4,",
+             (RANDAUGMENT + "test_the_defaults_are_usbs_strong_view_three_operations_and_a_cutout_up_to_half_the_width",),
+             "RandAugment's default of four operations, not USB's three"),
+    Mutation("data", "vitkit/data/randaugment.py", "cutout: float = 0.5, fill:", "cutout: float = 1.5, fill:",
+             (RANDAUGMENT + "test_the_defaults_are_usbs_strong_view_three_operations_and_a_cutout_up_to_half_the_width",),
+             "Cutout's default side up to 1.5 widths, not USB's half"),
     Mutation("data", "vitkit/data/randaugment.py", "ops = torch.randint(len(OPERATIONS), (size_b,), device=device)",
              "ops = torch.randint(len(OPERATIONS), (size_b,))", (RA_DEVICE,),
              "RandAugment's operations drawn on the host (mutmut's device=None and left out)"),

@@ -130,6 +130,17 @@ def test_each_operation_equals_usbs_pil_operation(name: str, chans: int) -> None
         assert not np.array_equal(ours, batch_np.astype(np.float32)) or (name == "Color" and chans == 1)
 
 
+def test_the_defaults_are_usbs_strong_view_three_operations_and_a_cutout_up_to_half_the_width() -> None:
+    augment = BatchRandAugment(fill=(10.0,))
+    calls = []
+    original = augment.apply
+    augment.apply = lambda *args: calls.append(1) or original(*args)
+    augment(torch.full((2, 1, 16, 16), 200.0))
+    assert len(calls) == 3
+    # the largest square: side 1.0 * 0.5 * 16 = 8 centred at (8, 8), corner (4, 4): 8 x 8 pixels
+    assert int((augment.cut(torch.full((1, 1, 16, 16), 200.0), torch.tensor([[1.0, 0.5, 0.5]])) == 10).sum()) == 64
+
+
 def test_the_draws_cover_every_operation_and_each_range() -> None:
     augment = BatchRandAugment(num_ops=1, cutout=0.0)
     seen: list[torch.Tensor] = []
