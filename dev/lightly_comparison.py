@@ -92,22 +92,22 @@ from vitkit.models import to_timm
 from vitkit.train import RecipeConfig, ViTDataModule, load_recipe, train
 from vitkit.train.knn import knn_accuracy, pooled_features
 from vitkit.train.model_builder import build_model
-from vitkit.train.optim import build_optimizer, warmup_cosine
+from vitkit.train.optim import Horizon, build_optimizer, warmup_cosine
 
 RECIPES = {method: Path(__file__).resolve().parents[1] / "recipes" / f"{method}_fashion_mnist.yaml" for method in ("mae", "dino")}
 #: Fashion-MNIST's classes: ``--limit N`` keeps ``N // CLASSES`` training images of each.
 CLASSES = 10
 
 
-def recipe_overrides(epochs: int, limit: int | None, threads: int, out: Path) -> list[str]:
+def recipe_overrides(epochs: int, limit: int | None, threads: int, out: Path, seed: int = 0) -> list[str]:
     """The overrides of both recipes: the plain encoder timm can hold (linear patches, no LSA), the
-    epochs without a time limit, on ``threads`` CPU threads, the run directories under ``out``. A
-    ``limit`` run (a smoke test) also cuts vitkit's own validation and test to one batch (neither
-    is timed or compared)."""
+    epochs without a time limit, on ``threads`` CPU threads, ``seed`` (``trainer.seed``: the initial
+    weights, data order, augmentation and masks), the run directories under ``out``. A ``limit`` run
+    (a smoke test) also cuts vitkit's own validation and test to one batch (neither is timed or compared)."""
     words = [
         "model.patch_embed=linear", "model.locality=false", f"trainer.max_epochs={epochs}",
         "trainer.max_time_minutes=null", "trainer.accelerator=cpu", f"trainer.num_threads={threads}",
-        "trainer.enable_progress_bar=false", f"output.dir={out}",
+        f"trainer.seed={seed}", "trainer.enable_progress_bar=false", f"output.dir={out}",
     ]
     if limit:
         words += [f"data.train_per_class={limit // CLASSES}", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
@@ -120,13 +120,28 @@ class Result:
 
     method: str
     library: str
+    seed: int
     epoch_seconds: list[float]
     knn_acc1: float
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def row(self) -> dict[str, str]:
-        return {"method": self.method, "library": self.library, "s/epoch": f"{statistics.mean(self.epoch_seconds):.1f}",
-                "k-NN top-1 (%)": f"{self.knn_acc1:.2f}"}
+    @property
+    def epochs(self) -> int:
+        return len(self.epoch_seconds)
+
+
+def summary_rows(results: list[Result], seeds: list[int]) -> list[dict[str, str]]:
+    """One row per method, library and epoch count: s/epoch and the training seconds (means over
+    the seeds), each seed's k-NN top-1 and their mean."""
+    rows = []
+    for key in dict.fromkeys((r.method, r.library, r.epochs) for r in results):
+        runs = {r.seed: r for r in results if (r.method, r.library, r.epochs) == key}
+        seconds = [s for r in runs.values() for s in r.epoch_seconds]
+        row = {"method": key[0], "library": key[1], "epochs": str(key[2]), "s/epoch": f"{statistics.mean(seconds):.1f}",
+               "training s": f"{statistics.mean(sum(r.epoch_seconds) for r in runs.values()):.0f}"}
+        row |= {f"seed {seed}": f"{runs[seed].knn_acc1:.2f}" if seed in runs else "" for seed in seeds}
+        rows.append(row | {"mean k-NN top-1 (%)": f"{statistics.mean(r.knn_acc1 for r in runs.values()):.2f}"})
+    return rows
 
 
 # ------------------------------------------------------------------------------------ shared parts
@@ -156,6 +171,7 @@ class KnnJudge:
         self.bank = datamodule.loader(unaugmented(bundle.train, bundle.test), batch, False)
         self.queries = datamodule.loader(bundle.test, batch, False)
         self.num_classes = bundle.info.num_classes
+        self.train_images, self.test_images = len(bundle.train), len(bundle.test)
 
     def __call__(self, encoder: nn.Module) -> float:
         encoder.eval()
@@ -191,11 +207,11 @@ class EpochClock(Callback):
         self.encoder = copy.deepcopy(pl_module.task.exported_model(pl_module.model))
 
 
-def run_vitkit(method: str, overrides: list[str], judge: KnnJudge) -> Result:
+def run_vitkit(method: str, overrides: list[str], seed: int, judge: KnnJudge) -> Result:
     clock = EpochClock()
     result = train(RECIPES[method], overrides, callbacks=[clock])
     notes = {"run_dir": str(result.run_dir), "summary_knn_acc1 (best val/loss checkpoint)": result.summary.get("knn_acc1")}
-    return Result(method, "vitkit", clock.seconds, judge(clock.encoder), notes)
+    return Result(method, "vitkit", seed, clock.seconds, judge(clock.encoder), notes)
 
 
 # ------------------------------------------------------------------------------------ lightly
@@ -326,7 +342,9 @@ def lightly_dino(config: RecipeConfig, info: DataInfo, vit: nn.Module) -> tuple[
 
 def run_lightly(method: str, config: RecipeConfig, datamodule: ViTDataModule, judge: KnnJudge) -> Result:
     """lightly's ``method`` for the recipe's epochs, with vitkit's optimiser and schedule (lightly
-    leaves both to its user), on the training images vitkit's run trained on."""
+    leaves both to its user), on the training images vitkit's run trained on. The recipe's seed
+    seeds everything after the shared initial weights: lightly's re-initialisation, the data order,
+    the augmentation and the masks (one generator, torch's global one)."""
     vit = initial_timm_encoder(config, datamodule)
     model, encoder, parts, transform = (lightly_mae if method == "mae" else lightly_dino)(config, datamodule.info, vit)
     train_split = datamodule.bundle.train
@@ -335,8 +353,8 @@ def run_lightly(method: str, config: RecipeConfig, datamodule: ViTDataModule, ju
     optim, epochs = config.optim, config.trainer.max_epochs
     total_steps = epochs * len(loader)
     optimizer = build_optimizer(encoder, optim, extra=parts)
-    scheduler = warmup_cosine(optimizer, warmup_steps=round(optim.warmup_epochs * total_steps / epochs),
-                              total_steps=total_steps, lr=optim.lr, min_lr=optim.min_lr)
+    horizon = Horizon(round(optim.warmup_epochs * total_steps / epochs), total_steps, floor=optim.min_lr / optim.lr)
+    scheduler = warmup_cosine(optimizer, horizon)
     trained = [p for group in optimizer.param_groups for p in group["params"]]
     seconds, step = [], 0
     model.train()
@@ -357,9 +375,14 @@ def run_lightly(method: str, config: RecipeConfig, datamodule: ViTDataModule, ju
                 model.after_step(step, total_steps)
             step += 1
         seconds.append(time.perf_counter() - start)
-        print(f"lightly {method} epoch {epoch}: loss {loss.item():.4f}, {seconds[-1]:.1f} s", flush=True)
+        print(f"lightly {method} seed {config.trainer.seed} epoch {epoch}: loss {loss.item():.4f}, {seconds[-1]:.1f} s", flush=True)
     evaluated = model.backbone.vit if method == "mae" else model.teacher_backbone
-    return Result(method, "lightly", seconds, judge(evaluated), {"steps": step})
+    return Result(method, "lightly", config.trainer.seed, seconds, judge(evaluated), {"steps": step})
+
+
+def equal_time_epochs(vitkit: Result, lightly: Result) -> int:
+    """The most whole vitkit epochs that fit in lightly's training seconds (at vitkit's mean s/epoch)."""
+    return int(sum(lightly.epoch_seconds) // statistics.mean(vitkit.epoch_seconds))
 
 
 # ------------------------------------------------------------------------------------ main
@@ -372,9 +395,15 @@ def check_lightly(site: Path | None) -> None:
                          "then --lightly-site DIR (or pip install lightly in an environment of its own).")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=2, help="training epochs of every trainer (default 2)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="S",
+                        help="trainer.seed of each repeat (default 0): both sides' initial weights, data order, "
+                             "augmentation and masks")
+    parser.add_argument("--equal-time", action="store_true",
+                        help="also train vitkit, at every seed, for the whole epochs that fit in lightly's training "
+                             "seconds at the first seed (more than --epochs where vitkit's epochs are faster)")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help=f"train on N images (N // {CLASSES} of each class) instead of all 57,000: a smoke run")
     parser.add_argument("--methods", nargs="+", choices=list(RECIPES), default=list(RECIPES), help="default: both")
@@ -386,28 +415,53 @@ def main() -> None:
     args = parser.parse_args()
     if args.epochs < 1 or args.threads < 1 or (args.limit is not None and args.limit < CLASSES):
         parser.error(f"--epochs and --threads must be at least 1, --limit at least {CLASSES}.")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error("--seeds must not repeat a seed.")
+    return args
+
+
+def compare(method: str, args: argparse.Namespace) -> tuple[list[Result], KnnJudge]:
+    """vitkit and lightly on ``method`` at every seed, and vitkit at equal time with ``--equal-time``;
+    the results and the evaluation."""
+    results: list[Result] = []
+    judge, time_epochs = None, None
+    for seed in args.seeds:
+        overrides = recipe_overrides(args.epochs, args.limit, args.threads, args.out / f"seed{seed}", seed)
+        config, datamodule = prepared(method, overrides)
+        judge = judge or KnnJudge(datamodule)  # the split and the test images do not depend on the seed
+        vitkit = run_vitkit(method, overrides, seed, judge)
+        lightly = run_lightly(method, config, datamodule, judge)
+        results += [vitkit, lightly]
+        if args.equal_time:
+            time_epochs = time_epochs or equal_time_epochs(vitkit, lightly)
+            if time_epochs > args.epochs:
+                longer = recipe_overrides(time_epochs, args.limit, args.threads, args.out / f"seed{seed}", seed)
+                results.append(run_vitkit(method, longer, seed, judge))
+        print(markdown_table(summary_rows(results, args.seeds)), flush=True)
+    return results, judge
+
+
+def main() -> None:
+    args = parse_args()
     check_lightly(args.lightly_site)
     torch.set_num_threads(args.threads)
-    overrides = recipe_overrides(args.epochs, args.limit, args.threads, args.out)
     results: list[Result] = []
     for method in args.methods:
-        config, datamodule = prepared(method, overrides)
-        judge = KnnJudge(datamodule)
-        results.append(run_vitkit(method, overrides, judge))
-        results.append(run_lightly(method, config, datamodule, judge))
-
+        method_results, judge = compare(method, args)
+        results += method_results
     command = shlex.join(["python", "dev/lightly_comparison.py", *sys.argv[1:]])
-    images = len(datamodule.bundle.train)
-    table = markdown_table([result.row() for result in results])
-    text = (f"{table}\n{images:,} training images, {args.epochs} epoch(s), {args.threads} CPU thread(s); "
-            f"k-NN: k=20, T=0.07 on the {len(datamodule.bundle.test):,} test images.\n\n    {command}\n")
+    images, tests = judge.train_images, judge.test_images
+    table = markdown_table(summary_rows(results, args.seeds))
+    text = (f"{table}\n{images:,} training images, {args.threads} CPU thread(s), seeds {args.seeds}; "
+            f"k-NN: k=20, T=0.07 on the {tests:,} test images.\n\n    {command}\n")
     print("\n" + text)
     for result in results:
-        print(f"{result.method} {result.library}: s per epoch {[round(s, 1) for s in result.epoch_seconds]}, {result.notes}")
+        print(f"{result.method} {result.library} seed {result.seed}: s per epoch {[round(s, 1) for s in result.epoch_seconds]}, "
+              f"k-NN {result.knn_acc1:.2f}, {result.notes}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text(text)
-    write_json(args.out / "results.json", {"command": command, "train_images": images, "epochs": args.epochs, "threads": args.threads,
-                                           "results": [dataclasses.asdict(result) for result in results]})
+    write_json(args.out / "results.json", {"command": command, "train_images": images, "threads": args.threads,
+                                           "seeds": args.seeds, "results": [dataclasses.asdict(r) for r in results]})
 
 
 if __name__ == "__main__":
