@@ -88,7 +88,8 @@ from torchvision import transforms as T
 from vitkit.data import DataInfo, settle_unset, unaugmented
 from vitkit.data.multicrop import BLUR_SIGMA
 from vitkit.files import markdown_table, write_json
-from vitkit.models import to_timm
+from vitkit.models import to_timm, to_timm_state_dict
+from vitkit.tasks.mae import MaeTask, kept_count
 from vitkit.train import RecipeConfig, ViTDataModule, load_recipe, train
 from vitkit.train.knn import knn_accuracy, pooled_features
 from vitkit.train.model_builder import build_model
@@ -255,12 +256,19 @@ class LightlyMae(nn.Module):
     def decoder_parts(self) -> nn.Module:
         return nn.ModuleList([self.decoder_embed, self.decoder, self.prediction_head])
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+        """The loss of ``images``; ``order`` ``[B, 1 + L]`` (the class token, then the patches from
+        first kept to last masked, as :func:`~lightly.models.utils.random_token_mask` sorts them)
+        fixes the mask, which is otherwise drawn."""
         from lightly.models import utils
 
-        idx_keep, idx_mask = utils.random_token_mask(
-            size=(len(images), self.sequence_length), mask_ratio=self.mask_ratio, device=images.device
-        )
+        if order is None:
+            idx_keep, idx_mask = utils.random_token_mask(
+                size=(len(images), self.sequence_length), mask_ratio=self.mask_ratio, device=images.device
+            )
+        else:
+            kept = 1 + kept_count(self.sequence_length - 1, self.mask_ratio)
+            idx_keep, idx_mask = order[:, :kept], order[:, kept:]
         encoded = self.decoder_embed(self.backbone.encode(images=images, idx_keep=idx_keep))
         tokens = encoded.new_zeros(len(images), self.sequence_length, encoded.shape[-1])
         decoded = self.decoder(utils.set_at_index(tokens, idx_keep, encoded), idx_mask=idx_mask)
@@ -340,6 +348,53 @@ def lightly_dino(config: RecipeConfig, info: DataInfo, vit: nn.Module) -> tuple[
     return model, model.student_backbone, model.student_head, transform
 
 
+#: :class:`~vitkit.tasks.mae.MaeDecoder`'s parts by their :class:`LightlyMae` names.
+LIGHTLY_DECODER_PARTS = {"embed": "decoder_embed", "pred": "prediction_head", "norm": "decoder.norm",
+                         "blocks": "decoder.blocks", "mask_token": "decoder.mask_token"}
+
+
+def lightly_decoder_name(name: str) -> str:
+    """The :class:`LightlyMae` parameter that holds vitkit's decoder parameter ``name``."""
+    part, dot, rest = name.partition(".")
+    return LIGHTLY_DECODER_PARTS[part] + dot + rest
+
+
+def mae_step_parity(config: RecipeConfig, datamodule: ViTDataModule, images: int = 16) -> dict[str, float]:
+    """One MAE loss and backward pass of vitkit's task and of :class:`LightlyMae` on the same
+    weights (vitkit's initial model, its timm twin, and vitkit's decoder copied into lightly's),
+    the same ``images`` training images and the same masks: the losses and the largest gradient
+    difference of the encoder's and the decoder's parameters. The decoder's sin-cos table is
+    vitkit's on both sides (MAE's lists the same columns in another order: ``(sin y, cos y, sin x,
+    cos x)`` blocks against MAE's ``(sin x, cos x, sin y, cos y)``)."""
+    L.seed_everything(config.trainer.seed, verbose=False)
+    model, vit_config = build_model(config, datamodule.info, None)
+    task = MaeTask(vit_config, config.task.options)
+    lightly = LightlyMae(to_timm(model), config.task.options)
+    lightly.backbone.vit.load_state_dict(to_timm_state_dict(model))  # undo lightly's re-initialisation
+    decoder = task.decoder
+    for mine, theirs in ((decoder.embed, lightly.decoder_embed), (decoder.pred, lightly.prediction_head),
+                         (decoder.norm, lightly.decoder.norm), (decoder.blocks, lightly.decoder.blocks)):
+        theirs.load_state_dict(mine.state_dict())
+    lightly.decoder.mask_token.data.copy_(decoder.mask_token)
+    lightly.decoder.pos_embed.data.copy_(decoder.pos_embed)
+    batch = next(iter(datamodule.loader(datamodule.bundle.train, images, False)))[0]
+    noise = torch.rand(len(batch), vit_config.num_patches)
+    order = torch.cat([torch.zeros(len(batch), 1, dtype=torch.long), 1 + noise.argsort(dim=1)], dim=1)
+    vitkit_loss, lightly_loss = task.loss(model, batch, noise), lightly(batch, order)
+    (vitkit_loss + lightly_loss).backward()
+    gradients = copy.deepcopy(model)
+    for held, param in zip(gradients.parameters(), model.parameters()):
+        held.data = param.grad if param.grad is not None else torch.zeros_like(param)
+    encoder_grads = to_timm_state_dict(gradients)
+    encoder = max((p.grad - encoder_grads[name]).abs().max().item()
+                  for name, p in lightly.backbone.vit.named_parameters() if p.grad is not None)
+    theirs = dict(lightly.named_parameters())
+    decoder_diff = max((p.grad - theirs[lightly_decoder_name(name)].grad).abs().max().item()
+                       for name, p in decoder.named_parameters())
+    return {"vitkit loss": vitkit_loss.item(), "lightly loss": lightly_loss.item(),
+            "encoder grad max |diff|": encoder, "decoder grad max |diff|": decoder_diff}
+
+
 def run_lightly(method: str, config: RecipeConfig, datamodule: ViTDataModule, judge: KnnJudge) -> Result:
     """lightly's ``method`` for the recipe's epochs, with vitkit's optimiser and schedule (lightly
     leaves both to its user), on the training images vitkit's run trained on. The recipe's seed
@@ -404,6 +459,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--equal-time", action="store_true",
                         help="also train vitkit, at every seed, for the whole epochs that fit in lightly's training "
                              "seconds at the first seed (more than --epochs where vitkit's epochs are faster)")
+    parser.add_argument("--libraries", nargs="+", choices=["vitkit", "lightly"], default=["vitkit", "lightly"],
+                        help="the sides to train (default both; --equal-time needs both)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more recipe overrides, for both sides (lightly's loop reads optim.*, data.augment.*, "
+                             "task.*): a controlled experiment")
+    parser.add_argument("--check-step", action="store_true",
+                        help="only compare one MAE loss and backward pass of the two on the same weights, images "
+                             "and masks (mae_step_parity), and exit")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help=f"train on N images (N // {CLASSES} of each class) instead of all 57,000: a smoke run")
     parser.add_argument("--methods", nargs="+", choices=list(RECIPES), default=list(RECIPES), help="default: both")
@@ -417,25 +480,31 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"--epochs and --threads must be at least 1, --limit at least {CLASSES}.")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error("--seeds must not repeat a seed.")
+    if args.equal_time and len(args.libraries) < 2:
+        parser.error("--equal-time compares the two libraries' time: leave --libraries at both.")
     return args
 
 
 def compare(method: str, args: argparse.Namespace) -> tuple[list[Result], KnnJudge]:
-    """vitkit and lightly on ``method`` at every seed, and vitkit at equal time with ``--equal-time``;
-    the results and the evaluation."""
+    """vitkit and lightly (``--libraries``) on ``method`` at every seed, and vitkit at equal time
+    with ``--equal-time``; the results and the evaluation."""
     results: list[Result] = []
     judge, time_epochs = None, None
     for seed in args.seeds:
-        overrides = recipe_overrides(args.epochs, args.limit, args.threads, args.out / f"seed{seed}", seed)
+        out = args.out / f"seed{seed}"
+        overrides = recipe_overrides(args.epochs, args.limit, args.threads, out, seed) + args.set
         config, datamodule = prepared(method, overrides)
         judge = judge or KnnJudge(datamodule)  # the split and the test images do not depend on the seed
-        vitkit = run_vitkit(method, overrides, seed, judge)
-        lightly = run_lightly(method, config, datamodule, judge)
-        results += [vitkit, lightly]
+        pair = {}
+        if "vitkit" in args.libraries:
+            pair["vitkit"] = run_vitkit(method, overrides, seed, judge)
+        if "lightly" in args.libraries:
+            pair["lightly"] = run_lightly(method, config, datamodule, judge)
+        results += pair.values()
         if args.equal_time:
-            time_epochs = time_epochs or equal_time_epochs(vitkit, lightly)
+            time_epochs = time_epochs or equal_time_epochs(pair["vitkit"], pair["lightly"])
             if time_epochs > args.epochs:
-                longer = recipe_overrides(time_epochs, args.limit, args.threads, args.out / f"seed{seed}", seed)
+                longer = recipe_overrides(time_epochs, args.limit, args.threads, out, seed) + args.set
                 results.append(run_vitkit(method, longer, seed, judge))
         print(markdown_table(summary_rows(results, args.seeds)), flush=True)
     return results, judge
@@ -445,6 +514,10 @@ def main() -> None:
     args = parse_args()
     check_lightly(args.lightly_site)
     torch.set_num_threads(args.threads)
+    if args.check_step:
+        config, datamodule = prepared("mae", recipe_overrides(args.epochs, args.limit, args.threads, args.out) + args.set)
+        print(mae_step_parity(config, datamodule))
+        return
     results: list[Result] = []
     for method in args.methods:
         method_results, judge = compare(method, args)
