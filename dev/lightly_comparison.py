@@ -1,26 +1,37 @@
-"""Issue 48 item 6: vitkit's MAE and DINO against the lightly library's, on the same ViT and data.
+"""vitkit's MAE and DINO against the lightly library's, on the same ViT and data.
 
     pip install --target ~/lightly-site lightly==1.6.0 --no-deps   # outside vitkit's environment (the modules
     python dev/lightly_comparison.py --lightly-site ~/lightly-site   # used here import with vitkit's dependencies)
-    python dev/lightly_comparison.py --lightly-site ~/lightly-site --limit 300 --epochs 1   # a smoke run, ~2 min
+    python dev/lightly_comparison.py --lightly-site ~/lightly-site --methods mae --seeds 0 1 2 --equal-time
+    python dev/lightly_comparison.py --lightly-site ~/lightly-site --check-step   # one MAE step of each, seconds
+    python dev/lightly_comparison.py --lightly-site ~/lightly-site --limit 300 --epochs 1   # a smoke run
 
 (or ``pip install lightly`` into an environment of its own and leave out ``--lightly-site``: lightly is
-never a dependency of vitkit). Four trainers run one after the other in this process, on
-``--threads`` CPU threads (2): vitkit MAE, lightly MAE, vitkit DINO, lightly DINO, each for
-``--epochs`` epochs. The script prints a markdown table (method, library, seconds per training
-epoch, k-NN top-1) and the command, and writes ``results.json`` (with every epoch's seconds) and
-``results.md`` to ``--out``. Time it on an otherwise idle machine: where other work keeps the cores
-busy, 2 threads wait on each other and every step takes several times longer, unevenly (measured:
-a lightly MAE step took 0.07 s on 2 threads at a quiet moment, 4-5 s while other work kept the load
-average at 5, 0.2 s on 1 thread under that load), and such a run compares the load, not the libraries.
+never a dependency of vitkit). For each method and each of ``--seeds`` (``trainer.seed``: on both
+sides the initial weights, the data order, the augmentation and the masks), two trainers run one
+after the other in this process, on ``--threads`` CPU threads (2): vitkit's and lightly's, each for
+``--epochs`` epochs (2). ``--equal-time`` adds, at every seed, vitkit trained for the whole epochs
+that fit in lightly's training seconds at the first seed (its own schedule over those epochs).
+``--libraries`` trains one side only and ``--set KEY=VALUE ...`` changes the recipe of both: the
+controlled experiments of docs/results.md. The script prints a markdown table (per method, library
+and epochs: seconds per training epoch and per run, each seed's k-NN top-1 and their mean) and
+the command, and writes ``results.json`` (with every epoch's seconds) and ``results.md`` to
+``--out``. Time it on an otherwise idle machine: where other work keeps the cores busy, 2 threads
+wait on each other and every step takes several times longer, unevenly (measured: a lightly MAE
+step took 0.07 s on 2 threads at a quiet moment, 4-5 s while other work kept the load average at
+5, 0.2 s on 1 thread under that load), and such a run compares the load, not the libraries
+(``--threads 1`` keeps a shared machine's run going; its k-NN accuracies are still comparable).
+
+``--check-step`` compares the two MAE objectives themselves (:func:`mae_step_parity`): one loss
+and backward pass of vitkit's task and of lightly's modules on the same weights, images and masks.
 
 vitkit's side is vitkit's own training path: :func:`vitkit.train.train` (what ``tools/train.py``
 runs), in this process, with ``recipes/mae_fashion_mnist.yaml`` / ``recipes/dino_fashion_mnist.yaml``
 and the overrides :func:`recipe_overrides` lists (linear patches and no LSA, so timm holds the same
 encoder; ``trainer.max_epochs``; no time limit). An :class:`EpochClock` callback times its epochs
 and keeps the encoder the last step left. Each run also writes its usual run directory under
-``--out``; its ``summary.json`` ``knn_acc1`` (vitkit's measurement of its best-val-loss
-checkpoint) is printed beside the table as a check.
+``--out``; its ``summary.json`` ``knn_acc1`` (vitkit's own measurement of the checkpoint its
+recipe monitors: MAE's last) is printed beside the table as a check.
 
 lightly's side is a plain loop over lightly's modules on the timm twin of the same encoder
 (:func:`vitkit.models.to_timm`: 32 px, 8-px linear patches, 128 wide, 4 blocks, 4 heads, class
@@ -44,7 +55,10 @@ initial weights (the recipe's seed).
 Differences lightly does not let go (or that are its examples' way):
   * MAE: ``MaskedVisionTransformerTIMM`` re-initialises the encoder as MAE does (Xavier-uniform
     linears, a fixed 2-D sin-cos position embedding); vitkit's recipe asks for the same
-    (``model.init=mae``, ``model.pos_embed=sincos``), drawn by its own code.
+    (``model.init=mae``, ``model.pos_embed=sincos``), drawn by its own code: the same distributions,
+    other draws (the initial weights alike at a seed are DINO's only). vitkit's sin-cos tables hold
+    MAE's columns in another order (a fixed permutation of the channels, which the Xavier-drawn
+    layers around them do not tell apart).
   * Augmentation: lightly's transforms work per PIL image in the loader (MAE: torchvision's
     ``RandomCrop(padding=1)`` and flip, the recipe's; DINO: ``DINOTransform``, bicubic crops, PIL
     blur); vitkit transforms whole uint8 batches in torch (bilinear crops). Both count in s/epoch.
@@ -55,7 +69,7 @@ Differences lightly does not let go (or that are its examples' way):
 
 Measures: s/epoch is the mean over epochs of the time from an epoch's start to its last step's end
 (loading, augmentation, forward, backward, optimiser, teacher update). k-NN top-1 is ONE
-evaluation for all four encoders: :func:`vitkit.train.knn.pooled_features` (the final norm's class
+evaluation for every encoder: :func:`vitkit.train.knn.pooled_features` (the final norm's class
 token: what vitkit's task measures and exports) and :func:`~vitkit.train.knn.knn_accuracy` (DINO's
 weighted k-NN, k=20, T=0.07), the training images unaugmented as the memory bank, the 10,000 test
 images as queries, on each encoder as the last step left it (DINO: the teacher's backbone).
@@ -211,7 +225,7 @@ class EpochClock(Callback):
 def run_vitkit(method: str, overrides: list[str], seed: int, judge: KnnJudge) -> Result:
     clock = EpochClock()
     result = train(RECIPES[method], overrides, callbacks=[clock])
-    notes = {"run_dir": str(result.run_dir), "summary_knn_acc1 (best val/loss checkpoint)": result.summary.get("knn_acc1")}
+    notes = {"run_dir": str(result.run_dir), "summary_knn_acc1 (monitored checkpoint)": result.summary.get("knn_acc1")}
     return Result(method, "vitkit", seed, clock.seconds, judge(clock.encoder), notes)
 
 
