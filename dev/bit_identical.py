@@ -32,6 +32,7 @@ SHORT = (
     "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
     "trainer.limit_test_batches=1", "trainer.batch_size=16", "trainer.accelerator=cpu", "trainer.devices=1",
     "trainer.num_threads=1", "trainer.deterministic=true", "trainer.compile=false", "trainer.max_time_minutes=null",
+    "trainer.time_budget_minutes=null",
     "trainer.enable_progress_bar=false", "trainer.log_every=1", "data.classes=[0,1]", "data.train_per_class=32",
 )
 

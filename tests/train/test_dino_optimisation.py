@@ -213,10 +213,13 @@ def test_a_weight_decay_schedule_from_no_decay_is_refused_in_one_line(tmp_path: 
 
 @pytest.mark.parametrize("name", ["dino_fashion_mnist", "dino_imagefolder"])
 def test_the_dino_recipes_optimise_as_dino_and_release_the_last_teacher(name: str) -> None:
-    optim = load_recipe(name).optim
+    recipe = load_recipe(name)
+    optim, trainer = recipe.optim, recipe.trainer
     assert (optim.weight_decay, optim.weight_decay_end, optim.decay_embeddings) == (0.04, 0.4, True)
     assert (optim.clip_grad, optim.clip_mode) == (3.0, "per_param")
-    assert load_recipe(name).trainer.monitor == "last"
+    assert trainer.monitor == "last"
+    # a budget plans the epochs, so every schedule ends with training (a max_time_minutes stop cuts them)
+    assert (trainer.time_budget_minutes, trainer.max_time_minutes) == (15, None)
 
 
 def test_a_dino_recipe_without_a_monitor_releases_the_last_teacher(tmp_path: Path) -> None:

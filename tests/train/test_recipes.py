@@ -78,13 +78,22 @@ def test_mae_fashion_mnist_pretrains_the_fast_recipes_encoder() -> None:
     """Same model keys as fashion_mnist_fast but linear patches (its conv stem would see hidden
     pixels), which the printed fine-tuning command sets, so fine-tuning reads the encoder; and MAE's
     own init and fixed sin-cos positions, which the encoder file carries into fine-tuning. The
-    released encoder is the schedule's last, as MAE's paper releases it."""
+    released encoder is the schedule's last, as MAE's paper releases it, and a time budget plans
+    the epochs so that the schedule ends when training does."""
     mae, fast = load_recipe(RECIPES / "mae_fashion_mnist.yaml"), load_recipe(RECIPES / "fashion_mnist_fast.yaml")
     assert (fast.model.patch_embed, mae.model.patch_embed) == ("conv", "linear")
     assert mae.model == fast.model.replace(patch_embed="linear", init="mae", pos_embed="sincos")
     assert mae.data.name == fast.data.name and mae.data.img_size == fast.data.img_size
     assert (mae.task.name, mae.task.options.mask_ratio, mae.trainer.monitor) == ("mae", 0.75, "last")
-    assert mae.trainer.max_time_minutes is not None and mae.trainer.max_time_minutes < 15
+    assert mae.trainer.time_budget_minutes == 15 and mae.trainer.max_time_minutes is None  # the schedule ends with the run
+
+
+def test_mae_fashion_mnist_long_is_the_short_recipe_for_an_hour_with_a_k_nn_curve() -> None:
+    short, long = load_recipe(RECIPES / "mae_fashion_mnist.yaml"), load_recipe(RECIPES / "mae_fashion_mnist_long.yaml")
+    assert long.model == short.model and long.data == short.data and long.task.options == short.task.options
+    assert long.optim == short.optim.replace(warmup_epochs=10)  # 5% of the epochs an hour holds, MAE's share
+    assert long.trainer == short.trainer.replace(time_budget_minutes=60, max_epochs=200)
+    assert (short.task.knn_every, long.task.knn_every) == (None, 10)
 
 
 def test_mae_imagefolder_takes_any_folder_without_labels() -> None:
