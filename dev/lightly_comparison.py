@@ -116,13 +116,13 @@ CLASSES = 10
 
 def recipe_overrides(epochs: int, limit: int | None, threads: int, out: Path, seed: int = 0) -> list[str]:
     """The overrides of both recipes: the plain encoder timm can hold (linear patches, no LSA), the
-    epochs without a time limit, on ``threads`` CPU threads, ``seed`` (``trainer.seed``: the initial
+    epochs without a time limit or budget, on ``threads`` CPU threads, ``seed`` (``trainer.seed``: the initial
     weights, data order, augmentation and masks), the run directories under ``out``. A ``limit`` run
     (a smoke test) also cuts vitkit's own validation and test to one batch (neither is timed or compared)."""
     words = [
         "model.patch_embed=linear", "model.locality=false", f"trainer.max_epochs={epochs}",
-        "trainer.max_time_minutes=null", "trainer.accelerator=cpu", f"trainer.num_threads={threads}",
-        f"trainer.seed={seed}", "trainer.enable_progress_bar=false", f"output.dir={out}",
+        "trainer.max_time_minutes=null", "trainer.time_budget_minutes=null", "trainer.accelerator=cpu",
+        f"trainer.num_threads={threads}", f"trainer.seed={seed}", "trainer.enable_progress_bar=false", f"output.dir={out}",
     ]
     if limit:
         words += [f"data.train_per_class={limit // CLASSES}", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
