@@ -1,26 +1,37 @@
-"""Issue 48 item 6: vitkit's MAE and DINO against the lightly library's, on the same ViT and data.
+"""vitkit's MAE and DINO against the lightly library's, on the same ViT and data.
 
     pip install --target ~/lightly-site lightly==1.6.0 --no-deps   # outside vitkit's environment (the modules
     python dev/lightly_comparison.py --lightly-site ~/lightly-site   # used here import with vitkit's dependencies)
-    python dev/lightly_comparison.py --lightly-site ~/lightly-site --limit 300 --epochs 1   # a smoke run, ~2 min
+    python dev/lightly_comparison.py --lightly-site ~/lightly-site --methods mae --seeds 0 1 2 --equal-time
+    python dev/lightly_comparison.py --lightly-site ~/lightly-site --check-step   # one MAE step of each, seconds
+    python dev/lightly_comparison.py --lightly-site ~/lightly-site --limit 300 --epochs 1   # a smoke run
 
 (or ``pip install lightly`` into an environment of its own and leave out ``--lightly-site``: lightly is
-never a dependency of vitkit). Four trainers run one after the other in this process, on
-``--threads`` CPU threads (2): vitkit MAE, lightly MAE, vitkit DINO, lightly DINO, each for
-``--epochs`` epochs. The script prints a markdown table (method, library, seconds per training
-epoch, k-NN top-1) and the command, and writes ``results.json`` (with every epoch's seconds) and
-``results.md`` to ``--out``. Time it on an otherwise idle machine: where other work keeps the cores
-busy, 2 threads wait on each other and every step takes several times longer, unevenly (measured:
-a lightly MAE step took 0.07 s on 2 threads at a quiet moment, 4-5 s while other work kept the load
-average at 5, 0.2 s on 1 thread under that load), and such a run compares the load, not the libraries.
+never a dependency of vitkit). For each method and each of ``--seeds`` (``trainer.seed``: on both
+sides the initial weights, the data order, the augmentation and the masks), two trainers run one
+after the other in this process, on ``--threads`` CPU threads (2): vitkit's and lightly's, each for
+``--epochs`` epochs (2). ``--equal-time`` adds, at every seed, vitkit trained for the whole epochs
+that fit in lightly's training seconds at the first seed (its own schedule over those epochs).
+``--libraries`` trains one side only and ``--set KEY=VALUE ...`` changes the recipe of both: the
+controlled experiments of docs/results.md. The script prints a markdown table (per method, library
+and epochs: seconds per training epoch and per run, each seed's k-NN top-1 and their mean) and
+the command, and writes ``results.json`` (with every epoch's seconds) and ``results.md`` to
+``--out``. Time it on an otherwise idle machine: where other work keeps the cores busy, 2 threads
+wait on each other and every step takes several times longer, unevenly (measured: a lightly MAE
+step took 0.07 s on 2 threads at a quiet moment, 4-5 s while other work kept the load average at
+5, 0.2 s on 1 thread under that load), and such a run compares the load, not the libraries
+(``--threads 1`` keeps a shared machine's run going; its k-NN accuracies are still comparable).
+
+``--check-step`` compares the two MAE objectives themselves (:func:`mae_step_parity`): one loss
+and backward pass of vitkit's task and of lightly's modules on the same weights, images and masks.
 
 vitkit's side is vitkit's own training path: :func:`vitkit.train.train` (what ``tools/train.py``
 runs), in this process, with ``recipes/mae_fashion_mnist.yaml`` / ``recipes/dino_fashion_mnist.yaml``
 and the overrides :func:`recipe_overrides` lists (linear patches and no LSA, so timm holds the same
 encoder; ``trainer.max_epochs``; no time limit). An :class:`EpochClock` callback times its epochs
 and keeps the encoder the last step left. Each run also writes its usual run directory under
-``--out``; its ``summary.json`` ``knn_acc1`` (vitkit's measurement of its best-val-loss
-checkpoint) is printed beside the table as a check.
+``--out``; its ``summary.json`` ``knn_acc1`` (vitkit's own measurement of the checkpoint its
+recipe monitors: MAE's last) is printed beside the table as a check.
 
 lightly's side is a plain loop over lightly's modules on the timm twin of the same encoder
 (:func:`vitkit.models.to_timm`: 32 px, 8-px linear patches, 128 wide, 4 blocks, 4 heads, class
@@ -44,7 +55,10 @@ initial weights (the recipe's seed).
 Differences lightly does not let go (or that are its examples' way):
   * MAE: ``MaskedVisionTransformerTIMM`` re-initialises the encoder as MAE does (Xavier-uniform
     linears, a fixed 2-D sin-cos position embedding); vitkit's recipe asks for the same
-    (``model.init=mae``, ``model.pos_embed=sincos``), drawn by its own code.
+    (``model.init=mae``, ``model.pos_embed=sincos``), drawn by its own code: the same distributions,
+    other draws (the initial weights alike at a seed are DINO's only). vitkit's sin-cos tables hold
+    MAE's columns in another order (a fixed permutation of the channels, which the Xavier-drawn
+    layers around them do not tell apart).
   * Augmentation: lightly's transforms work per PIL image in the loader (MAE: torchvision's
     ``RandomCrop(padding=1)`` and flip, the recipe's; DINO: ``DINOTransform``, bicubic crops, PIL
     blur); vitkit transforms whole uint8 batches in torch (bilinear crops). Both count in s/epoch.
@@ -55,7 +69,7 @@ Differences lightly does not let go (or that are its examples' way):
 
 Measures: s/epoch is the mean over epochs of the time from an epoch's start to its last step's end
 (loading, augmentation, forward, backward, optimiser, teacher update). k-NN top-1 is ONE
-evaluation for all four encoders: :func:`vitkit.train.knn.pooled_features` (the final norm's class
+evaluation for every encoder: :func:`vitkit.train.knn.pooled_features` (the final norm's class
 token: what vitkit's task measures and exports) and :func:`~vitkit.train.knn.knn_accuracy` (DINO's
 weighted k-NN, k=20, T=0.07), the training images unaugmented as the memory bank, the 10,000 test
 images as queries, on each encoder as the last step left it (DINO: the teacher's backbone).
@@ -88,26 +102,27 @@ from torchvision import transforms as T
 from vitkit.data import DataInfo, settle_unset, unaugmented
 from vitkit.data.multicrop import BLUR_SIGMA
 from vitkit.files import markdown_table, write_json
-from vitkit.models import to_timm
+from vitkit.models import to_timm, to_timm_state_dict
+from vitkit.tasks.mae import MaeTask, kept_count
 from vitkit.train import RecipeConfig, ViTDataModule, load_recipe, train
 from vitkit.train.knn import knn_accuracy, pooled_features
 from vitkit.train.model_builder import build_model
-from vitkit.train.optim import build_optimizer, warmup_cosine
+from vitkit.train.optim import Horizon, build_optimizer, warmup_cosine
 
 RECIPES = {method: Path(__file__).resolve().parents[1] / "recipes" / f"{method}_fashion_mnist.yaml" for method in ("mae", "dino")}
 #: Fashion-MNIST's classes: ``--limit N`` keeps ``N // CLASSES`` training images of each.
 CLASSES = 10
 
 
-def recipe_overrides(epochs: int, limit: int | None, threads: int, out: Path) -> list[str]:
+def recipe_overrides(epochs: int, limit: int | None, threads: int, out: Path, seed: int = 0) -> list[str]:
     """The overrides of both recipes: the plain encoder timm can hold (linear patches, no LSA), the
-    epochs without a time limit, on ``threads`` CPU threads, the run directories under ``out``. A
-    ``limit`` run (a smoke test) also cuts vitkit's own validation and test to one batch (neither
-    is timed or compared)."""
+    epochs without a time limit or budget, on ``threads`` CPU threads, ``seed`` (``trainer.seed``: the initial
+    weights, data order, augmentation and masks), the run directories under ``out``. A ``limit`` run
+    (a smoke test) also cuts vitkit's own validation and test to one batch (neither is timed or compared)."""
     words = [
         "model.patch_embed=linear", "model.locality=false", f"trainer.max_epochs={epochs}",
-        "trainer.max_time_minutes=null", "trainer.accelerator=cpu", f"trainer.num_threads={threads}",
-        "trainer.enable_progress_bar=false", f"output.dir={out}",
+        "trainer.max_time_minutes=null", "trainer.time_budget_minutes=null", "trainer.accelerator=cpu",
+        f"trainer.num_threads={threads}", f"trainer.seed={seed}", "trainer.enable_progress_bar=false", f"output.dir={out}",
     ]
     if limit:
         words += [f"data.train_per_class={limit // CLASSES}", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
@@ -120,13 +135,28 @@ class Result:
 
     method: str
     library: str
+    seed: int
     epoch_seconds: list[float]
     knn_acc1: float
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def row(self) -> dict[str, str]:
-        return {"method": self.method, "library": self.library, "s/epoch": f"{statistics.mean(self.epoch_seconds):.1f}",
-                "k-NN top-1 (%)": f"{self.knn_acc1:.2f}"}
+    @property
+    def epochs(self) -> int:
+        return len(self.epoch_seconds)
+
+
+def summary_rows(results: list[Result], seeds: list[int]) -> list[dict[str, str]]:
+    """One row per method, library and epoch count: s/epoch and the training seconds (means over
+    the seeds), each seed's k-NN top-1 and their mean."""
+    rows = []
+    for key in dict.fromkeys((r.method, r.library, r.epochs) for r in results):
+        runs = {r.seed: r for r in results if (r.method, r.library, r.epochs) == key}
+        seconds = [s for r in runs.values() for s in r.epoch_seconds]
+        row = {"method": key[0], "library": key[1], "epochs": str(key[2]), "s/epoch": f"{statistics.mean(seconds):.1f}",
+               "training s": f"{statistics.mean(sum(r.epoch_seconds) for r in runs.values()):.0f}"}
+        row |= {f"seed {seed}": f"{runs[seed].knn_acc1:.2f}" if seed in runs else "" for seed in seeds}
+        rows.append(row | {"mean k-NN top-1 (%)": f"{statistics.mean(r.knn_acc1 for r in runs.values()):.2f}"})
+    return rows
 
 
 # ------------------------------------------------------------------------------------ shared parts
@@ -156,6 +186,7 @@ class KnnJudge:
         self.bank = datamodule.loader(unaugmented(bundle.train, bundle.test), batch, False)
         self.queries = datamodule.loader(bundle.test, batch, False)
         self.num_classes = bundle.info.num_classes
+        self.train_images, self.test_images = len(bundle.train), len(bundle.test)
 
     def __call__(self, encoder: nn.Module) -> float:
         encoder.eval()
@@ -191,11 +222,11 @@ class EpochClock(Callback):
         self.encoder = copy.deepcopy(pl_module.task.exported_model(pl_module.model))
 
 
-def run_vitkit(method: str, overrides: list[str], judge: KnnJudge) -> Result:
+def run_vitkit(method: str, overrides: list[str], seed: int, judge: KnnJudge) -> Result:
     clock = EpochClock()
     result = train(RECIPES[method], overrides, callbacks=[clock])
-    notes = {"run_dir": str(result.run_dir), "summary_knn_acc1 (best val/loss checkpoint)": result.summary.get("knn_acc1")}
-    return Result(method, "vitkit", clock.seconds, judge(clock.encoder), notes)
+    notes = {"run_dir": str(result.run_dir), "summary_knn_acc1 (monitored checkpoint)": result.summary.get("knn_acc1")}
+    return Result(method, "vitkit", seed, clock.seconds, judge(clock.encoder), notes)
 
 
 # ------------------------------------------------------------------------------------ lightly
@@ -239,12 +270,19 @@ class LightlyMae(nn.Module):
     def decoder_parts(self) -> nn.Module:
         return nn.ModuleList([self.decoder_embed, self.decoder, self.prediction_head])
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+        """The loss of ``images``; ``order`` ``[B, 1 + L]`` (the class token, then the patches from
+        first kept to last masked, as :func:`~lightly.models.utils.random_token_mask` sorts them)
+        fixes the mask, which is otherwise drawn."""
         from lightly.models import utils
 
-        idx_keep, idx_mask = utils.random_token_mask(
-            size=(len(images), self.sequence_length), mask_ratio=self.mask_ratio, device=images.device
-        )
+        if order is None:
+            idx_keep, idx_mask = utils.random_token_mask(
+                size=(len(images), self.sequence_length), mask_ratio=self.mask_ratio, device=images.device
+            )
+        else:
+            kept = 1 + kept_count(self.sequence_length - 1, self.mask_ratio)
+            idx_keep, idx_mask = order[:, :kept], order[:, kept:]
         encoded = self.decoder_embed(self.backbone.encode(images=images, idx_keep=idx_keep))
         tokens = encoded.new_zeros(len(images), self.sequence_length, encoded.shape[-1])
         decoded = self.decoder(utils.set_at_index(tokens, idx_keep, encoded), idx_mask=idx_mask)
@@ -324,9 +362,58 @@ def lightly_dino(config: RecipeConfig, info: DataInfo, vit: nn.Module) -> tuple[
     return model, model.student_backbone, model.student_head, transform
 
 
+#: :class:`~vitkit.tasks.mae.MaeDecoder`'s parts by their :class:`LightlyMae` names.
+LIGHTLY_DECODER_PARTS = {"embed": "decoder_embed", "pred": "prediction_head", "norm": "decoder.norm",
+                         "blocks": "decoder.blocks", "mask_token": "decoder.mask_token"}
+
+
+def lightly_decoder_name(name: str) -> str:
+    """The :class:`LightlyMae` parameter that holds vitkit's decoder parameter ``name``."""
+    part, dot, rest = name.partition(".")
+    return LIGHTLY_DECODER_PARTS[part] + dot + rest
+
+
+def mae_step_parity(config: RecipeConfig, datamodule: ViTDataModule, images: int = 16) -> dict[str, float]:
+    """One MAE loss and backward pass of vitkit's task and of :class:`LightlyMae` on the same
+    weights (vitkit's initial model, its timm twin, and vitkit's decoder copied into lightly's),
+    the same ``images`` training images and the same masks: the losses and the largest gradient
+    difference of the encoder's and the decoder's parameters. The decoder's sin-cos table is
+    vitkit's on both sides (MAE's lists the same columns in another order: ``(sin y, cos y, sin x,
+    cos x)`` blocks against MAE's ``(sin x, cos x, sin y, cos y)``)."""
+    L.seed_everything(config.trainer.seed, verbose=False)
+    model, vit_config = build_model(config, datamodule.info, None)
+    task = MaeTask(vit_config, config.task.options)
+    lightly = LightlyMae(to_timm(model), config.task.options)
+    lightly.backbone.vit.load_state_dict(to_timm_state_dict(model))  # undo lightly's re-initialisation
+    decoder = task.decoder
+    for mine, theirs in ((decoder.embed, lightly.decoder_embed), (decoder.pred, lightly.prediction_head),
+                         (decoder.norm, lightly.decoder.norm), (decoder.blocks, lightly.decoder.blocks)):
+        theirs.load_state_dict(mine.state_dict())
+    lightly.decoder.mask_token.data.copy_(decoder.mask_token)
+    lightly.decoder.pos_embed.data.copy_(decoder.pos_embed)
+    batch = next(iter(datamodule.loader(datamodule.bundle.train, images, False)))[0]
+    noise = torch.rand(len(batch), vit_config.num_patches)
+    order = torch.cat([torch.zeros(len(batch), 1, dtype=torch.long), 1 + noise.argsort(dim=1)], dim=1)
+    vitkit_loss, lightly_loss = task.loss(model, batch, noise), lightly(batch, order)
+    (vitkit_loss + lightly_loss).backward()
+    gradients = copy.deepcopy(model)
+    for held, param in zip(gradients.parameters(), model.parameters()):
+        held.data = param.grad if param.grad is not None else torch.zeros_like(param)
+    encoder_grads = to_timm_state_dict(gradients)
+    encoder = max((p.grad - encoder_grads[name]).abs().max().item()
+                  for name, p in lightly.backbone.vit.named_parameters() if p.grad is not None)
+    theirs = dict(lightly.named_parameters())
+    decoder_diff = max((p.grad - theirs[lightly_decoder_name(name)].grad).abs().max().item()
+                       for name, p in decoder.named_parameters())
+    return {"vitkit loss": vitkit_loss.item(), "lightly loss": lightly_loss.item(),
+            "encoder grad max |diff|": encoder, "decoder grad max |diff|": decoder_diff}
+
+
 def run_lightly(method: str, config: RecipeConfig, datamodule: ViTDataModule, judge: KnnJudge) -> Result:
     """lightly's ``method`` for the recipe's epochs, with vitkit's optimiser and schedule (lightly
-    leaves both to its user), on the training images vitkit's run trained on."""
+    leaves both to its user), on the training images vitkit's run trained on. The recipe's seed
+    seeds everything after the shared initial weights: lightly's re-initialisation, the data order,
+    the augmentation and the masks (one generator, torch's global one)."""
     vit = initial_timm_encoder(config, datamodule)
     model, encoder, parts, transform = (lightly_mae if method == "mae" else lightly_dino)(config, datamodule.info, vit)
     train_split = datamodule.bundle.train
@@ -335,8 +422,8 @@ def run_lightly(method: str, config: RecipeConfig, datamodule: ViTDataModule, ju
     optim, epochs = config.optim, config.trainer.max_epochs
     total_steps = epochs * len(loader)
     optimizer = build_optimizer(encoder, optim, extra=parts)
-    scheduler = warmup_cosine(optimizer, warmup_steps=round(optim.warmup_epochs * total_steps / epochs),
-                              total_steps=total_steps, lr=optim.lr, min_lr=optim.min_lr)
+    horizon = Horizon(round(optim.warmup_epochs * total_steps / epochs), total_steps, floor=optim.min_lr / optim.lr)
+    scheduler = warmup_cosine(optimizer, horizon)
     trained = [p for group in optimizer.param_groups for p in group["params"]]
     seconds, step = [], 0
     model.train()
@@ -357,9 +444,14 @@ def run_lightly(method: str, config: RecipeConfig, datamodule: ViTDataModule, ju
                 model.after_step(step, total_steps)
             step += 1
         seconds.append(time.perf_counter() - start)
-        print(f"lightly {method} epoch {epoch}: loss {loss.item():.4f}, {seconds[-1]:.1f} s", flush=True)
+        print(f"lightly {method} seed {config.trainer.seed} epoch {epoch}: loss {loss.item():.4f}, {seconds[-1]:.1f} s", flush=True)
     evaluated = model.backbone.vit if method == "mae" else model.teacher_backbone
-    return Result(method, "lightly", seconds, judge(evaluated), {"steps": step})
+    return Result(method, "lightly", config.trainer.seed, seconds, judge(evaluated), {"steps": step})
+
+
+def equal_time_epochs(vitkit: Result, lightly: Result) -> int:
+    """The most whole vitkit epochs that fit in lightly's training seconds (at vitkit's mean s/epoch)."""
+    return int(sum(lightly.epoch_seconds) // statistics.mean(vitkit.epoch_seconds))
 
 
 # ------------------------------------------------------------------------------------ main
@@ -372,9 +464,23 @@ def check_lightly(site: Path | None) -> None:
                          "then --lightly-site DIR (or pip install lightly in an environment of its own).")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=2, help="training epochs of every trainer (default 2)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="S",
+                        help="trainer.seed of each repeat (default 0): both sides' initial weights, data order, "
+                             "augmentation and masks")
+    parser.add_argument("--equal-time", action="store_true",
+                        help="also train vitkit, at every seed, for the whole epochs that fit in lightly's training "
+                             "seconds at the first seed (more than --epochs where vitkit's epochs are faster)")
+    parser.add_argument("--libraries", nargs="+", choices=["vitkit", "lightly"], default=["vitkit", "lightly"],
+                        help="the sides to train (default both; --equal-time needs both)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more recipe overrides, for both sides (lightly's loop reads optim.*, data.augment.*, "
+                             "task.*): a controlled experiment")
+    parser.add_argument("--check-step", action="store_true",
+                        help="only compare one MAE loss and backward pass of the two on the same weights, images "
+                             "and masks (mae_step_parity), and exit")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help=f"train on N images (N // {CLASSES} of each class) instead of all 57,000: a smoke run")
     parser.add_argument("--methods", nargs="+", choices=list(RECIPES), default=list(RECIPES), help="default: both")
@@ -386,28 +492,63 @@ def main() -> None:
     args = parser.parse_args()
     if args.epochs < 1 or args.threads < 1 or (args.limit is not None and args.limit < CLASSES):
         parser.error(f"--epochs and --threads must be at least 1, --limit at least {CLASSES}.")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error("--seeds must not repeat a seed.")
+    if args.equal_time and len(args.libraries) < 2:
+        parser.error("--equal-time compares the two libraries' time: leave --libraries at both.")
+    return args
+
+
+def compare(method: str, args: argparse.Namespace) -> tuple[list[Result], KnnJudge]:
+    """vitkit and lightly (``--libraries``) on ``method`` at every seed, and vitkit at equal time
+    with ``--equal-time``; the results and the evaluation."""
+    results: list[Result] = []
+    judge, time_epochs = None, None
+    for seed in args.seeds:
+        out = args.out / f"seed{seed}"
+        overrides = recipe_overrides(args.epochs, args.limit, args.threads, out, seed) + args.set
+        config, datamodule = prepared(method, overrides)
+        judge = judge or KnnJudge(datamodule)  # the split and the test images do not depend on the seed
+        pair = {}
+        if "vitkit" in args.libraries:
+            pair["vitkit"] = run_vitkit(method, overrides, seed, judge)
+        if "lightly" in args.libraries:
+            pair["lightly"] = run_lightly(method, config, datamodule, judge)
+        results += pair.values()
+        if args.equal_time:
+            time_epochs = time_epochs or equal_time_epochs(pair["vitkit"], pair["lightly"])
+            if time_epochs > args.epochs:
+                longer = recipe_overrides(time_epochs, args.limit, args.threads, out, seed) + args.set
+                results.append(run_vitkit(method, longer, seed, judge))
+        print(markdown_table(summary_rows(results, args.seeds)), flush=True)
+    return results, judge
+
+
+def main() -> None:
+    args = parse_args()
     check_lightly(args.lightly_site)
     torch.set_num_threads(args.threads)
-    overrides = recipe_overrides(args.epochs, args.limit, args.threads, args.out)
+    if args.check_step:
+        config, datamodule = prepared("mae", recipe_overrides(args.epochs, args.limit, args.threads, args.out) + args.set)
+        print(mae_step_parity(config, datamodule))
+        return
     results: list[Result] = []
     for method in args.methods:
-        config, datamodule = prepared(method, overrides)
-        judge = KnnJudge(datamodule)
-        results.append(run_vitkit(method, overrides, judge))
-        results.append(run_lightly(method, config, datamodule, judge))
-
+        method_results, judge = compare(method, args)
+        results += method_results
     command = shlex.join(["python", "dev/lightly_comparison.py", *sys.argv[1:]])
-    images = len(datamodule.bundle.train)
-    table = markdown_table([result.row() for result in results])
-    text = (f"{table}\n{images:,} training images, {args.epochs} epoch(s), {args.threads} CPU thread(s); "
-            f"k-NN: k=20, T=0.07 on the {len(datamodule.bundle.test):,} test images.\n\n    {command}\n")
+    images, tests = judge.train_images, judge.test_images
+    table = markdown_table(summary_rows(results, args.seeds))
+    text = (f"{table}\n{images:,} training images, {args.threads} CPU thread(s), seeds {args.seeds}; "
+            f"k-NN: k=20, T=0.07 on the {tests:,} test images.\n\n    {command}\n")
     print("\n" + text)
     for result in results:
-        print(f"{result.method} {result.library}: s per epoch {[round(s, 1) for s in result.epoch_seconds]}, {result.notes}")
+        print(f"{result.method} {result.library} seed {result.seed}: s per epoch {[round(s, 1) for s in result.epoch_seconds]}, "
+              f"k-NN {result.knn_acc1:.2f}, {result.notes}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text(text)
-    write_json(args.out / "results.json", {"command": command, "train_images": images, "epochs": args.epochs, "threads": args.threads,
-                                           "results": [dataclasses.asdict(result) for result in results]})
+    write_json(args.out / "results.json", {"command": command, "train_images": images, "threads": args.threads,
+                                           "seeds": args.seeds, "results": [dataclasses.asdict(r) for r in results]})
 
 
 if __name__ == "__main__":

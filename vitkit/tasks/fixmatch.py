@@ -45,6 +45,7 @@ from ..evaluation import TestTimeAugmentation, black_level
 from ..schema import Config, FieldError, bounds
 from .base import StepOutput, TaskSetup
 from .classify import ClassifyTask
+from .dist_align import DistributionAlignment
 from .flexmatch import FlexThresholds
 from .registry import register_task
 
@@ -65,6 +66,9 @@ class FixMatchOptions(Config):
         threshold_mode: ``fixed``: ``threshold`` for every image (FixMatch's); ``flex``: FlexMatch's
             class-wise thresholds, rising to ``threshold`` as each class is learnt
             (:mod:`vitkit.tasks.flexmatch`).
+        dist_align: align the weak views' probabilities to a uniform class distribution before
+            the threshold and the pseudo-label read them (ReMixMatch's distribution alignment,
+            :mod:`vitkit.tasks.dist_align`); off in FixMatch.
         mu: unlabeled images per labelled one in a step (7): the unlabeled batch is ``mu`` times
             ``trainer.batch_size``.
         lambda_u: the weight of the unlabeled term (1).
@@ -79,6 +83,7 @@ class FixMatchOptions(Config):
 
     threshold: float = field(default=0.95, metadata=bounds(ge=0, le=1))
     threshold_mode: Literal["fixed", "flex"] = "fixed"
+    dist_align: bool = False
     mu: int = field(default=7, metadata=bounds(ge=1, le=1024))
     lambda_u: float = field(default=1.0, metadata=bounds(ge=0))
     temperature: float | None = field(default=None, metadata=bounds(gt=0))
@@ -89,6 +94,9 @@ class FixMatchOptions(Config):
     def validate(self) -> None:
         if self.unlabeled_root == "":
             raise FieldError("unlabeled_root", "is empty; give the folder of unlabeled images, or null.")
+        if self.dist_align and self.temperature is not None:
+            raise FieldError("dist_align", "is true with a temperature: soft pseudo-labels would not read the aligned "
+                             "probabilities; set temperature to null (hard pseudo-labels) or dist_align to false.")
 
 
 @dataclass
@@ -117,6 +125,7 @@ def fixmatch_loss(
     threshold: float | torch.Tensor = 0.95,
     lambda_u: float = 1.0,
     temperature: float | None = None,
+    weak_probs: torch.Tensor | None = None,
 ) -> FixMatchLoss:
     """FixMatch's loss (see the module docstring), in float32.
 
@@ -128,10 +137,12 @@ def fixmatch_loss(
         threshold: the confidence a pseudo-label needs: one for all, or ``[U]`` one per image.
         lambda_u: the unlabeled term's weight.
         temperature: ``None``: hard pseudo-labels; else soft ones at this temperature.
+        weak_probs: ``[U, K]`` the class probabilities the mask and the hard pseudo-labels read;
+            ``None``: the softmax of ``weak_logits`` (distribution alignment passes its own).
     """
     supervised = F.cross_entropy(labelled_logits.float(), labels)
     weak = weak_logits.detach().float()
-    confidence, guess = weak.softmax(dim=-1).max(dim=-1)
+    confidence, guess = (weak.softmax(dim=-1) if weak_probs is None else weak_probs.detach().float()).max(dim=-1)
     mask = confidence.ge(threshold).float()
     targets = guess if temperature is None else (weak / temperature).softmax(dim=-1)
     unsupervised = (F.cross_entropy(strong_logits.float(), targets, reduction="none") * mask).mean()
@@ -151,6 +162,7 @@ class FixMatchTask(ClassifyTask):
         options: threshold, ``mu``, ``lambda_u`` and pseudo-label temperature
             (:class:`FixMatchOptions`; its strong-view options are the ``views``').
         flex: FlexMatch's record of the unlabeled images (``threshold_mode: flex``), or ``None``.
+        align: the distribution alignment (``dist_align: true``), or ``None``.
         tta, val_tta, fill: classification's test-time augmentation.
     """
 
@@ -158,13 +170,15 @@ class FixMatchTask(ClassifyTask):
 
     def __init__(
         self, views: FixMatchViews, unlabeled: Callable[[], np.ndarray], options: FixMatchOptions, *,
-        flex: FlexThresholds | None = None, tta: TestTimeAugmentation = "none",
+        flex: FlexThresholds | None = None, align: DistributionAlignment | None = None,
+        tta: TestTimeAugmentation = "none",
         val_tta: TestTimeAugmentation | None = None, fill: torch.Tensor | None = None,
     ) -> None:
         super().__init__(None, nn.CrossEntropyLoss(), tta=tta, val_tta=val_tta, fill=fill)
         self.views = views
         self.options = options
         self.flex = flex
+        self.align = align
         self._read_unlabeled = unlabeled
         self._unlabeled: np.ndarray | None = None
 
@@ -211,12 +225,14 @@ class FixMatchTask(ClassifyTask):
         views = FixMatchViews(recipe.data.resolved().augment, info, strong_ops=options.strong_ops, cutout=options.cutout)
         read = partial(unlabeled_images, recipe.data, info, options.unlabeled_root)
         flex = FlexThresholds(info.num_classes) if options.threshold_mode == "flex" else None
-        return cls(views, read, options, flex=flex, tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta,
+        align = DistributionAlignment(info.num_classes) if options.dist_align else None
+        return cls(views, read, options, flex=flex, align=align, tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta,
                    fill=black_level(extra["mean"], extra["std"]))
 
     def callbacks(self) -> list[Callback]:
-        """FlexMatch's record, whose state a checkpoint carries (none with a fixed threshold)."""
-        return [self.flex] if self.flex is not None else []
+        """FlexMatch's record and the alignment's running mean, whose states a checkpoint carries
+        (none with a fixed threshold and no alignment)."""
+        return [part for part in (self.flex, self.align) if part is not None]
 
     def split_data(self, dataset: Dataset, split: Literal["train", "val", "test"]) -> Dataset:
         """The training split with the unlabeled images, ``mu`` to a labelled one; the others as built.
@@ -243,10 +259,13 @@ class FixMatchTask(ClassifyTask):
         labelled_logits, strong_logits = logits[: len(labels)], logits[len(labels):]
         options = self.options
         threshold: float | torch.Tensor = options.threshold
+        probs = weak_logits.detach().float().softmax(dim=-1)
+        if self.align is not None:
+            probs = self.align.aligned(probs)
         if self.flex is not None:
-            threshold = self.flex.thresholds(weak_logits.detach().float().softmax(dim=-1), indices.flatten(), threshold)
+            threshold = self.flex.thresholds(probs, indices.flatten(), threshold)
         loss = fixmatch_loss(labelled_logits, labels, weak_logits, strong_logits, threshold=threshold,
-                             lambda_u=options.lambda_u, temperature=options.temperature)
+                             lambda_u=options.lambda_u, temperature=options.temperature, weak_probs=probs)
         metrics: dict[str, Any] = {
             "acc1": lambda: accuracy(labelled_logits.detach(), labels)[0],
             "loss_labelled": loss.supervised.detach(),
