@@ -63,6 +63,8 @@ SUBJECTS: dict[str, tuple[str, tuple[str, ...]]] = {
         "tests/tasks/test_fixmatch.py", "tests/tasks/test_fixmatch_recipe.py", "tests/tasks/test_fixmatch_training.py",
         "-k", "not an_epoch_passes and not mu_sets_the_epochs and not pure_bfloat16")),
     "randaugment": ("vitkit/data/randaugment.py", ("tests/data/test_randaugment.py",)),
+    "flexmatch": ("vitkit/tasks/flexmatch.py", ("tests/tasks/test_flexmatch.py",)),
+    "dist_align": ("vitkit/tasks/dist_align.py", ("tests/tasks/test_dist_align.py",)),
     "ijepa_masks": ("vitkit/tasks/ijepa_masks.py", ("tests/tasks/test_ijepa.py",)),
     "ijepa": ("vitkit/tasks/ijepa.py", ("tests/tasks/test_ijepa.py", "tests/train/test_ijepa_pretraining.py",
                                        "-k", "not releases_the_target_encoder and not resumes")),

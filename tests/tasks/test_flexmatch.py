@@ -67,6 +67,14 @@ def test_while_one_value_holds_every_image_the_record_keeps_its_learning_effect(
     assert flex.kept.tolist() == [0, 0] and flex.learning_effect.tolist() == [0.0, 0.0, 0.0]  # USB: no update
 
 
+def test_thresholds_before_the_record_is_sized_are_refused_and_one_image_gets_a_record_of_one() -> None:
+    with pytest.raises(RuntimeError, match="bind was not called"):
+        FlexThresholds(2).thresholds(torch.tensor([[0.9, 0.1]]), torch.tensor([0]), 0.5)
+    flex = FlexThresholds(2)
+    flex.bind(1)  # a single unlabeled image: a record of one image, kept as none
+    assert flex.kept.tolist() == [-1]
+
+
 def test_the_record_round_trips_a_state_dict_and_a_foreign_one_is_refused() -> None:
     flex = FlexThresholds(2)
     flex.bind(4)
