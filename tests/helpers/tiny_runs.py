@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ from vitkit.cli.train import main as train_main
 ROOT = Path(__file__).parents[2]
 #: Trainer limits that keep a run to a few steps.
 SHORT = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2}
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a test's ``torchrun`` rendezvous."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def tiny_recipe(out_dir: Path, **trainer: object) -> dict:

@@ -16,8 +16,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from vitkit.data import DataInfo
+from vitkit.data.arrays import ArrayDataset
 from vitkit.data.config import AugmentConfig
-from vitkit.data.unlabeled import FixMatchViews
+from vitkit.data.unlabeled import FixMatchViews, SemiSupervisedStream
 from vitkit.models import ViTConfig
 from vitkit.schema import FieldError
 from vitkit.tasks import FixMatchOptions, FixMatchTask, TaskSetup, fixmatch_loss
@@ -28,7 +29,7 @@ EXTRA = {"mean": (0.5,), "std": (0.25,), "img_size": (8, 8), "in_chans": 1, "cla
 def built(options: FixMatchOptions, tta: str = "hflip_shift", val_tta: str | None = "none") -> FixMatchTask:
     augment = AugmentConfig(crop="pad", padding=2, hflip=0.25)
     data = SimpleNamespace(resolved=lambda: SimpleNamespace(augment=augment))
-    recipe = SimpleNamespace(data=data, trainer=SimpleNamespace(tta=tta, val_tta=val_tta))
+    recipe = SimpleNamespace(data=data, trainer=SimpleNamespace(tta=tta, val_tta=val_tta, seed=7))
     model = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=8, depth=1, num_heads=2)
     return FixMatchTask.from_recipe(options, TaskSetup(model, EXTRA, recipe, 1))
 
@@ -36,7 +37,7 @@ def built(options: FixMatchOptions, tta: str = "hflip_shift", val_tta: str | Non
 def test_the_views_take_the_data_sections_shift_and_flip_and_the_tasks_strong_options() -> None:
     options = FixMatchOptions(strong_ops=2, cutout=0.25, mu=3)
     task = built(options)
-    assert task.options is options
+    assert task.options is options and task.seed == 7  # the run's seed draws the passes over the unlabeled images
     assert (task.views.weak.padding, task.views.weak.hflip, task.views.weak.rand_augment) == (2, 0.25, None)
     strong = task.views.strong
     assert (strong.padding, strong.hflip, strong.rand_augment.num_ops, strong.rand_augment.cutout) == (2, 0.25, 2, 0.25)
@@ -121,6 +122,17 @@ def test_a_labelled_split_not_in_memory_is_refused_naming_its_type() -> None:
     task = built(FixMatchOptions())
     with pytest.raises(TypeError, match="from memory, not a TensorDataset"):
         task.split_data(TensorDataset(torch.zeros(2, 1)), "train")
+
+
+def test_the_training_stream_draws_its_passes_by_the_tasks_seed() -> None:
+    images = np.arange(12, dtype=np.uint8).reshape(12, 1, 1, 1).repeat(8, 1).repeat(8, 2)
+    labelled = ArrayDataset(np.zeros((2, 8, 8, 1), np.uint8), np.arange(2), lambda image: torch.zeros(1), None)
+    views = FixMatchViews(AugmentConfig(enabled=False), DataInfo.from_extra(EXTRA))
+    task = FixMatchTask(views, lambda: images, FixMatchOptions(mu=2), seed=7)
+    draws = lambda stream: [stream[i][3].tolist() for i in range(6)]  # noqa: E731
+    drawn = draws(task.split_data(labelled, "train"))
+    assert drawn == draws(SemiSupervisedStream(labelled, images, 2, seed=7))
+    assert drawn != draws(SemiSupervisedStream(labelled, images, 2, seed=0))
 
 
 def test_an_augmentation_the_views_cannot_batch_is_refused_by_the_task_name() -> None:

@@ -5,21 +5,14 @@ train one DDP run together."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tiny_runs import ROOT, SHORT, tool_env, write_tiny_recipe
+from tiny_runs import ROOT, SHORT, free_port, tool_env, write_tiny_recipe
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_nodes_started_by_torchrun_train_one_run(tmp_path: Path) -> None:

@@ -8,13 +8,12 @@ refused. A whole run that is killed and resumed: tests/train/test_fsdp_resume.py
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_runs import ROOT, run_tool, tiny_recipe
+from tiny_runs import ROOT, free_port, run_tool, tiny_recipe
 
 from vitkit.schema import RecipeError
 from vitkit.train import load_recipe
@@ -25,12 +24,6 @@ from vitkit.train.model_builder import build_model
 from vitkit.train.run import training_strategy
 
 WORKER = ROOT / "tests" / "helpers" / "sharded_worker.py"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..collective import process_place
 from ..errors import VitkitError
 from .arrays import ArrayDataset
 from .batch_transforms import BatchTransform, build_batch_transform
@@ -80,19 +81,24 @@ class SemiSupervisedStream(Dataset):
     epoch shows each of the ``L`` labelled images equally often, give or take one), its label and
     the next ``mu`` unlabeled images of the pass with their indices. A DataLoader's batch of ``B``
     samples is then ``(labelled [B, H, W, C], labels [B], unlabeled [B, mu, H, W, C], indices
-    [B, mu])``. The pass is a permutation of torch's generator (seeded by the run), drawn again when
-    it runs out; each loader worker holds its own pass.
+    [B, mu])``. The pass is a permutation drawn from a generator of its own seeded by ``seed``, drawn
+    again when it runs out. Every process and loader worker draws the same passes and reads only its
+    share of each (process ``r`` of ``R``, worker ``w`` of ``W``: every ``R * W``-th image from
+    place ``r * W + w``), as a ``DistributedSampler`` shares out the labelled images: the processes of
+    a multi-device run and the workers of a loader read different unlabeled images, never the same
+    ones, and together the whole pass.
 
     Args:
         labelled: the labelled training split, in memory.
         unlabeled: ``uint8 [N, H, W, C]`` images of the same size and channels.
         mu: unlabeled images per labelled one (FixMatch's ``mu``).
+        seed: the passes' seed (the run's ``trainer.seed``), the same in every process.
 
     Raises:
         UnlabeledDataError: fewer than ``mu`` unlabeled images, or images of another shape.
     """
 
-    def __init__(self, labelled: ArrayDataset, unlabeled: np.ndarray, mu: int) -> None:
+    def __init__(self, labelled: ArrayDataset, unlabeled: np.ndarray, mu: int, seed: int = 0) -> None:
         if len(unlabeled) < mu:
             raise UnlabeledDataError(f"{len(unlabeled)} unlabeled images are fewer than task.fixmatch.mu={mu} for one "
                                      "labelled image; lower mu or add unlabeled images.")
@@ -103,6 +109,7 @@ class SemiSupervisedStream(Dataset):
         self.labels = labelled.labels
         self.unlabeled = torch.from_numpy(unlabeled)
         self.mu = mu
+        self._passes = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
 
     def __len__(self) -> int:
@@ -120,12 +127,24 @@ class SemiSupervisedStream(Dataset):
                         self.unlabeled[places].unbind(0), places.unbind(0)))
 
     def _next(self, count: int) -> torch.Tensor:
-        """The next ``count`` indices of the pass over the unlabeled images (a new permutation
-        continues it where it runs out)."""
+        """The next ``count`` indices of this process's and worker's share of the pass over the
+        unlabeled images (the share of a new pass continues it where it runs out)."""
+        shard, shards = _shard()
         while len(self._order) < count:
-            self._order = torch.cat([self._order, torch.randperm(len(self.unlabeled))])
+            order = torch.randperm(len(self.unlabeled), generator=self._passes)
+            share = order[shard::shards]
+            self._order = torch.cat([self._order, share if len(share) else order])  # more shares than images: all
         taken, self._order = self._order[:count], self._order[count:]
         return taken
+
+
+def _shard() -> tuple[int, int]:
+    """This loader worker's place among all the run's workers, and their number: ``(r * W + w,
+    R * W)`` for worker ``w`` of ``W`` in process ``r`` of ``R`` (``(0, 1)`` alone)."""
+    rank, world = process_place()
+    worker = torch.utils.data.get_worker_info()
+    workers, index = (1, 0) if worker is None else (worker.num_workers, worker.id)
+    return rank * workers + index, world * workers
 
 
 class FixMatchViews:

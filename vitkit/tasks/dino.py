@@ -26,13 +26,13 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 from torch.utils.data import Dataset
 
+from ..collective import all_reduce
 from ..data.multicrop import MultiCrop, multi_crop_dataset
 from ..models import ViTConfig
 from ..schema import Config, FieldError
@@ -122,9 +122,8 @@ def updated_center(center: torch.Tensor, teacher: torch.Tensor, momentum: float)
     over every process's ``[N, K]`` teacher outputs (DINO's ``update_center``)."""
     batch_sum = teacher.sum(dim=0, keepdim=True)
     count = torch.tensor(float(len(teacher)), device=teacher.device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(batch_sum)
-        dist.all_reduce(count)
+    all_reduce(batch_sum)
+    all_reduce(count)
     return center * momentum + batch_sum / count * (1 - momentum)
 
 

@@ -15,7 +15,8 @@ threshold and the pseudo-label then read ``p_aligned``, and so do FlexMatch's th
 This is USB's ``DistAlignEMAHook`` (microsoft/Semi-supervised-learning) with ``p_target_type:
 uniform`` and its default momentum.
 
-The running mean is a Lightning callback's state, so a checkpoint carries it and a resumed run goes
+In a multi-device run the batch mean is taken over every process's weak views (USB gathers them),
+so each process keeps the same running mean. The running mean is a Lightning callback's state, so a checkpoint carries it and a resumed run goes
 on with it.
 """
 
@@ -25,6 +26,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
+
+from ..collective import all_reduce
 
 #: USB's ``DistAlignEMAHook`` defaults: the running mean's momentum and the ratio's guard.
 MOMENTUM, EPS = 0.999, 1e-6
@@ -55,7 +58,9 @@ class DistributionAlignment(Callback):
         Returns:
             ``[U, K]`` the aligned probabilities, each row summing to 1.
         """
-        mean = probs.float().mean(dim=0)
+        totals = torch.cat([probs.float().sum(dim=0), probs.new_full((1,), len(probs), dtype=torch.float32)])
+        all_reduce(totals)  # the mean over every process's batch, as USB gathers them first
+        mean = totals[:-1] / totals[-1]
         self.p_model = mean if self.p_model is None else self.p_model.to(mean.device) * MOMENTUM + mean * (1 - MOMENTUM)
         scaled = probs.float() * ((1.0 / self.num_classes + EPS) / (self.p_model + EPS))
         return scaled / scaled.sum(dim=-1, keepdim=True)

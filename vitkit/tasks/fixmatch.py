@@ -163,6 +163,7 @@ class FixMatchTask(ClassifyTask):
             (:class:`FixMatchOptions`; its strong-view options are the ``views``').
         flex: FlexMatch's record of the unlabeled images (``threshold_mode: flex``), or ``None``.
         align: the distribution alignment (``dist_align: true``), or ``None``.
+        seed: the seed of the passes over the unlabeled images (the run's ``trainer.seed``).
         tta, val_tta, fill: classification's test-time augmentation.
     """
 
@@ -170,7 +171,7 @@ class FixMatchTask(ClassifyTask):
 
     def __init__(
         self, views: FixMatchViews, unlabeled: Callable[[], np.ndarray], options: FixMatchOptions, *,
-        flex: FlexThresholds | None = None, align: DistributionAlignment | None = None,
+        flex: FlexThresholds | None = None, align: DistributionAlignment | None = None, seed: int = 0,
         tta: TestTimeAugmentation = "none",
         val_tta: TestTimeAugmentation | None = None, fill: torch.Tensor | None = None,
     ) -> None:
@@ -179,6 +180,7 @@ class FixMatchTask(ClassifyTask):
         self.options = options
         self.flex = flex
         self.align = align
+        self.seed = seed
         self._read_unlabeled = unlabeled
         self._unlabeled: np.ndarray | None = None
 
@@ -226,8 +228,8 @@ class FixMatchTask(ClassifyTask):
         read = partial(unlabeled_images, recipe.data, info, options.unlabeled_root)
         flex = FlexThresholds(info.num_classes) if options.threshold_mode == "flex" else None
         align = DistributionAlignment(info.num_classes) if options.dist_align else None
-        return cls(views, read, options, flex=flex, align=align, tta=recipe.trainer.tta, val_tta=recipe.trainer.val_tta,
-                   fill=black_level(extra["mean"], extra["std"]))
+        return cls(views, read, options, flex=flex, align=align, seed=recipe.trainer.seed, tta=recipe.trainer.tta,
+                   val_tta=recipe.trainer.val_tta, fill=black_level(extra["mean"], extra["std"]))
 
     def callbacks(self) -> list[Callback]:
         """FlexMatch's record and the alignment's running mean, whose states a checkpoint carries
@@ -248,7 +250,7 @@ class FixMatchTask(ClassifyTask):
             self._unlabeled = self._read_unlabeled()
         if self.flex is not None:
             self.flex.bind(len(self._unlabeled))
-        return SemiSupervisedStream(dataset, self._unlabeled, self.options.mu)
+        return SemiSupervisedStream(dataset, self._unlabeled, self.options.mu, seed=self.seed)
 
     def training_step(self, model: nn.Module, batch: Batch) -> StepOutput:
         labelled, labels, unlabeled, indices = batch

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ..collective import all_reduce
+
 
 class FlexThresholds(Callback):
     """The record of FlexMatch's class-wise thresholds (see the module docstring).
@@ -67,8 +69,13 @@ class FlexThresholds(Callback):
         beta = self.learning_effect[guess]
         thresholds = tau * (beta / (2.0 - beta))
         # no host read (a GPU step would wait on it): the record and the effects change by torch.where
-        indices = indices.to(probs.device)
-        self.kept[indices] = torch.where(confidence.ge(tau), guess, self.kept[indices])
+        # every process's confident images update the record (USB gathers them), so each keeps the same
+        # record: the processes read different images (SemiSupervisedStream's shares), and the largest
+        # of -1 (not confident or not read here) and the class each process wrote is the one written
+        update = torch.full_like(self.kept, -1)
+        update[indices.to(probs.device)] = torch.where(confidence.ge(tau), guess, -1)
+        all_reduce(update, op="max")
+        self.kept = torch.where(update.ge(0), update, self.kept)
         counts = torch.bincount(self.kept + 1, minlength=len(self.learning_effect) + 1)
         most = counts.max()
         effect = (counts[1:].double() / most).float()

@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 
+from ..collective import all_reduce
 from ..files import commit_directory, staging_directory
 from .lightning_compat import set_parallel_sizes
 
@@ -114,12 +115,6 @@ def _is_shard(grad: torch.Tensor, sharded: bool) -> bool:
     return sharded
 
 
-def _all_reduce(tensor: torch.Tensor) -> None:
-    """Sum ``tensor`` over the processes in place, when there are several."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
-
-
 def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, sharded: bool = False) -> torch.Tensor:
     """Scale the gradients of ``parameters`` in place so that their global L2 norm is at most
     ``max_norm`` (as ``torch.nn.utils.clip_grad_norm_``), and return that norm before clipping.
@@ -147,7 +142,7 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, sharded:
             summed += square
         else:
             replicated += square
-    _all_reduce(summed)
+    all_reduce(summed)
     norm = (summed + replicated).sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for part in local:
@@ -180,7 +175,7 @@ def clip_grad_per_param(parameters: Iterable[torch.Tensor], max_norm: float, sha
     if sharded or any(isinstance(grad, DTensor) for grad in grads):  # DDP's replicas need no collective
         shards = torch.tensor([grad is not None and _is_shard(grad, sharded) for grad in grads], device=device)
         summed = torch.where(shards, squares, zero)  # every rank's part of one gradient, summed over the ranks
-        _all_reduce(summed)
+        all_reduce(summed)
         squares = torch.where(shards, summed, squares)
     norms = squares.sqrt()
     scales = (max_norm / (norms + 1e-6)).clamp(max=1.0)
