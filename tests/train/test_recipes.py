@@ -96,6 +96,15 @@ def test_mae_fashion_mnist_long_is_the_short_recipe_for_an_hour_with_a_k_nn_curv
     assert (short.task.knn_every, long.task.knn_every) == (None, 10)
 
 
+def test_dino_fashion_mnist_long_is_the_short_recipe_for_an_hour_with_a_k_nn_curve() -> None:
+    short, long = load_recipe(RECIPES / "dino_fashion_mnist.yaml"), load_recipe(RECIPES / "dino_fashion_mnist_long.yaml")
+    assert long.model == short.model and long.data == short.data
+    assert long.task.options == short.task.options.replace(warmup_teacher_temp_epochs=9)  # DINO's 30 of 100 epochs
+    assert long.optim == short.optim.replace(warmup_epochs=3)  # DINO's 10 of 100
+    assert long.trainer == short.trainer.replace(time_budget_minutes=60, max_epochs=100)
+    assert (short.task.knn_every, long.task.knn_every) == (None, 5)
+
+
 def test_mae_imagefolder_takes_any_folder_without_labels() -> None:
     recipe = load_recipe(RECIPES / "mae_imagefolder.yaml")
     assert recipe.task.name == "mae" and recipe.data.name == "imagefolder" and not recipe.data.require_classes
