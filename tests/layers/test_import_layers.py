@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).parents[2] / "vitkit"
 #: package; the packages of one layer are independent of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("schema", "files", "timing", "recipe_files", "method_names", "preprocessing", "allocator"),  # leaf utilities
+    ("schema", "files", "timing", "recipe_files", "method_names", "preprocessing", "allocator", "collective"),  # leaf utilities
     ("output_dirs",),  # claims output folders and files, through files' atomic writes
     ("kernels",),
     ("layers",),
