@@ -1388,6 +1388,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("data", "vitkit/data/batch_transforms.py",
              "batch = batch.float() if self.rand_augment is None else self.rand_augment(batch.float())",
              "batch = batch.float()", ("tests/tasks/test_fixmatch.py",), "the strong view without RandAugment"),
+    Mutation("train", "vitkit/collective.py", "mine = (seed + rank) % 2**32", "mine = seed % 2**32",
+             ("tests/train/test_ddp_seeds.py",), "every process of a DDP run flips, shifts and masks alike"),
 )
 
 

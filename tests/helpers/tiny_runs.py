@@ -1,5 +1,6 @@
 """A tiny training recipe (a 2-block ViT on 8x8 digits) and helpers to run the tools on it, for
-tests (imported by test modules): a short-run recipe, the one error line of a refused recipe, a
+tests (imported by test modules): a short-run recipe, processes forked for a multi-process test, the one
+error line of a refused recipe, a
 snapshot of a folder's bytes, a callback that records what each training step saw, and a tiny
 image folder."""
 
@@ -10,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from torch.multiprocessing import start_processes
 
 from vitkit.cli.train import main as train_main
 
@@ -32,6 +36,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def run_forked(main: Callable[[int, int, int, Path], None], folder: Path, world: int = 2, deadline_s: float = 120) -> None:
+    """``main(rank, world, port, folder)`` in ``world`` processes forked from the test (no imports of
+    their own: seconds, not the minute of ``torchrun``), joined; a process that has not finished by
+    ``deadline_s`` is killed and the test fails instead of stalling the suite."""
+    context = start_processes(main, args=(world, free_port(), folder), nprocs=world, start_method="fork", join=False)
+    deadline = time.monotonic() + deadline_s
+    while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # False while one still runs
+        if time.monotonic() >= deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {world} forked processes did not finish in {deadline_s:g} s")
 
 
 def tiny_recipe(out_dir: Path, **trainer: object) -> dict:

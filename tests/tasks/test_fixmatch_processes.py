@@ -8,14 +8,12 @@ share a pass out in the same way."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
 import torch
 from semi_supervised_worker import MU, PLACES, PROBS, UNLABELED, main
-from tiny_runs import free_port
-from torch.multiprocessing import start_processes
+from tiny_runs import run_forked
 from torch.utils.data import DataLoader
 
 from vitkit.data.arrays import ArrayDataset
@@ -25,14 +23,7 @@ from vitkit.data.unlabeled import SemiSupervisedStream
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     folder = tmp_path_factory.mktemp("semi")
-    # forked, not started by torchrun: the processes need no imports of their own (seconds, not a minute)
-    context = start_processes(main, args=(2, free_port(), folder), nprocs=2, start_method="fork", join=False)
-    deadline = time.monotonic() + 120  # a hung process fails the test instead of stalling the suite
-    while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # False while one still runs
-        if time.monotonic() >= deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2 forked processes did not finish in 120 s")
+    run_forked(main, folder)
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 

@@ -15,6 +15,7 @@ import torch
 from timm.utils import ModelEmaV3
 from torch import nn
 
+from ..collective import seed_per_process
 from ..errors import VitkitError
 from ..io import EMA_PREFIX, FORMAT_KEY, FORMAT_VERSION, MODEL_PREFIX, RELEASED_KEY
 from ..layers import has_lora, merge_lora
@@ -136,6 +137,8 @@ class ViTModule(L.LightningModule):
             )
 
     def on_fit_start(self) -> None:
+        # the processes were seeded alike for the same initial weights; from here each draws its own
+        seed_per_process(self.hparams["recipe"]["trainer"]["seed"])
         self.task.on_fit_start(self.device)
 
     def train(self, mode: bool = True) -> ViTModule:
