@@ -1390,6 +1390,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "batch = batch.float()", ("tests/tasks/test_fixmatch.py",), "the strong view without RandAugment"),
     Mutation("train", "vitkit/collective.py", "mine = (seed + rank) % 2**32", "mine = seed % 2**32",
              ("tests/train/test_ddp_seeds.py",), "every process of a DDP run flips, shifts and masks alike"),
+    Mutation("train", "vitkit/train/pretraining.py", "    return shlex.quote(f\"{key}={text}\")",
+             "    return f\"{key}={text}\"", ("tests/train/test_mae_pretraining.py::test_the_finetuning_command_reads_back_through_a_shell",),
+             "the fine-tuning command splits a path with a space in two"),
 )
 
 

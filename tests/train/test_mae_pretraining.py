@@ -1,10 +1,12 @@
 """MAE pre-training through the recipe (``task.name: mae``): a tiny pre-train -> fine-tune round
 trip on the digits, the run's k-NN accuracy, figure and next command, resume, and a recipe that
-mixes classification options with pre-training refused in one line."""
+mixes classification options with pre-training refused in one line, and the fine-tuning command as a
+shell reads it."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,10 @@ from tiny_runs import short_recipe, write_tiny_recipe
 
 from vitkit.cli.train import main as train_main
 from vitkit.io import read_model
-from vitkit.train import train
+from vitkit.schema import parse_overrides
+from vitkit.train import load_recipe, train
 from vitkit.train.artifacts import merge_metrics
+from vitkit.train.pretraining import finetune_command
 
 MAE_TASK = {"name": "mae", "mae": {"decoder_depth": 1, "decoder_dim": 16, "decoder_heads": 2}}
 
@@ -121,3 +125,17 @@ def test_maes_own_init_and_fixed_positions_carry_into_finetuning(tmp_path: Path)
     assert (model.config.init, model.config.pos_embed) == ("mae", "sincos")
     assert not any(name == "pos_embed" for name, _ in model.named_parameters())  # fixed, not trained
     torch.testing.assert_close(model.pos_embed, pretrained.model.pos_embed.to(model.pos_embed))
+
+
+def test_the_finetuning_command_reads_back_through_a_shell(tmp_path: Path) -> None:
+    # the encoder's 4-px patches differ from fashion_mnist_fast's; its file sits in a folder with a space
+    config = load_recipe("mae_fashion_mnist", ["model.patch_size=4", "data.root=/data/fashion mnist"])
+    encoder = tmp_path / "my runs" / "model.safetensors"
+    command = finetune_command(config, encoder, depth=4)
+    words = shlex.split(command)  # as bash splits the line a user pastes
+    assert words[:3] == ["vitkit", "train", "fashion_mnist_fast"]
+    overrides, _ = parse_overrides(words[3:])
+    assert overrides["model"]["patch_size"] == 4 and overrides["model"]["pretrained"] == str(encoder)
+    assert overrides["data"] == {"root": "/data/fashion mnist", "train_per_class": 10}
+    finetuning = load_recipe("fashion_mnist_fast", words[3:])
+    assert finetuning.model.patch_size == (4, 4)

@@ -11,11 +11,14 @@ encoder or draws a figure; a run passes them to the ``Trainer`` and reads
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+import yaml
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import Dataset
@@ -194,18 +197,32 @@ def finetune_command(config: RecipeConfig, model_file: Path, depth: int, *, fres
     recipe = FINETUNE_RECIPES.get(data.name, "RECIPE")
     if data.name == "imagefolder" and depth > SMALL_ENCODER_DEPTH:
         recipe = "finetune_imagefolder"
-    words = ["vitkit train", recipe]
+    words = ["vitkit", "train", recipe]
     if data.name == "imagefolder":
-        words.append(f"data.root={config.task.knn_root or LABELLED_PLACEHOLDER}")
+        words.append(override_word("data.root", config.task.knn_root or LABELLED_PLACEHOLDER))
     elif data.name in FINETUNE_RECIPES:  # datasets read from files
-        words.append(f"data.root={data.root}")
-    words.append(f"model.pretrained={model_file}")
+        words.append(override_word("data.root", data.root))
+    words.append(override_word("model.pretrained", str(model_file)))
     if recipe != "RECIPE":  # the fine-tuning recipe's architecture keys that differ from the encoder's
         theirs = load_recipe(recipe).model.vit_overrides()
-        words += [f"model.{key}={value}" for key, value in config.model.vit_overrides().items()
+        words += [override_word(f"model.{key}", value) for key, value in config.model.vit_overrides().items()
                   if theirs.get(key, value) != value]
     if data.name == "fashion_mnist":
         words.append("data.train_per_class=10")  # the few labels pre-training is for
     if fresh:
         words.append("model.pretrained_weights=false")
     return " ".join(words)
+
+
+def override_word(key: str, value: Any) -> str:
+    """``key=value`` as one shell word that ``vitkit train`` reads back as ``value``: a pair of equal
+    sides as one number (``model.patch_size=4``), other tuples and lists as YAML's ``[4, 8]``, a
+    string YAML would read as something else (``true``, ``1.5``) in quotes, the word quoted for the
+    shell where it holds spaces or characters the shell would read (a path with a space, ``[``)."""
+    if isinstance(value, (tuple, list)) and len(set(value)) == 1:
+        value = value[0]
+    if isinstance(value, str):
+        text = value if yaml.safe_load(value) == value else json.dumps(value)
+    else:
+        text = json.dumps(list(value) if isinstance(value, tuple) else value)
+    return shlex.quote(f"{key}={text}")
