@@ -273,6 +273,22 @@ def test_the_grey_of_a_one_row_rgb_image_is_its_luma() -> None:
     assert np.abs(grey.numpy() - pil_each(array, lambda image: image.convert("L"))).max() <= 1
 
 
+@pytest.mark.parametrize("name", OPERATION_NAMES)
+@pytest.mark.parametrize(("height", "width"), [(2, 2), (1, 5), (5, 2)])
+def test_each_operation_on_an_image_under_3_pixels_in_a_side_equals_pils(name: str, height: int, width: int) -> None:
+    # SMOOTH's 3x3 kernel does not fit such an image: PIL leaves it as it is, and the convolution failed
+    array = images(4, 1, seed=17)[:, 5:5 + height, 6:6 + width]
+    index = OPERATION_NAMES.index(name)
+    _, low, high = OPERATIONS[index]
+    unit = torch.tensor([0.0, 0.3, 0.7, 1.0])
+    ours = BatchRandAugment().apply(as_batch(array), torch.full((4,), index), unit).numpy()
+    theirs = np.stack([pil_result(image, name, low + (high - low) * float(u))
+                       for image, u in zip(array, unit)]).transpose(0, 3, 1, 2)
+    assert np.array_equal(ours, theirs), name  # the geometric ones too: no mapped point lies on a pixel border here
+    strong = BatchRandAugment()(as_batch(array))  # 3 operations and a Cutout
+    assert strong.shape == (4, 1, height, width)
+
+
 def test_every_tensor_is_made_on_the_batchs_device() -> None:
     """On the meta device (no data), a tensor made on the host meets the batch's and fails: every
     operation runs on every image (each keeps the one it drew), and Cutout follows."""

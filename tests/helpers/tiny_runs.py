@@ -1,8 +1,7 @@
 """A tiny training recipe (a 2-block ViT on 8x8 digits) and helpers to run the tools on it, for
-tests (imported by test modules): a short-run recipe, processes forked for a multi-process test, the one
-error line of a refused recipe, a
-snapshot of a folder's bytes, a callback that records what each training step saw, and a tiny
-image folder."""
+tests (imported by test modules): a short-run recipe, processes forked for a multi-process test,
+the one error line of a refused recipe, a snapshot of a folder's bytes, a callback that records
+what each training step saw, and a tiny image folder."""
 
 from __future__ import annotations
 

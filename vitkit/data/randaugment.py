@@ -170,8 +170,10 @@ def posterize(batch: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
 
 def smooth(batch: torch.Tensor) -> torch.Tensor:
     """PIL's ``ImageFilter.SMOOTH`` (3x3 kernel, weight 13) inside the image; the one-pixel border
-    keeps its values, as PIL's filter leaves it."""
-    chans = batch.shape[1]
+    keeps its values, as PIL's filter leaves it (an image under 3 pixels in a side is all border)."""
+    chans, height, width = batch.shape[1:]
+    if height < 3 or width < 3:
+        return batch.clone()
     kernel = torch.tensor(SMOOTH, device=batch.device, dtype=batch.dtype) / 13.0
     inner = F.conv2d(batch, kernel.expand(chans, 1, 3, 3), groups=chans).round()
     result = batch.clone()
