@@ -85,13 +85,16 @@ class FakeClock:
 
 
 class Steps(L.Callback):
-    """The fit's first two training steps take :data:`FIRST_STEP_S` of ``clock``, every other ``seconds``;
-    optionally stops the run (SIGTERM) at step ``stop_at``."""
+    """The fit's first two training steps take :data:`FIRST_STEP_S` of ``clock``, every other ``seconds``,
+    each validation ``validation_s``; optionally stops the run (SIGTERM) at step ``stop_at``."""
 
-    def __init__(self, clock: FakeClock, seconds: float, stop_at: int | None = None) -> None:
-        self.clock, self.seconds, self.stop_at = clock, seconds, stop_at
+    def __init__(self, clock: FakeClock, seconds: float, stop_at: int | None = None, validation_s: float = 0.0) -> None:
+        self.clock, self.seconds, self.stop_at, self.validation_s = clock, seconds, stop_at, validation_s
         self.taken = 0
         self.final_lr: float | None = None
+
+    def on_validation_end(self, *args: Any) -> None:
+        self.clock.now += self.validation_s
 
     def on_train_batch_start(self, *args: Any) -> None:
         self.clock.now += FIRST_STEP_S if self.taken < 2 else self.seconds
@@ -145,7 +148,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 @pytest.mark.slow
 def test_the_schedule_ends_at_the_planned_step_where_lightning_stops(tmp_path: Path, clock: FakeClock) -> None:
-    steps, recorder = Steps(clock, STEP_S), Recorder()
+    # each validation takes the 1 s the plan estimates: every epoch runs at the plan's pace, and the plan stays
+    steps, recorder = Steps(clock, STEP_S, validation_s=1.0), Recorder()
     result = train(_budget_recipe(tmp_path), callbacks=[recorder, steps])
     plan = result.summary["time_budget"]
     assert (plan["epochs"], plan["steps"], plan["step_s"], plan["warmup_steps"]) == (7, 28, STEP_S, 7)
@@ -161,7 +165,7 @@ def test_the_schedule_ends_at_the_planned_step_where_lightning_stops(tmp_path: P
 @pytest.mark.slow
 def test_a_resumed_run_keeps_its_plan_though_its_steps_now_take_another_time(tmp_path: Path, clock: FakeClock) -> None:
     with pytest.raises(RunStoppedError):
-        train(_budget_recipe(tmp_path), callbacks=[Steps(clock, STEP_S, stop_at=18)])  # past the recipe's 4 epochs
+        train(_budget_recipe(tmp_path), callbacks=[Steps(clock, STEP_S, stop_at=18, validation_s=1.0)])  # past the recipe's 4 epochs
     last = next(tmp_path.glob("tiny/*/checkpoints/last.ckpt"))
     assert load_checkpoint(last)["global_step"] == 18
     clock.now, recorder = 0.0, Recorder()  # five times faster now: a new plan would differ
@@ -173,7 +177,7 @@ def test_a_resumed_run_keeps_its_plan_though_its_steps_now_take_another_time(tmp
 @pytest.mark.slow
 def test_a_dino_budget_keeps_time_for_the_knn_pass_and_counts_the_planned_epochs(tmp_path: Path, clock: FakeClock) -> None:
     recipe = dino_recipe(tmp_path, max_epochs=4, time_budget_minutes=0.87)
-    result = train(recipe, callbacks=[Steps(clock, STEP_S)])
+    result = train(recipe, callbacks=[Steps(clock, STEP_S, validation_s=1.0)])
     # the end: test and validation 256 images, and k-NN over the training and test splits, 1,259 + 359:
     # 1,874 x 0.0078125 + 10 = 24.64 s; room 52.2 - 7 - 24.64 + 2 = 22.56 s: 7 epochs of 3 s
     plan = result.summary["time_budget"]
@@ -232,16 +236,16 @@ def test_max_epochs_on_the_command_line_switches_the_recipes_budget_off_with_a_n
     assert load_recipe("mae_imagefolder", ["trainer.max_epochs=3", "trainer.time_budget_minutes=null"]).trainer.max_epochs == 3
 
 
-class SlowsDown(Steps):
-    """:class:`Steps`, each step from the ``after``-th on taking ``slower`` seconds."""
+class ChangesPace(Steps):
+    """:class:`Steps`, each step from the ``after``-th on taking ``then`` seconds."""
 
-    def __init__(self, clock: FakeClock, seconds: float, after: int, slower: float) -> None:
+    def __init__(self, clock: FakeClock, seconds: float, after: int, then: float) -> None:
         super().__init__(clock, seconds)
-        self.after, self.slower = after, slower
+        self.after, self.then = after, then
 
     def on_train_batch_start(self, *args: Any) -> None:
         if self.taken >= self.after:
-            self.clock.now += self.slower
+            self.clock.now += self.then
             self.taken += 1
         else:
             super().on_train_batch_start(*args)
@@ -254,10 +258,51 @@ def test_a_run_that_slows_down_shortens_its_plan_to_end_within_the_budget(tmp_pa
     clock leaves validation out), and 5 more would end at 11 + 20 + 12 = 43 s > 39 s; the most that
     fit: 2 + floor((39 - 11 - 12) / 4) = 6 epochs, 24 steps, ending at 27 + 12 = 39 s. Epoch 3 at the
     same pace ends at 15 s: 15 + 3 x 4 + 12 = 39 s fits, so the plan stays."""
-    steps = SlowsDown(clock, STEP_S, after=4, slower=1.0)
+    steps = ChangesPace(clock, STEP_S, after=4, then=1.0)
     result = train(_budget_recipe(tmp_path), callbacks=[steps])
     plan = result.summary["time_budget"]
     assert (plan["epochs"], plan["steps"], plan["shortened_after"], plan["warmup_steps"]) == (6, 24, 2, 7)
     assert (result.summary["epochs"], result.summary["global_steps"]) == (6, 24)
     assert steps.final_lr == pytest.approx(MIN_LR, rel=1e-9)  # the cosine ended with the shortened plan
     assert clock.now + plan["end_s"] <= 39.0 + 1e-9
+    assert plan["lengthened_after"] is None
+
+
+@pytest.mark.slow
+def test_a_run_planned_on_busy_cores_lengthens_its_plan_when_they_free_up(tmp_path: Path, clock: FakeClock) -> None:
+    """32 steps an epoch. The plan is made after 10 steps (3, 3, then 1 s each: the median of the 9
+    after the first is 1 s; 14 s gone): an evaluated image costs 0.5 x 1 / 32 s, so validation
+    (128 images) 2 s an epoch and the end 256 / 64 + 10 = 14 s; room 150 - 14 - 14 + 10 x 1 = 132 s,
+    an epoch 32 + 2 = 34 s: 3 epochs, 96 steps, the recipe's 2-epoch warm-up scaled to
+    3 x min(1/4, 2/4) = 0.75 epochs, 24 steps. From step 11 on a step takes 0.25 s: epoch 1 ends at
+    14 + 22 x 0.25 = 19.5 s, its 22 steps after the plan at 8 s an epoch, and 1 + floor((150 - 19.5
+    - 14) / 8) = 15 epochs fit; epoch 1 is within the first third of 3, so the plan grows to 15
+    epochs, 480 steps, and keeps its warm-up (step 32 is past it). Epoch 2 ends at 27.5 s: 2 +
+    floor(108.5 / 8) = 15 still fit, and the plan stays."""
+    recipe = short_recipe(tmp_path, max_epochs=4, time_budget_minutes=2.5, log_every=1, limit_train_batches=32)
+    recipe["optim"].update(lr=LR, min_lr=MIN_LR, warmup_epochs=2)
+    steps = ChangesPace(clock, 1.0, after=10, then=0.25)
+    result = train(recipe, callbacks=[steps])
+    plan = result.summary["time_budget"]
+    assert (plan["epochs"], plan["steps"], plan["lengthened_after"], plan["warmup_steps"]) == (15, 480, 1, 24)
+    assert plan["shortened_after"] is None and plan["step_s"] == 1.0
+    assert (result.summary["epochs"], result.summary["global_steps"]) == (15, 480)
+    assert steps.final_lr == pytest.approx(MIN_LR, rel=1e-9)  # the cosine ended with the lengthened plan
+    assert clock.now + plan["end_s"] <= 150.0 + 1e-9
+
+
+@pytest.mark.slow
+def test_a_plan_past_its_first_third_is_not_lengthened(tmp_path: Path, clock: FakeClock) -> None:
+    """Planned as in the test above (3 epochs of 34 s, validation 2 s), each validation now taking
+    its 2 s. Epoch 1 runs at 1 s a step (38 s in all; its 22 steps after the plan and a validation: 34.9 s
+    an epoch: 1 + floor((150 - 38 - 14) / 34.9) = 3 fit). From step 40 on a step takes 0.25 s: epoch 2
+    takes 7 + 25 x 0.25 + 2 = 15.25 s, and 2 + floor((150 - 53.25 - 14) / 15.25) = 7 epochs would fit,
+    but epoch 2 is past the first third of 3: the cosine has come down too far to stretch."""
+    recipe = short_recipe(tmp_path, max_epochs=4, time_budget_minutes=2.5, log_every=1, limit_train_batches=32)
+    recipe["optim"].update(lr=LR, min_lr=MIN_LR, warmup_epochs=2)
+    steps = ChangesPace(clock, 1.0, after=39, then=0.25)
+    steps.validation_s = 2.0
+    result = train(recipe, callbacks=[steps])
+    plan = result.summary["time_budget"]
+    assert (plan["epochs"], plan["lengthened_after"], plan["shortened_after"]) == (3, None, None)
+    assert result.summary["global_steps"] == 96

@@ -16,12 +16,18 @@ times its test-time augmentation views, and :data:`EXPORT_SECONDS` are kept for 
 curves and summary. Validation after every epoch (and k-NN every ``task.knn_every`` epochs) counts
 in each epoch's time.
 
-The plan is made once, then only shortened: when an epoch takes longer than planned (other jobs
-came to share the cores) so that the planned epochs would end past the budget, the plan keeps the
-most whole epochs that still fit at the last epoch's pace and the cosine ends with them (its
-remaining steps decay faster), with a note. It is stored in the checkpoints (this callback's state)
-and in ``summary.json``; a resumed run reuses it as it is: the planned epochs, whatever time the
-pause took. A run stopped before it planned (during its first steps) plans when resumed.
+After each epoch the plan is checked against the pace of that epoch (for the epoch the plan was
+made in, the pace of its steps after the plan, when there were at least :data:`MEASURED_STEPS`).
+When the planned epochs would end past the budget (other jobs came to share the cores), the plan
+keeps the most whole epochs that still fit and the cosine ends with them (its remaining steps decay
+faster), with a note. When more whole epochs fit than planned (the cores were shared while the
+plan was made, and are free now), the plan grows to them, but only in its first
+:data:`LENGTHEN_SHARE` of epochs, while the cosine has come down by a quarter at most: the
+longer cosine raises the rate of the next steps by at most a third, never a restart from a rate
+that had decayed. A plan still in its warm-up takes the warm-up of the longer plan. The plan is
+stored in the checkpoints (this callback's state) and in ``summary.json``; a resumed run reuses
+it as it is: the planned epochs, whatever time the pause took. A run stopped before it planned
+(during its first steps) plans when resumed.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ EVAL_SHARE = 0.5
 EXPORT_SECONDS = 10.0
 #: The largest share of the plan the recipe's warm-up keeps; a longer one is scaled down.
 WARMUP_SHARE = 0.25
+#: The share of the planned epochs within which a faster pace lengthens the plan (a cosine over
+#: the whole plan is then at 0.75 of its peak or above).
+LENGTHEN_SHARE = 1 / 3
 #: Forward passes per image of each test-time augmentation.
 TTA_VIEWS = {"none": 1, "hflip": 2, "hflip_shift": 10}
 
@@ -77,6 +86,7 @@ class Plan:
         end_s: the time kept for the end of the run (test, final validation, k-NN, export).
         ends_by: the local time the run should end by (``HH:MM``).
         shortened_after: the epoch after which a slower pace shortened the plan, or ``None``.
+        lengthened_after: the epoch after which a faster pace lengthened the plan, or ``None``.
     """
 
     budget_minutes: float
@@ -91,6 +101,7 @@ class Plan:
     end_s: float
     ends_by: str = ""
     shortened_after: int | None = None
+    lengthened_after: int | None = None
 
     def describe(self) -> str:
         """The plan in one line (printed when it is made, and again when a run resumes with it)."""
@@ -202,6 +213,7 @@ class TimeBudget(Callback):
         self.plan: Plan | None = None
         self._times: list[float] = []
         self._planned_here = False  # a plan restored from a checkpoint is kept as it is
+        self._planned_at = (0.0, 0)  # (clock, global step) when the plan was made
         self._epoch_ended: float | None = None  # when the last epoch ended, after the plan was made
 
     def state_dict(self) -> dict[str, Any]:
@@ -239,35 +251,56 @@ class TimeBudget(Callback):
         )
         ends_by = datetime.now() + timedelta(seconds=self.budget_minutes * 60 - elapsed_s)
         self.plan = dataclasses.replace(plan, ends_by=ends_by.strftime("%H:%M"))
-        self._planned_here = True
+        self._planned_here, self._planned_at = True, (times[-1], trainer.global_step)
         _apply(self.plan, trainer, pl_module)
         rank_zero_info(self.plan.describe())
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Shorten the plan when the epoch just ended (validation included) shows that the planned
-        epochs would end past the budget at its pace."""
+        """Fit the plan to the pace of the epoch just ended (validation included): shorten it when
+        the planned epochs would end past the budget, lengthen it early on when more fit."""
         if self.plan is None or not self._planned_here:
             return
-        now = self.clock()
-        done = trainer.current_epoch + 1
-        if self._epoch_ended is None or done >= self.plan.epochs:  # the planning epoch: its pace is the plan's
-            self._epoch_ended = now
-            return
-        epoch_s, elapsed_s = trainer.strategy.broadcast((now - self._epoch_ended, now - self.started), src=0)
+        now, done = self.clock(), trainer.current_epoch + 1
+        if self._epoch_ended is None:  # the epoch the plan was made in: its steps after the plan set the pace
+            clock, step = self._planned_at
+            since = trainer.global_step - step
+            epoch_s = (now - clock) * self.plan.steps_per_epoch / since if since >= MEASURED_STEPS else None
+        else:
+            epoch_s = now - self._epoch_ended
         self._epoch_ended = now
-        room = self.budget_minutes * 60 - elapsed_s - self.plan.end_s
-        if elapsed_s + (self.plan.epochs - done) * epoch_s + self.plan.end_s <= self.budget_minutes * 60 + 1e-6:
+        if epoch_s is None or done >= self.plan.epochs:
             return
-        epochs = done + max(0, math.floor(room / epoch_s))
-        steps = epochs * self.plan.steps_per_epoch
-        self.plan = dataclasses.replace(self.plan, epochs=epochs, steps=steps,
-                                        warmup_steps=min(self.plan.warmup_steps, steps), shortened_after=done)
+        epoch_s, elapsed_s = trainer.strategy.broadcast((epoch_s, now - self.started), src=0)
+        room = self.budget_minutes * 60 - elapsed_s - self.plan.end_s
+        fits = min(MAX_EPOCHS, done + max(0, math.floor(room / epoch_s + 1e-9)))  # an exact fit is not rounded away
+        if fits < self.plan.epochs:
+            self._replan(trainer, pl_module, fits, shortened_after=done)
+            rank_zero_info(
+                f"note: epoch {done} took {epoch_s:.0f} s, slower than planned (other jobs on the cores?): the plan is "
+                f"shortened to {fits:,} epochs, {self.plan.steps:,} steps, to end within trainer.time_budget_minutes="
+                f"{self.budget_minutes:g}; the cosine schedule now ends at step {self.plan.steps:,}."
+            )
+        elif fits > self.plan.epochs and done <= LENGTHEN_SHARE * self.plan.epochs:
+            self._replan(trainer, pl_module, fits, lengthened_after=done)
+            rank_zero_info(
+                f"note: epoch {done} ran at {epoch_s:.0f} s an epoch, faster than planned (the cores were shared while "
+                f"the plan was made?): the plan is lengthened to {fits:,} epochs, {self.plan.steps:,} steps, within "
+                f"trainer.time_budget_minutes={self.budget_minutes:g}; the cosine schedule now ends at step "
+                f"{self.plan.steps:,}."
+            )
+
+    def _replan(self, trainer: L.Trainer, pl_module: L.LightningModule, epochs: int, **when: int) -> None:
+        """The plan of ``epochs`` epochs from here (``when``: the epoch after which it changed), applied. A
+        plan still in its warm-up takes the longer or shorter plan's warm-up; one past it keeps its own."""
+        plan, steps = self.plan, epochs * self.plan.steps_per_epoch
+        warmup, recipe_warmup = plan.warmup_epochs, plan.recipe_warmup_epochs
+        if trainer.global_step < plan.warmup_steps:
+            warmup = planned_warmup(self.warmup_epochs, self.recipe_epochs, epochs)
+            recipe_warmup = self.warmup_epochs if warmup != self.warmup_epochs else None
+        warmup_steps = min(round(warmup * plan.steps_per_epoch), steps)
+        self.plan = dataclasses.replace(plan, epochs=epochs, steps=steps, warmup_epochs=round(warmup, 3),
+                                        warmup_steps=warmup_steps, recipe_warmup_epochs=recipe_warmup, **when)
         _apply(self.plan, trainer, pl_module)
-        rank_zero_info(
-            f"note: epoch {done} took {epoch_s:.0f} s, slower than planned (other jobs on the cores?): the plan is "
-            f"shortened to {epochs:,} epochs, {steps:,} steps, to end within trainer.time_budget_minutes="
-            f"{self.budget_minutes:g}; the cosine schedule now ends at step {steps:,}."
-        )
 
 
 def _apply(plan: Plan, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
