@@ -276,19 +276,21 @@ def test_a_run_planned_on_busy_cores_lengthens_its_plan_when_they_free_up(tmp_pa
     an epoch 32 + 2 = 34 s: 3 epochs, 96 steps, the recipe's 2-epoch warm-up scaled to
     3 x min(1/4, 2/4) = 0.75 epochs, 24 steps. From step 11 on a step takes 0.25 s: epoch 1 ends at
     14 + 22 x 0.25 = 19.5 s, its 22 steps after the plan at 8 s an epoch, and 1 + floor((150 - 19.5
-    - 14) / 8) = 15 epochs fit; epoch 1 is within the first third of 3, so the plan grows to 15
-    epochs, 480 steps, and keeps its warm-up (step 32 is past it). Epoch 2 ends at 27.5 s: 2 +
-    floor(108.5 / 8) = 15 still fit, and the plan stays."""
+    - 14) / (1.1 x 8)) = 14 epochs fit with the 10% margin; epoch 1 is within the first third of 3,
+    so the plan grows to 14 epochs, 448 steps, and keeps its warm-up (step 32 is past it). Epoch 2
+    ends at 27.5 s: 2 + floor(108.5 / 8) = 15 fit, so no shortening, and 2 + floor(108.5 / 8.8) = 14
+    with the margin, so the plan stays (as at epochs 3 and 4: 3 + floor(100.5 / 8.8), 4 +
+    floor(92.5 / 8.8)); the run ends at 19.5 + 13 x 8 + 14 = 137.5 s."""
     recipe = short_recipe(tmp_path, max_epochs=4, time_budget_minutes=2.5, log_every=1, limit_train_batches=32)
     recipe["optim"].update(lr=LR, min_lr=MIN_LR, warmup_epochs=2)
     steps = ChangesPace(clock, 1.0, after=10, then=0.25)
     result = train(recipe, callbacks=[steps])
     plan = result.summary["time_budget"]
-    assert (plan["epochs"], plan["steps"], plan["lengthened_after"], plan["warmup_steps"]) == (15, 480, 1, 24)
+    assert (plan["epochs"], plan["steps"], plan["lengthened_after"], plan["warmup_steps"]) == (14, 448, 1, 24)
     assert plan["shortened_after"] is None and plan["step_s"] == 1.0
-    assert (result.summary["epochs"], result.summary["global_steps"]) == (15, 480)
+    assert (result.summary["epochs"], result.summary["global_steps"]) == (14, 448)
     assert steps.final_lr == pytest.approx(MIN_LR, rel=1e-9)  # the cosine ended with the lengthened plan
-    assert clock.now + plan["end_s"] <= 150.0 + 1e-9
+    assert clock.now + plan["end_s"] == pytest.approx(137.5)
 
 
 @pytest.mark.slow
@@ -296,8 +298,8 @@ def test_a_plan_past_its_first_third_is_not_lengthened(tmp_path: Path, clock: Fa
     """Planned as in the test above (3 epochs of 34 s, validation 2 s), each validation now taking
     its 2 s. Epoch 1 runs at 1 s a step (38 s in all; its 22 steps after the plan and a validation: 34.9 s
     an epoch: 1 + floor((150 - 38 - 14) / 34.9) = 3 fit). From step 40 on a step takes 0.25 s: epoch 2
-    takes 7 + 25 x 0.25 + 2 = 15.25 s, and 2 + floor((150 - 53.25 - 14) / 15.25) = 7 epochs would fit,
-    but epoch 2 is past the first third of 3: the cosine has come down too far to stretch."""
+    takes 7 + 25 x 0.25 + 2 = 15.25 s, and 2 + floor((150 - 53.25 - 14) / (1.1 x 15.25)) = 6 epochs would
+    fit, but epoch 2 is past the first third of 3: the cosine has come down too far to stretch."""
     recipe = short_recipe(tmp_path, max_epochs=4, time_budget_minutes=2.5, log_every=1, limit_train_batches=32)
     recipe["optim"].update(lr=LR, min_lr=MIN_LR, warmup_epochs=2)
     steps = ChangesPace(clock, 1.0, after=39, then=0.25)

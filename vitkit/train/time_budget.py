@@ -20,8 +20,9 @@ After each epoch the plan is checked against the pace of that epoch (for the epo
 made in, the pace of its steps after the plan, when there were at least :data:`MEASURED_STEPS`).
 When the planned epochs would end past the budget (other jobs came to share the cores), the plan
 keeps the most whole epochs that still fit and the cosine ends with them (its remaining steps decay
-faster), with a note. When more whole epochs fit than planned (the cores were shared while the
-plan was made, and are free now), the plan grows to them, but only in its first
+faster), with a note. When more whole epochs fit than planned at a pace :data:`LENGTHEN_MARGIN`
+times the last epoch's (the cores were shared while the plan was made, and are free now), the plan
+grows to them, but only in its first
 :data:`LENGTHEN_SHARE` of epochs, while the cosine has come down by a quarter at most: the
 longer cosine raises the rate of the next steps by at most a third, never a restart from a rate
 that had decayed. A plan still in its warm-up takes the warm-up of the longer plan. The plan is
@@ -63,6 +64,10 @@ WARMUP_SHARE = 0.25
 #: The share of the planned epochs within which a faster pace lengthens the plan (a cosine over
 #: the whole plan is then at 0.75 of its peak or above).
 LENGTHEN_SHARE = 1 / 3
+#: A plan grows only to the epochs that fit at this multiple of the last epoch's time, so that the
+#: next epoch, if up to this much slower (the pace of a CPU run varies by 10-20% from epoch to
+#: epoch), does not shorten it again.
+LENGTHEN_MARGIN = 1.1
 #: Forward passes per image of each test-time augmentation.
 TTA_VIEWS = {"none": 1, "hflip": 2, "hflip_shift": 10}
 
@@ -280,11 +285,13 @@ class TimeBudget(Callback):
                 f"shortened to {fits:,} epochs, {self.plan.steps:,} steps, to end within trainer.time_budget_minutes="
                 f"{self.budget_minutes:g}; the cosine schedule now ends at step {self.plan.steps:,}."
             )
-        elif fits > self.plan.epochs and done <= LENGTHEN_SHARE * self.plan.epochs:
-            self._replan(trainer, pl_module, fits, lengthened_after=done)
+            return
+        grows_to = min(MAX_EPOCHS, done + max(0, math.floor(room / (LENGTHEN_MARGIN * epoch_s))))
+        if grows_to > self.plan.epochs and done <= LENGTHEN_SHARE * self.plan.epochs:
+            self._replan(trainer, pl_module, grows_to, lengthened_after=done)
             rank_zero_info(
                 f"note: epoch {done} ran at {epoch_s:.0f} s an epoch, faster than planned (the cores were shared while "
-                f"the plan was made?): the plan is lengthened to {fits:,} epochs, {self.plan.steps:,} steps, within "
+                f"the plan was made?): the plan is lengthened to {grows_to:,} epochs, {self.plan.steps:,} steps, within "
                 f"trainer.time_budget_minutes={self.budget_minutes:g}; the cosine schedule now ends at step "
                 f"{self.plan.steps:,}."
             )
