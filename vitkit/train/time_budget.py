@@ -21,14 +21,13 @@ made in, the pace of its steps after the plan, when there were at least :data:`M
 When the planned epochs would end past the budget (other jobs came to share the cores), the plan
 keeps the most whole epochs that still fit and the cosine ends with them (its remaining steps decay
 faster), with a note. When more whole epochs fit than planned at a pace :data:`LENGTHEN_MARGIN`
-times the last epoch's (the cores were shared while the plan was made, and are free now), the plan
-grows to them, but only in its first
-:data:`LENGTHEN_SHARE` of epochs, while the cosine has come down by a quarter at most: the
-longer cosine raises the rate of the next steps by at most a third, never a restart from a rate
-that had decayed. A plan still in its warm-up takes the warm-up of the longer plan. The plan is
-stored in the checkpoints (this callback's state) and in ``summary.json``; a resumed run reuses
-it as it is: the planned epochs, whatever time the pause took. A run stopped before it planned
-(during its first steps) plans when resumed.
+times the last epoch's (the cores were shared while the plan was made, and are free now), the
+plan grows to them, but only in its first :data:`LENGTHEN_SHARE` of epochs, while the cosine has
+come down by a quarter at most: the longer cosine raises the rate of the next steps by at most a
+third, never a restart from a rate that had decayed. A plan still in its warm-up takes the
+warm-up of the longer plan. The plan is stored in the checkpoints (this callback's state) and in
+``summary.json``; a resumed run reuses it as it is: the planned epochs, whatever time the pause
+took. A run stopped before it planned (during its first steps) plans when resumed.
 """
 
 from __future__ import annotations
