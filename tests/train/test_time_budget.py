@@ -239,8 +239,8 @@ def test_max_epochs_on_the_command_line_switches_the_recipes_budget_off_with_a_n
 class ChangesPace(Steps):
     """:class:`Steps`, each step from the ``after``-th on taking ``then`` seconds."""
 
-    def __init__(self, clock: FakeClock, seconds: float, after: int, then: float) -> None:
-        super().__init__(clock, seconds)
+    def __init__(self, clock: FakeClock, seconds: float, after: int, then: float, validation_s: float = 0.0) -> None:
+        super().__init__(clock, seconds, validation_s=validation_s)
         self.after, self.then = after, then
 
     def on_train_batch_start(self, *args: Any) -> None:
@@ -302,9 +302,7 @@ def test_a_plan_past_its_first_third_is_not_lengthened(tmp_path: Path, clock: Fa
     fit, but epoch 2 is past the first third of 3: the cosine has come down too far to stretch."""
     recipe = short_recipe(tmp_path, max_epochs=4, time_budget_minutes=2.5, log_every=1, limit_train_batches=32)
     recipe["optim"].update(lr=LR, min_lr=MIN_LR, warmup_epochs=2)
-    steps = ChangesPace(clock, 1.0, after=39, then=0.25)
-    steps.validation_s = 2.0
-    result = train(recipe, callbacks=[steps])
+    result = train(recipe, callbacks=[ChangesPace(clock, 1.0, after=39, then=0.25, validation_s=2.0)])
     plan = result.summary["time_budget"]
     assert (plan["epochs"], plan["lengthened_after"], plan["shortened_after"]) == (3, None, None)
     assert result.summary["global_steps"] == 96
